@@ -1,0 +1,92 @@
+"""Every error judge raises on purpose.
+
+The CLI prints a :class:`JudgeError` as one line (``judge: <message>``) and exits
+with the error's ``exit_code``; anything else is a bug and keeps its traceback.
+
+::
+
+    JudgeError                      exit 2 unless noted
+    ├── InputError                  a dataset, results or qrels file is malformed
+    │                               (message names file:line and field)
+    ├── ConfigError                 a TOML config or a CLI override is invalid
+    ├── TemplateError               a prompt template is missing, fails to load or render
+    ├── ProviderError               a provider call failed after the runner's retries
+    │   ├── ProviderConfigError     unknown provider kind, missing API key variable, bad URL
+    │   └── ResponseError           the provider answered, but not in its own protocol
+    ├── ParseError                  a judge completion is not a valid verdict (before reask)
+    ├── CacheError                  the completion cache cannot be opened or written
+    ├── ModelError                  the embedded model cannot be fetched, verified or started
+    └── BudgetExceeded              --max-cost / --max-tokens reached (exit 3, resumable)
+"""
+
+from __future__ import annotations
+
+
+class JudgeError(Exception):
+    """Base of every deliberate judge error; ``str(err)`` is the one line users see."""
+
+    exit_code: int = 2
+
+
+class InputError(JudgeError):
+    """A dataset or results file is malformed.
+
+    ``file``, ``line`` and ``field`` are kept as attributes so callers can
+    collect many problems before failing.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.detail = message
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}{what}{message}")
+
+
+class ConfigError(JudgeError):
+    """A run config (TOML) or a command-line override is invalid."""
+
+
+class TemplateError(JudgeError):
+    """A prompt template is missing, invalid, or lacks a required variable."""
+
+
+class ProviderError(JudgeError):
+    """A provider call failed (after the runner's retries, where retrying applied)."""
+
+
+class ProviderConfigError(ProviderError):
+    """A provider is misconfigured: unknown kind, missing key variable, bad base URL."""
+
+
+class ResponseError(ProviderError):
+    """The provider answered, but the answer does not follow its wire protocol."""
+
+
+class ParseError(JudgeError):
+    """A completion could not be read as a verdict on the scale."""
+
+
+class CacheError(JudgeError):
+    """The completion cache could not be opened or written."""
+
+
+class ModelError(JudgeError):
+    """The embedded judge's model could not be fetched, verified or served."""
+
+
+class BudgetExceeded(JudgeError):
+    """A cost or token budget was reached; the run stopped cleanly and can resume."""
+
+    exit_code = 3

@@ -1,0 +1,261 @@
+"""The records that cross module lines: frozen pydantic models, unknown fields rejected.
+
+Passage -> Query (a ranked list from one engine) -> Verdict per passage -> JudgedQuery.
+The Scale is the single source of truth for labels: templates render them from it and the
+verdict parser accepts exactly those labels (and their aliases), case/space-normalised.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+VerdictStatus = Literal["ok", "unparsed", "error"]
+
+# Characters stripped around a label before matching ("Yes.", "**yes**", "「是」").
+_LABEL_STRIP = " \t\r\n.,;:!?。，；：！？\"'`*_()[]{}<>「」『』“”‘’"
+
+
+class Record(BaseModel):
+    """Base for every record: immutable, no unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Passage(Record):
+    """One retrieved passage, in the engine's ranked order."""
+
+    id: str = Field(min_length=1)
+    text: str
+    title: str | None = None
+    url: str | None = None
+    score: float | None = None
+    # Set by the dataset reader when the text was cut to the configured limit.
+    truncated_from: int | None = None
+
+
+class Query(Record):
+    """One query and what one engine returned for it, best first."""
+
+    query_id: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+    engine: str = "default"
+    passages: tuple[Passage, ...] = ()
+    expected_ids: tuple[str, ...] | None = None
+    expected_texts: tuple[str, ...] | None = None
+    # Human relevance grades per passage id (on the run's scale), for agreement checks.
+    labels: dict[str, int] | None = None
+    # Where the row came from ("file:line"), for error messages downstream.
+    source: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.query_id, self.engine)
+
+
+def normalise_label(text: str) -> str:
+    """Case-fold, NFKC-normalise, collapse inner spaces and strip punctuation around a label."""
+    text = unicodedata.normalize("NFKC", text).strip(_LABEL_STRIP).casefold()
+    return re.sub(r"\s+", " ", text)
+
+
+class ScaleLabel(Record):
+    """One point on a scale: the label the judge writes, its grade, and what it means."""
+
+    name: str = Field(min_length=1)
+    grade: int = Field(ge=0)
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+class Scale(Record):
+    """An ordered set of labels; grade >= ``threshold`` counts as relevant."""
+
+    name: str
+    labels: tuple[ScaleLabel, ...] = Field(min_length=2)
+    threshold: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scale:
+        grades = [label.grade for label in self.labels]
+        if len(set(grades)) != len(grades):
+            raise ValueError(f"scale '{self.name}': grades must be distinct, got {grades}")
+        if min(grades) != 0:
+            raise ValueError(f"scale '{self.name}': the lowest grade must be 0")
+        if not min(grades) < self.threshold <= max(grades):
+            raise ValueError(
+                f"scale '{self.name}': threshold {self.threshold} must be in 1..{max(grades)}"
+            )
+        seen: dict[str, str] = {}
+        for label in self.labels:
+            for form in (label.name, *label.aliases):
+                norm = normalise_label(form)
+                if norm in seen and seen[norm] != label.name:
+                    raise ValueError(
+                        f"scale '{self.name}': '{form}' names both "
+                        f"'{seen[norm]}' and '{label.name}'"
+                    )
+                seen[norm] = label.name
+        return self
+
+    @property
+    def max_grade(self) -> int:
+        return max(label.grade for label in self.labels)
+
+    @property
+    def is_binary(self) -> bool:
+        return len(self.labels) == 2
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(label.name for label in self.labels)
+
+    def by_grade(self, grade: int) -> ScaleLabel:
+        for label in self.labels:
+            if label.grade == grade:
+                return label
+        raise KeyError(f"scale '{self.name}' has no grade {grade}")
+
+    def snap(self, text: str | int | bool) -> ScaleLabel | None:
+        """The label ``text`` names (by name, alias or grade number), or None if off-scale."""
+        if isinstance(text, bool):
+            text = "yes" if text else "no"
+        if isinstance(text, int):
+            return next((lab for lab in self.labels if lab.grade == text), None)
+        norm = normalise_label(text)
+        for label in self.labels:
+            if norm in {normalise_label(f) for f in (label.name, *label.aliases)}:
+                return label
+        if norm.isdigit():
+            return self.snap(int(norm))
+        return None
+
+    def relevant(self, grade: int) -> bool:
+        return grade >= self.threshold
+
+    def normalised(self, grade: int) -> float:
+        return grade / self.max_grade
+
+    @classmethod
+    def binary(cls) -> Scale:
+        return cls(
+            name="binary",
+            threshold=1,
+            labels=(
+                ScaleLabel(
+                    name="no",
+                    grade=0,
+                    description="the passage does not help answer the query",
+                    aliases=("not relevant", "irrelevant", "false", "否", "不", "不相关", "无关"),
+                ),
+                ScaleLabel(
+                    name="yes",
+                    grade=1,
+                    description="the passage helps answer the query",
+                    aliases=("relevant", "true", "是", "相关"),
+                ),
+            ),
+        )
+
+    @classmethod
+    def graded(cls) -> Scale:
+        return cls(
+            name="graded",
+            threshold=2,
+            labels=(
+                ScaleLabel(
+                    name="unrelated",
+                    grade=0,
+                    description="unrelated to the query",
+                    aliases=("irrelevant", "不相关", "无关"),
+                ),
+                ScaleLabel(
+                    name="related",
+                    grade=1,
+                    description="on the query's topic but does not answer it",
+                    aliases=("related but does not answer", "相关但未回答"),
+                ),
+                ScaleLabel(
+                    name="partial",
+                    grade=2,
+                    description="answers the query partly or unclearly",
+                    aliases=("partially relevant", "partly", "部分回答"),
+                ),
+                ScaleLabel(
+                    name="answers",
+                    grade=3,
+                    description="dedicated to the query and contains the exact answer",
+                    aliases=("highly relevant", "perfect", "完全回答"),
+                ),
+            ),
+        )
+
+
+BUILTIN_SCALES = {"binary": Scale.binary, "graded": Scale.graded}
+
+
+class Usage(Record):
+    """Tokens one call (or a sum of calls) used."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class Verdict(Record):
+    """The judge's answer about one passage.
+
+    ``status`` is ``ok`` only when a label on the scale was read; ``unparsed`` keeps the raw
+    text, ``error`` the provider failure. Neither ever counts as "not relevant".
+    """
+
+    passage_id: str
+    rank: int = Field(ge=1)
+    status: VerdictStatus
+    label: str | None = None
+    grade: int | None = None
+    relevant: bool | None = None
+    probability: float | None = Field(default=None, ge=0.0, le=1.0)
+    reason: str | None = None
+    raw: str | None = None
+    error: str | None = None
+    attempts: int = Field(default=1, ge=0)
+    usage: Usage = Usage()
+    latency_s: float = 0.0
+    cached: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> Verdict:
+        if self.status == "ok" and (self.grade is None or self.label is None):
+            raise ValueError("an ok verdict needs a label and a grade")
+        if self.status != "ok" and self.grade is not None:
+            raise ValueError("only an ok verdict carries a grade")
+        return self
+
+
+class JudgedQuery(Record):
+    """One query's verdicts for one repeat, and the metrics computed from them."""
+
+    query: Query
+    repeat: int = Field(ge=0)
+    scale: str
+    verdicts: tuple[Verdict, ...]
+    # Canonical metric name -> value; None when undefined (e.g. nothing relevant for AP).
+    metrics: dict[str, float | None]
+    usage: Usage = Usage()
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.query.query_id, self.query.engine, self.repeat)

@@ -1,0 +1,1 @@
+"""Jinja templates shipped with judge (installed as the package ``judge._prompts``)."""
