@@ -65,6 +65,11 @@ class TemplateError(JudgeError):
 class ProviderError(JudgeError):
     """A provider call failed (after the runner's retries, where retrying applied)."""
 
+    def __init__(self, message: str, *, kind: str = "provider", attempts: int = 0) -> None:
+        self.kind = kind
+        self.attempts = attempts
+        super().__init__(message)
+
 
 class ProviderConfigError(ProviderError):
     """A provider is misconfigured: unknown kind, missing key variable, bad base URL."""

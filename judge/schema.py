@@ -255,6 +255,8 @@ class JudgedQuery(Record):
     # Canonical metric name -> value; None when undefined (e.g. nothing relevant for AP).
     metrics: dict[str, float | None]
     usage: Usage = Usage()
+    # Per-passage scores in [0, 1] from a rerank provider, when one is configured.
+    rerank_scores: dict[str, float] | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

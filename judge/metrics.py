@@ -1,0 +1,493 @@
+"""Ranking metrics as pure numpy functions over padded matrices, one pass for all queries.
+
+Ranked lists are held as an ``n_queries x width`` float matrix plus an int array of lengths
+(see :func:`pad`); position ``i`` (0-based) is rank ``i + 1``. Every metric returns one float
+per query, NaN meaning *undefined* (never silently 0). Names are canonical strings that double
+as report columns: a base name, optionally ``@k`` (``ndcg@10``, ``label.recall@5``).
+
+Label-free metrics (:func:`compute_label_free`) read the judge's grades; ``rel_i`` is the raw
+grade at rank ``i`` and a passage is relevant when ``rel_i >= threshold``. Label-based metrics
+(:func:`compute_label_based`, names prefixed ``label.``) read which retrieved passages match the
+row's expected ids or texts (:func:`match_expected`). :func:`metrics_for_queries` ties both to
+the schema records. Where a formula divides 0 by 0 the value is undefined (NaN).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from judge.errors import ConfigError
+from judge.schema import Query, Scale, Verdict
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+Gain = Literal["linear", "exponential"]
+Unjudged = Literal["undefined", "skip"]
+UndefinedAP = Literal["nan", "zero"]
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "relevancy_mean",
+    "relevancy_max",
+    "ap",
+    "ndcg",
+    "ndcg@5",
+    "precision@5",
+    "hit@5",
+    "mrr",
+)
+LABEL_PREFIX = "label."
+_NAME = re.compile(r"^([a-z0-9_.]+?)(?:@(\d+))?$")
+
+
+def _div(num: FloatArray, den: FloatArray) -> FloatArray:
+    """``num / den`` element-wise, NaN where ``den == 0`` (0/0 is undefined), without warnings."""
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+def _discounts(width: int) -> FloatArray:
+    """``1 / log2(i + 1)`` for ranks ``i = 1..width``."""
+    return 1.0 / np.log2(np.arange(2, width + 2, dtype=np.float64))
+
+
+def _precision_at_rank(rel: BoolArray) -> FloatArray:
+    """``P@i = (relevant in the top i) / i`` for every rank ``i`` of every row."""
+    return np.cumsum(rel, axis=1) / np.arange(1, rel.shape[1] + 1)
+
+
+def _first_rank_rr(rel: BoolArray) -> FloatArray:
+    """``1 / rank`` of each row's first True; 0 when it has none (trec_eval's recip_rank)."""
+    first = np.argmax(rel, axis=1)
+    return np.where(rel.any(axis=1), 1.0 / (first + 1.0), 0.0)
+
+
+def _precision(rel: BoolArray, lengths: IntArray, k: int | None) -> FloatArray:
+    hits = rel[:, :k].sum(axis=1, dtype=np.float64)
+    return _div(hits, lengths.astype(np.float64)) if k is None else hits / k
+
+
+@dataclass(frozen=True)
+class _Graded:
+    """Judged lists for label-free metrics: grades 0 where padded, relevance, optional scores."""
+
+    grades: FloatArray
+    inside: BoolArray
+    rel: BoolArray
+    lengths: IntArray
+    max_grade: int
+    gain: Gain
+    undefined_ap: UndefinedAP
+    scores: FloatArray | None
+
+
+def _relevancy_mean(g: _Graded, k: int | None) -> FloatArray:
+    """``mean_{i <= min(k, n)} rel_i / max_grade``; undefined for an empty list."""
+    count = g.inside[:, :k].sum(axis=1, dtype=np.float64)
+    return _div(g.grades[:, :k].sum(axis=1), count) / g.max_grade
+
+
+def _relevancy_max(g: _Graded, k: int | None) -> FloatArray:
+    """``max_{i <= min(k, n)} rel_i / max_grade``; undefined for an empty list."""
+    best = np.max(g.grades[:, :k], axis=1, where=g.inside[:, :k], initial=-np.inf)
+    return np.where(np.isfinite(best), best / g.max_grade, np.nan)
+
+
+def _ap(g: _Graded, k: int | None) -> FloatArray:
+    """``AP@k = sum_{i <= k, rel_i >= t} P@i / R`` with ``R`` = relevant in the *whole* list.
+
+    TREC convention, also for ``@k``: grades [0,1,0,0,1,1] give AP@3 = 0.5 / 3. Undefined when
+    ``R = 0`` (0 instead with ``undefined_ap="zero"``, which is what trec_eval reports).
+    """
+    summed = np.where(g.rel, _precision_at_rank(g.rel), 0.0)[:, :k].sum(axis=1)
+    ap = _div(summed, g.rel.sum(axis=1, dtype=np.float64))
+    return np.nan_to_num(ap, nan=0.0) if g.undefined_ap == "zero" else ap
+
+
+def _ndcg(g: _Graded, k: int | None) -> FloatArray:
+    """``DCG@k / IDCG@k``, ``DCG@k = sum_{i <= k} gain(rel_i) / log2(i + 1)``.
+
+    ``gain(r) = r`` (linear, trec_eval's) or ``2^r - 1`` (exponential); the ideal list is the
+    same judged grades sorted descending. Undefined when ``IDCG = 0`` (nothing graded above 0).
+    """
+    gains = g.grades if g.gain == "linear" else np.exp2(g.grades) - 1.0
+    disc = _discounts(gains.shape[1])
+    ideal = -np.sort(-gains, axis=1)
+    return _div((gains * disc)[:, :k].sum(axis=1), (ideal * disc)[:, :k].sum(axis=1))
+
+
+def _precision_free(g: _Graded, k: int | None) -> FloatArray:
+    """``P@k = (relevant in the top k) / k``, dividing by ``k`` even when ``k > n`` (trec_eval);
+    without ``@k``: relevant / n, undefined for an empty list."""
+    return _precision(g.rel, g.lengths, k)
+
+
+def _hit(g: _Graded, k: int | None) -> FloatArray:
+    """``1`` if any of the top k is relevant, else ``0``."""
+    return np.asarray(g.rel[:, :k].any(axis=1), dtype=np.float64)
+
+
+def _mrr(g: _Graded, k: int | None) -> FloatArray:
+    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none."""
+    return _first_rank_rr(g.rel[:, :k])
+
+
+def _score_view(g: _Graded, k: int | None) -> tuple[FloatArray, BoolArray]:
+    if g.scores is None:
+        empty = np.full((g.grades.shape[0], 1), np.nan)
+        return empty, np.zeros(empty.shape, dtype=bool)
+    scores = g.scores[:, :k]
+    return scores, ~np.isnan(scores) & g.inside[:, :k]
+
+
+def _rerank_mean(g: _Graded, k: int | None) -> FloatArray:
+    """``mean_i s_i`` over the per-passage scores ``s_i`` in [0, 1] present in the top k."""
+    scores, ok = _score_view(g, k)
+    return _div(np.where(ok, scores, 0.0).sum(axis=1), ok.sum(axis=1, dtype=np.float64))
+
+
+def _rerank_max(g: _Graded, k: int | None) -> FloatArray:
+    """``max_i s_i`` over the scores present in the top k."""
+    scores, ok = _score_view(g, k)
+    best = np.max(scores, axis=1, where=ok, initial=-np.inf)
+    return np.where(np.isfinite(best), best, np.nan)
+
+
+def _rerank_median(g: _Graded, k: int | None) -> FloatArray:
+    """Median of the scores present in the top k (mean of the middle two for an even count)."""
+    scores, ok = _score_view(g, k)
+    ordered = np.sort(np.where(ok, scores, np.inf), axis=1)
+    count = ok.sum(axis=1)
+    lo = np.take_along_axis(ordered, np.maximum(count - 1, 0)[:, None] // 2, axis=1)[:, 0]
+    hi = np.take_along_axis(ordered, (count // 2)[:, None], axis=1)[:, 0]
+    return np.where(count > 0, (lo + hi) / 2.0, np.nan)
+
+
+LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
+    "relevancy_mean": _relevancy_mean,
+    "relevancy_max": _relevancy_max,
+    "ap": _ap,
+    "ndcg": _ndcg,
+    "precision": _precision_free,
+    "hit": _hit,
+    "mrr": _mrr,
+    "rerank_mean": _rerank_mean,
+    "rerank_max": _rerank_max,
+    "rerank_median": _rerank_median,
+}
+
+
+@dataclass(frozen=True)
+class _Matched:
+    """Label-based view: which passages are relevant and where each expected item was found."""
+
+    rel: BoolArray
+    lengths: IntArray
+    found_rank: FloatArray  # n x E: 1-based rank each expected item was first found at, or NaN
+    n_expected: FloatArray
+
+
+def _found(m: _Matched, k: int | None) -> FloatArray:
+    """Expected items found in the top k (each counted once)."""
+    within = m.found_rank <= (np.inf if k is None else k)
+    return np.asarray(within.sum(axis=1), dtype=np.float64)
+
+
+def _label_hit_rate(m: _Matched, k: int | None) -> FloatArray:
+    """``1`` if any expected item is in the top k, else ``0``."""
+    return (_found(m, k) > 0).astype(np.float64)
+
+
+def _label_hit_rate_granular(m: _Matched, k: int | None) -> FloatArray:
+    """``(expected items found in the top k) / |expected|``."""
+    return _div(_found(m, k), m.n_expected)
+
+
+def _label_mrr(m: _Matched, k: int | None) -> FloatArray:
+    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none."""
+    return _first_rank_rr(m.rel[:, :k])
+
+
+def _label_mrr_granular(m: _Matched, k: int | None) -> FloatArray:
+    """``mean over expected items found in the top k of 1 / rank``; ``0`` when none is found."""
+    within = m.found_rank <= (np.inf if k is None else k)
+    summed = np.where(within, 1.0 / np.where(within, m.found_rank, 1.0), 0.0).sum(axis=1)
+    return np.nan_to_num(_div(summed, within.sum(axis=1, dtype=np.float64)), nan=0.0)
+
+
+def _label_precision(m: _Matched, k: int | None) -> FloatArray:
+    """``(relevant passages in the top k) / k``; without ``@k``: ``/ len(retrieved)``."""
+    return _precision(m.rel, m.lengths, k)
+
+
+def _label_recall(m: _Matched, k: int | None) -> FloatArray:
+    """``(expected items found in the top k) / |expected|``."""
+    return _div(_found(m, k), m.n_expected)
+
+
+def _label_f1(m: _Matched, k: int | None) -> FloatArray:
+    """``2 P R / (P + R)`` from precision and recall at the same k; ``0`` when ``P + R = 0``."""
+    p, r = _label_precision(m, k), _label_recall(m, k)
+    f1 = np.nan_to_num(_div(2.0 * p * r, p + r), nan=0.0)
+    return np.where(np.isnan(p) | np.isnan(r), np.nan, f1)
+
+
+def _label_ap(m: _Matched, k: int | None) -> FloatArray:
+    """``sum_{i <= k, relevant} P@i / |expected|``."""
+    summed = np.where(m.rel, _precision_at_rank(m.rel), 0.0)[:, :k].sum(axis=1)
+    return _div(summed, m.n_expected)
+
+
+def _label_ndcg(m: _Matched, k: int | None) -> FloatArray:
+    """``DCG@k / IDCG@k`` with binary gains; ``DCG@k = sum_{i <= k, relevant} 1 / log2(i + 1)``,
+    ``IDCG@k = sum_{i <= min(len(retrieved), |expected|, k)} 1 / log2(i + 1)``."""
+    disc = _discounts(m.rel.shape[1])
+    dcg = np.where(m.rel, disc, 0.0)[:, :k].sum(axis=1)
+    cumulative = np.concatenate(([0.0], np.cumsum(disc)))
+    ideal_n = np.minimum(m.lengths, np.minimum(m.n_expected, k or m.rel.shape[1])).astype(int)
+    return _div(dcg, cumulative[ideal_n])
+
+
+LABEL_BASED: dict[str, Callable[[_Matched, int | None], FloatArray]] = {
+    "label.hit_rate": _label_hit_rate,
+    "label.hit_rate_granular": _label_hit_rate_granular,
+    "label.mrr": _label_mrr,
+    "label.mrr_granular": _label_mrr_granular,
+    "label.precision": _label_precision,
+    "label.recall": _label_recall,
+    "label.f1": _label_f1,
+    "label.ap": _label_ap,
+    "label.ndcg": _label_ndcg,
+}
+
+
+def parse_metric_name(name: str) -> tuple[str, int | None]:
+    """Split a canonical name: ``"ndcg@10" -> ("ndcg", 10)``, ``"ap" -> ("ap", None)``.
+
+    Raises ConfigError naming the metric and listing the valid ones when it is unknown.
+    """
+    match = _NAME.match(name)
+    if match and match.group(1) in (LABEL_FREE.keys() | LABEL_BASED.keys()):
+        k = None if match.group(2) is None else int(match.group(2))
+        if k is None or k >= 1:
+            return match.group(1), k
+        raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
+    valid = ", ".join([*LABEL_FREE, *LABEL_BASED])
+    hint = f" (did you mean '{name.strip().lower()}'?)" if name.strip().lower() != name else ""
+    raise ConfigError(
+        f"unknown metric '{name}'{hint}; valid metrics: {valid}; each may take a cutoff '@k'"
+    )
+
+
+def is_label_based(name: str) -> bool:
+    """True for a ``label.`` metric (needs expected ids or texts), after checking the name."""
+    return parse_metric_name(name)[0] in LABEL_BASED
+
+
+def pad(lists: Sequence[Sequence[float | None]]) -> tuple[FloatArray, IntArray]:
+    """Stack ragged lists into an ``n x max_len`` float matrix, NaN for padding and for None."""
+    lengths = np.fromiter((len(row) for row in lists), dtype=np.int64, count=len(lists))
+    width = int(lengths.max(initial=0))
+    matrix = np.full((len(lists), width), np.nan)
+    flat = np.array(list(itertools.chain.from_iterable(lists)), dtype=np.float64)
+    matrix[np.arange(width) < lengths[:, None]] = flat
+    return matrix, lengths
+
+
+def _split(names: Sequence[str], label: bool) -> list[tuple[str, str, int | None]]:
+    parsed = [(name, *parse_metric_name(name)) for name in names]
+    wrong = [name for name, base, _ in parsed if (base in LABEL_BASED) != label]
+    if wrong:
+        kind = "label-free" if label else "label-based"
+        raise ConfigError(f"metrics {wrong} are {kind}; compute them with the other function")
+    return parsed
+
+
+def _widen(matrix: FloatArray) -> FloatArray:
+    """At least one column, so that row reductions are defined for all-empty batches."""
+    if matrix.shape[1]:
+        return matrix
+    return np.full((matrix.shape[0], 1), np.nan)
+
+
+def compute_label_free(
+    names: Sequence[str],
+    grades: FloatArray,
+    lengths: IntArray,
+    *,
+    max_grade: int,
+    threshold: int,
+    gain: Gain = "linear",
+    probabilities: FloatArray | None = None,
+    unjudged: Unjudged = "undefined",
+    undefined_ap: UndefinedAP = "nan",
+) -> dict[str, FloatArray]:
+    """Label-free metrics from raw grades (NaN where unjudged), one array per name.
+
+    A query with an unjudged passage inside its length has every metric undefined (NaN) with
+    ``unjudged="undefined"``; with ``"skip"`` the unjudged passages are dropped and the rest
+    keep their order, so metrics are over the judged passages only. ``probabilities`` (same
+    shape, NaN where absent) feed the ``rerank_*`` metrics, NaN when not given.
+    """
+    parsed = _split(names, label=False)
+    grades = _widen(np.asarray(grades, dtype=np.float64))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    scores = None if probabilities is None else _widen(np.asarray(probabilities, np.float64))
+    if scores is not None and scores.shape != grades.shape:
+        raise ValueError(f"probabilities {scores.shape} and grades {grades.shape} differ")
+    inside = np.arange(grades.shape[1]) < lengths[:, None]
+    missing = np.isnan(grades) & inside
+    if unjudged == "skip":
+        keep = inside & ~missing
+        order = np.argsort(~keep, axis=1, kind="stable")
+        grades = np.take_along_axis(grades, order, axis=1)
+        scores = None if scores is None else np.take_along_axis(scores, order, axis=1)
+        lengths = keep.sum(axis=1)
+        inside = np.arange(grades.shape[1]) < lengths[:, None]
+    clean = np.where(inside & ~np.isnan(grades), grades, 0.0)
+    graded = _Graded(
+        clean, inside, clean >= threshold, lengths, max_grade, gain, undefined_ap, scores
+    )
+    undefined = missing.any(axis=1) if unjudged == "undefined" else np.zeros(len(lengths), bool)
+    out: dict[str, FloatArray] = {}
+    for name, base, k in parsed:
+        values = LABEL_FREE[base](graded, k)
+        out[name] = np.where(undefined, np.nan, values)
+    return out
+
+
+def compute_label_based(
+    names: Sequence[str],
+    relevant: BoolArray,
+    lengths: IntArray,
+    n_expected: IntArray,
+    *,
+    found_rank: FloatArray | None = None,
+) -> dict[str, FloatArray]:
+    """Label-based metrics, one array per name; undefined where a query has no expected items.
+
+    ``relevant`` marks retrieved passages that match an expected item. ``found_rank`` (n x E,
+    NaN-padded) gives, per distinct expected item, the 1-based rank it was first found at (NaN
+    if not found); without it each relevant passage counts as one distinct expected item.
+    """
+    parsed = _split(names, label=True)
+    rel = np.asarray(relevant, dtype=bool)
+    rel = rel if rel.shape[1] else np.zeros((rel.shape[0], 1), dtype=bool)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rel = rel & (np.arange(rel.shape[1]) < lengths[:, None])
+    if found_rank is None:
+        found_rank = np.where(rel, np.arange(1.0, rel.shape[1] + 1), np.nan)
+    expected = np.asarray(n_expected, dtype=np.float64)
+    matched = _Matched(rel, lengths, np.asarray(found_rank, dtype=np.float64), expected)
+    return {
+        name: np.where(expected > 0, LABEL_BASED[base](matched, k), np.nan)
+        for name, base, k in parsed
+    }
+
+
+def normalise_text(text: str) -> str:
+    """NFKC, case-folded, whitespace collapsed to single spaces and stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+@dataclass(frozen=True)
+class ExpectedMatch:
+    """How one query's retrieved passages meet its expected items.
+
+    ``found_ranks[j]`` is the 1-based rank at which distinct expected item ``j`` was first
+    found (None if never). ``relevant[i]`` is True when passage ``i + 1`` is the first match of
+    at least one expected item, so a repeat of an item already found is not counted again and
+    precision, AP and NDCG stay within [0, 1].
+    """
+
+    relevant: tuple[bool, ...]
+    found_ranks: tuple[int | None, ...]
+
+    @property
+    def n_expected(self) -> int:
+        return len(self.found_ranks)
+
+
+def match_expected(query: Query) -> ExpectedMatch | None:
+    """Match by ``expected_ids`` (exact id), else ``expected_texts``, else None (no labels).
+
+    Texts match by normalised containment (:func:`normalise_text`): a passage matches an
+    expected text when either contains the other; blank texts never match. Duplicate expected
+    items are counted once.
+    """
+    passages = query.passages
+    if query.expected_ids:
+        first: dict[str, int] = {}
+        for rank, passage in enumerate(passages, start=1):
+            first.setdefault(passage.id, rank)
+        found = [first.get(item) for item in dict.fromkeys(query.expected_ids)]
+    elif query.expected_texts:
+        texts = [normalise_text(p.text) for p in passages]
+        wanted = [t for t in dict.fromkeys(map(normalise_text, query.expected_texts)) if t]
+        found = [
+            next((r for r, t in enumerate(texts, start=1) if t and (e in t or t in e)), None)
+            for e in wanted
+        ]
+    else:
+        return None
+    hits = {rank for rank in found if rank is not None}
+    return ExpectedMatch(tuple(r in hits for r in range(1, len(passages) + 1)), tuple(found))
+
+
+def metrics_for_queries(
+    names: Sequence[str],
+    queries: Sequence[tuple[Query, Sequence[Verdict]]],
+    scale: Scale,
+    *,
+    gain: Gain = "linear",
+    unjudged: Unjudged = "undefined",
+    undefined_ap: UndefinedAP = "nan",
+) -> list[dict[str, float | None]]:
+    """Per-query metric dicts (None = undefined) from each query's verdicts, in rank order.
+
+    A verdict gives its grade when ``status == "ok"`` and is unjudged otherwise; its
+    ``probability`` feeds ``rerank_*``. Label-based names are None for a query without
+    expected ids or texts; they never depend on the verdicts.
+    """
+    free = [n for n in names if not is_label_based(n)]
+    label = [n for n in names if n not in free]
+    ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]
+    grades, lengths = pad([[v.grade if v.status == "ok" else None for v in vs] for vs in ordered])
+    probs, _ = pad([[v.probability for v in vs] for vs in ordered])
+    values = compute_label_free(
+        free,
+        grades,
+        lengths,
+        max_grade=scale.max_grade,
+        threshold=scale.threshold,
+        gain=gain,
+        probabilities=probs,
+        unjudged=unjudged,
+        undefined_ap=undefined_ap,
+    )
+    matches = [match_expected(query) for query, _ in queries]
+    rows = [i for i, m in enumerate(matches) if m is not None]
+    if label and rows:
+        hits = [m.relevant for m in matches if m is not None]
+        rel, hit_lengths = pad(hits)
+        ranks, n_expected = pad([m.found_ranks for m in matches if m is not None])
+        labelled = compute_label_based(label, rel == 1.0, hit_lengths, n_expected, found_rank=ranks)
+        for name in label:
+            column = np.full(len(queries), np.nan)
+            column[rows] = labelled[name]
+            values[name] = column
+    else:
+        values.update({name: np.full(len(queries), np.nan) for name in label})
+    return [
+        {name: None if np.isnan(v := float(values[name][i])) else v for name in names}
+        for i in range(len(queries))
+    ]

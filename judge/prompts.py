@@ -1,0 +1,287 @@
+"""Prompt templates: a sandboxed Jinja environment, checked loading, rendering, passage fencing.
+
+Template files are named ``{scale}.{mode}.{language}.j2`` (``graded.listwise.zh.j2``). The
+built-ins ship in the package ``judge._prompts``; a user's ``template_dir`` is searched first,
+so a file there with a built-in's name overrides it.
+
+A template defines ``{% block user %}`` and, optionally, ``{% block system %}``. Each block is
+rendered on its own (text outside the blocks is ignored, so a leading ``{# comment #}`` is a
+good place for notes) and stripped; a block that renders empty gives no message. Templates
+may ``{% include %}`` or ``{% import %}`` other templates, but not ``{% extends %}`` one.
+
+Variables a template sees:
+
+- ``query`` (str): the query text, with fence markers neutralised;
+- ``passage`` (Passage; pointwise) or ``passages`` (tuple of Passage; listwise);
+- ``scale`` (Scale): render labels from ``scale.labels`` (name, grade, description, aliases),
+  never hard-code them;
+- ``fence(passage)``: the passage fenced as untrusted data (see :func:`fence`);
+- ``verdict_first`` (bool, default False): ask for the verdict field before the reason, for
+  slow local judges that may be cut off by ``max_tokens`` mid-reason;
+- ``max_reason_words`` (int, default 30): the reason's length limit when ``verdict_first``;
+- any further ``**options`` given to the render call.
+
+A template must use ``query``, ``scale``, ``fence`` and ``passage`` (pointwise) or
+``passages`` (listwise); this is checked at load time. The Jinja test ``cjk`` (true for text
+containing CJK characters) lets Chinese templates show the Chinese aliases of a label.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import jinja2.meta
+import jinja2.nodes
+from jinja2.sandbox import SandboxedEnvironment
+
+from judge.errors import TemplateError
+from judge.providers.base import Message
+from judge.schema import Passage, Query, Scale
+
+Mode = Literal["pointwise", "listwise"]
+Language = Literal["en", "zh"]
+
+PACKAGE = "judge._prompts"
+SUFFIX = ".j2"
+DEFAULT_OPTIONS: dict[str, Any] = {"verdict_first": False, "max_reason_words": 30}
+_PASSAGE_VAR: dict[Mode, str] = {"pointwise": "passage", "listwise": "passages"}
+_RESERVED = frozenset({"query", "passage", "passages", "scale", "fence"})
+
+# "<passage", "</passage", "< / Query" ... : any opening of one of our fence tags.
+_MARKER = re.compile(r"<(?=\s*/?\s*(?:passage|query|title))", re.IGNORECASE)
+_NEUTRAL = "‹"  # U+2039, visibly not "<"
+_CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+
+
+def neutralise(text: str) -> str:
+    """``text`` with every fence-tag opener ``<`` (passage, query, title) replaced by ``‹``."""
+    return _MARKER.sub(_NEUTRAL, text)
+
+
+def fence(passage: Passage) -> str:
+    """The passage as untrusted data between ``<passage id="...">`` and ``</passage>``.
+
+    The id is written as a JSON string (so an id with a quote stays one attribute and the
+    judge can copy it back verbatim); the title, if any, comes first in ``<title>...</title>``.
+    Fence markers inside id, title and text are neutralised, so a passage cannot close its
+    own fence or open a new one.
+    """
+    pid = neutralise(json.dumps(passage.id, ensure_ascii=False))
+    lines = [f"<passage id={pid}>"]
+    if passage.title:
+        lines.append(f"<title>{neutralise(passage.title)}</title>")
+    lines.append(neutralise(passage.text))
+    lines.append("</passage>")
+    return "\n".join(lines)
+
+
+def template_name(scale: str, mode: Mode, language: Language) -> str:
+    """The file name of the template for a scale, mode and language."""
+    return f"{scale}.{mode}.{language}{SUFFIX}"
+
+
+class _PackageLoader(jinja2.BaseLoader):
+    """Loads the templates shipped in ``judge._prompts`` (works from a wheel or a checkout)."""
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str | None, Callable[[], bool] | None]:
+        resource = resources.files(PACKAGE).joinpath(template)
+        if not template.endswith(SUFFIX) or not resource.is_file():
+            raise jinja2.TemplateNotFound(template)
+        return resource.read_text(encoding="utf-8"), f"{PACKAGE}/{template}", lambda: True
+
+    def list_templates(self) -> list[str]:
+        entries = resources.files(PACKAGE).iterdir()
+        return sorted(e.name for e in entries if e.name.endswith(SUFFIX) and e.is_file())
+
+
+def _environment(template_dir: Path | None) -> SandboxedEnvironment:
+    loaders: list[jinja2.BaseLoader] = [_PackageLoader()]
+    if template_dir is not None:
+        if not Path(template_dir).is_dir():
+            raise TemplateError(f"template directory '{template_dir}' does not exist")
+        loaders.insert(0, jinja2.FileSystemLoader(str(template_dir), encoding="utf-8"))
+    env = SandboxedEnvironment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+    )
+    env.globals["fence"] = fence
+    env.tests["cjk"] = lambda value: isinstance(value, str) and bool(_CJK.search(value))
+    return env
+
+
+def list_templates(template_dir: Path | None = None) -> list[str]:
+    """Every template name available: the built-ins plus those in ``template_dir``."""
+    env = _environment(template_dir)
+    assert env.loader is not None
+    return sorted({n for n in env.loader.list_templates() if n.endswith(SUFFIX)})
+
+
+def _used_variables(env: SandboxedEnvironment, name: str, seen: set[str]) -> set[str]:
+    """Context variables the template ``name`` and the templates it includes/imports look up."""
+    seen.add(name)
+    assert env.loader is not None
+    source = env.loader.get_source(env, name)[0]
+    ast = env.parse(source, name=name)
+    used = set(jinja2.meta.find_undeclared_variables(ast))
+    # find_undeclared_variables leaves out globals; "fence" must be seen to be used too.
+    used |= {n.name for n in ast.find_all(jinja2.nodes.Name) if n.name in env.globals}
+    for ref in jinja2.meta.find_referenced_templates(ast):
+        if ref is not None and ref not in seen:
+            used |= _used_variables(env, ref, seen)
+    return used
+
+
+def _mode_of(name: str, used: set[str]) -> Mode:
+    """The mode the name says (``*.pointwise.*``), else the one its variables imply."""
+    parts = name.split(".")
+    if "pointwise" in parts or ("listwise" not in parts and "passage" in used):
+        return "pointwise"
+    if "listwise" in parts or "passages" in used:
+        return "listwise"
+    raise TemplateError(
+        f"template '{name}' uses neither 'passage' nor 'passages' "
+        "(and its name does not say pointwise or listwise)"
+    )
+
+
+def load_template(name: str, *, template_dir: Path | None = None) -> PromptTemplate:
+    """Load and check a template (``template_dir`` first, then the built-ins).
+
+    Raises TemplateError when it is missing (listing what exists), has a syntax error
+    (with its line), lacks a ``user`` block, or never uses a required variable.
+    """
+    if not name.endswith(SUFFIX):
+        name += SUFFIX
+    env = _environment(template_dir)
+    try:
+        template = env.get_template(name)
+        used = _used_variables(env, name, set())
+    except jinja2.TemplateNotFound as exc:
+        where = f" (searched {template_dir} and the built-ins)" if template_dir else ""
+        available = ", ".join(list_templates(template_dir))
+        raise TemplateError(
+            f"template '{exc.name}' not found{where}; available: {available}"
+        ) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(
+            f"template '{exc.name or name}' line {exc.lineno}: syntax error: {exc.message}"
+        ) from None
+    if "user" not in template.blocks:
+        raise TemplateError(f"template '{name}' has no {{% block user %}}")
+    mode = _mode_of(name, used)
+    for var in ("query", _PASSAGE_VAR[mode], "scale", "fence"):
+        if var not in used:
+            hint = " (passages must be fenced: write {{ fence(passage) }})" if var == "fence" else ""
+            raise TemplateError(f"template '{name}' ({mode}) never uses variable '{var}'{hint}")
+    origin = template.filename or name
+    return PromptTemplate(name=name, mode=mode, origin=origin, template=template)
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A loaded, checked template; renders to chat messages."""
+
+    name: str
+    mode: Mode
+    origin: str  # file path, or "judge._prompts/<name>" for a built-in
+    template: jinja2.Template
+
+    def render_pointwise(
+        self, query: Query | str, passage: Passage, scale: Scale, **options: Any
+    ) -> tuple[Message, ...]:
+        """Messages asking the judge about one passage."""
+        self._expect("pointwise")
+        return self._render({"passage": passage}, query, scale, options)
+
+    def render_listwise(
+        self, query: Query | str, passages: Sequence[Passage], scale: Scale, **options: Any
+    ) -> tuple[Message, ...]:
+        """Messages asking the judge about all ``passages`` at once (one verdict per id)."""
+        self._expect("listwise")
+        if not passages:
+            raise TemplateError(f"template '{self.name}': no passages to render")
+        return self._render({"passages": tuple(passages)}, query, scale, options)
+
+    def _expect(self, mode: Mode) -> None:
+        if self.mode != mode:
+            raise TemplateError(f"template '{self.name}' is {self.mode}, not {mode}")
+
+    def _render(
+        self, variables: dict[str, Any], query: Query | str, scale: Scale, options: dict[str, Any]
+    ) -> tuple[Message, ...]:
+        clash = _RESERVED.intersection(options)
+        if clash:
+            raise TemplateError(f"option(s) {sorted(clash)} are reserved template variables")
+        text = query.query if isinstance(query, Query) else query
+        context = {**DEFAULT_OPTIONS, **options, **variables, "query": neutralise(text)}
+        context["scale"] = scale
+        ctx = self.template.new_context(context)
+        messages = []
+        for role in ("system", "user"):
+            block = self.template.blocks.get(role)
+            if block is None:
+                continue
+            content = self._run(block, ctx).strip()
+            if content:
+                messages.append(Message(role=role, content=content))
+        return tuple(messages)
+
+    def _run(self, block: Callable[[Any], Iterator[str]], ctx: Any) -> str:
+        try:
+            return "".join(block(ctx))
+        except jinja2.UndefinedError as exc:
+            raise TemplateError(
+                f"template '{self.name}': {exc.message} (pass it as a render option)"
+            ) from None
+        except Exception as exc:  # a user template's runtime failure is a template problem
+            raise TemplateError(
+                f"template '{self.name}' failed to render: {type(exc).__name__}: {exc}"
+            ) from None
+
+
+def json_schema_for(
+    scale: Scale,
+    mode: Mode,
+    *,
+    verdict_first: bool = False,
+    passage_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A JSON schema of the answer, for ``response_format=json_schema``.
+
+    The verdict is an enum of the scale's label names; property order follows
+    ``verdict_first`` (constrained decoders emit properties in schema order). Listwise ids
+    are an enum of ``passage_ids`` when given.
+    """
+    verdict = {"type": "string", "enum": list(scale.names)}
+    reason = {"type": "string"}
+    fields = {"verdict": verdict, "reason": reason}
+    order = ["verdict", "reason"] if verdict_first else ["reason", "verdict"]
+    if mode == "pointwise":
+        return _object({k: fields[k] for k in order})
+    pid: dict[str, Any] = {"type": "string"}
+    if passage_ids is not None:
+        pid["enum"] = list(dict.fromkeys(passage_ids))
+    item = _object({"id": pid, **{k: fields[k] for k in order}})
+    return _object({"verdicts": {"type": "array", "items": item}})
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }

@@ -1,0 +1,360 @@
+"""The embedded judge: a local llama.cpp OpenAI-compatible server, started and stopped by us.
+
+``EmbeddedServer`` runs ``python -m llama_cpp.server`` (the optional extra
+``judge[embedded]``) on a free 127.0.0.1 port and waits until ``GET /v1/models`` answers.
+The server must never outlive us, so it is stopped on every way out:
+
+- normal exit and exceptions: the context manager (or ``stop()``) terminates, waits, kills;
+- Ctrl-C: ``asyncio.run`` cancels the task, and the context manager's exit still runs;
+- interpreter exit without ``stop()``: an ``atexit`` hook stops every live server;
+- the parent killed outright (SIGKILL, or SIGTERM's default action): on Linux the child asks
+  the kernel for ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the thread that spawned it.
+  Elsewhere, a SIGTERM handler that raises ``SystemExit`` is installed if none is set.
+
+The server runs in its own session (process group), so a terminal Ctrl-C reaches only us
+and we decide how the server stops. Its output goes to a temporary log file whose tail is
+quoted when it fails to start.
+
+``make_embedded_chat_provider`` wraps the server in a ``ChatProvider``: the server starts
+lazily on the first ``complete()`` and every call is delegated to ``OpenAICompatProvider``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import ctypes.util
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import httpx
+
+from judge.errors import ModelError
+from judge.model import MODEL, ensure_model, file_sha256, model_path
+from judge.providers.base import ChatProvider, ChatRequest, Completion, ProviderSpec, RetryDecision
+
+_PR_SET_PDEATHSIG = 1
+_STOP_GRACE = 5.0
+# Options we interpret ourselves; every other key is passed to the server as --key value.
+_OURS = frozenset({"model", "startup_timeout", "fetch"})
+_DEFAULTS: dict[str, Any] = {"n_ctx": 4096, "logits_all": True, "verbose": False}
+
+_live: set[EmbeddedServer] = set()
+_live_lock = threading.Lock()
+
+
+def _stop_all_live() -> None:
+    with _live_lock:
+        servers = list(_live)
+    for server in servers:
+        server.stop()
+
+
+atexit.register(_stop_all_live)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Runs in the child between fork and exec: ask for SIGKILL when the parent goes away."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The parent may already have died before prctl took effect.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit_on_sigterm() -> None:
+    """Without PDEATHSIG, turn a default SIGTERM into SystemExit so cleanup runs."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def require_llama_cpp() -> None:
+    """Raise ModelError with the install command when the optional extra is missing."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ModelError("the embedded judge needs llama-cpp-python: pip install 'judge[embedded]'")
+
+
+class EmbeddedServer:
+    """One llama.cpp server subprocess serving ``model_path`` on 127.0.0.1.
+
+    ``options`` are llama.cpp server settings (``n_ctx``, ``n_threads``, ``n_batch``, ...),
+    plus ``startup_timeout`` (seconds, default 120). Use ``async with`` or ``start()``/``stop()``.
+    """
+
+    def __init__(self, model_path: Path, options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.model_path = Path(model_path)
+        self.startup_timeout = float(opts.pop("startup_timeout", 120.0))
+        for key in _OURS:
+            opts.pop(key, None)
+        self.settings: dict[str, Any] = {
+            **_DEFAULTS,
+            "n_threads": os.cpu_count() or 1,
+            **opts,
+        }
+        self.port = 0
+        self.log_path: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible root, e.g. ``http://127.0.0.1:41234/v1``."""
+        if self._proc is None:
+            raise ModelError("the embedded server is not running")
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def command(self) -> list[str]:
+        """The server's command line (port chosen at start)."""
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path)]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        for key, value in self.settings.items():
+            cmd += [f"--{key}", _cli_value(value)]
+        return cmd
+
+    def _spawn(self) -> None:
+        require_llama_cpp()
+        if not self.model_path.is_file():
+            raise ModelError(f"model file not found: {self.model_path} (run: judge model fetch)")
+        if self._proc is not None:
+            raise ModelError("the embedded server is already running")
+        self.port = _free_port()
+        fd, log_name = tempfile.mkstemp(prefix="judge-llama-", suffix=".log")
+        self.log_path = Path(log_name)
+        is_linux = sys.platform.startswith("linux")
+        if not is_linux:
+            _exit_on_sigterm()
+        parent = os.getpid()
+        try:
+            with os.fdopen(fd, "wb") as log:
+                self._proc = subprocess.Popen(
+                    self.command(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=(lambda: _die_with_parent(parent)) if is_linux else None,
+                )
+        except OSError as exc:
+            self.log_path.unlink(missing_ok=True)
+            raise ModelError(f"could not start the embedded server: {exc}") from exc
+        with _live_lock:
+            _live.add(self)
+
+    def _deadline_check(self, deadline: float) -> None:
+        """Raise ModelError if the server died or the startup timeout has passed."""
+        assert self._proc is not None
+        code = self._proc.poll()
+        if code is not None:
+            raise ModelError(f"the embedded server exited with code {code}:\n{self.log_tail()}")
+        if time.monotonic() > deadline:
+            raise ModelError(
+                f"the embedded server did not answer within {self.startup_timeout:g} s "
+                f"(option startup_timeout):\n{self.log_tail()}"
+            )
+
+    def start(self) -> None:
+        """Start the server and block until it answers (sync callers)."""
+        self._spawn()
+        try:
+            deadline = time.monotonic() + self.startup_timeout
+            with httpx.Client(timeout=2.0) as client:
+                while True:
+                    self._deadline_check(deadline)
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(f"{self.base_url}/models").status_code == 200:
+                            return
+                    time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    async def astart(self) -> None:
+        """Start the server and wait, without blocking the event loop, until it answers."""
+        self._spawn()
+        try:
+            deadline = time.monotonic() + self.startup_timeout
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while True:
+                    self._deadline_check(deadline)
+                    with contextlib.suppress(httpx.HTTPError):
+                        resp = await client.get(f"{self.base_url}/models")
+                        if resp.status_code == 200:
+                            return
+                    await asyncio.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Terminate the server's process group, wait, then kill; idempotent."""
+        proc, self._proc = self._proc, None
+        with _live_lock:
+            _live.discard(self)
+        if proc is not None:
+            self._signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=_STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        # The server leads its own session, so its pgid is its pid.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's output (for error messages)."""
+        if self.log_path is None:
+            return ""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    async def __aenter__(self) -> EmbeddedServer:
+        await self.astart()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedChatProvider:
+    """A ChatProvider that owns an EmbeddedServer, started on first use, stopped by aclose()."""
+
+    def __init__(self, spec: ProviderSpec, model_path: Path, sha256: str, fetch: bool) -> None:
+        self._spec = spec
+        self._model_path = model_path
+        self._fetch = fetch
+        self._identity = f"embedded:{sha256}"
+        self._lock = asyncio.Lock()
+        self._server: EmbeddedServer | None = None
+        self._inner: ChatProvider | None = None
+
+    @property
+    def identity(self) -> str:
+        """``embedded:<model sha256>``: independent of the port, which changes every run."""
+        return self._identity
+
+    @property
+    def server(self) -> EmbeddedServer | None:
+        return self._server
+
+    async def _ensure_started(self) -> ChatProvider:
+        async with self._lock:
+            if self._inner is not None:
+                return self._inner
+            require_llama_cpp()
+            if self._fetch:
+                await asyncio.to_thread(ensure_model, dest=self._model_path)
+            server = EmbeddedServer(self._model_path, self._spec.options)
+            await server.astart()
+            self._server = server
+            try:
+                from judge.providers.openai_compat import OpenAICompatProvider
+
+                inner_spec = self._spec.model_copy(
+                    update={"kind": "openai", "base_url": server.base_url, "api_key_env": None}
+                )
+                self._inner = OpenAICompatProvider(inner_spec)
+            except BaseException:
+                await self.aclose()
+                raise
+            return self._inner
+
+    async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
+        inner = await self._ensure_started()
+        return await inner.complete(request, timeout=timeout)
+
+    def classify(self, exc: BaseException) -> RetryDecision:
+        if isinstance(exc, ModelError):
+            return RetryDecision(retry=False, kind="model")
+        if self._inner is not None:
+            return self._inner.classify(exc)
+        return RetryDecision(retry=False, kind="client")
+
+    async def aclose(self) -> None:
+        inner, self._inner = self._inner, None
+        server, self._server = self._server, None
+        try:
+            if inner is not None:
+                await inner.aclose()
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def make_embedded_chat_provider(spec: ProviderSpec) -> ChatProvider:
+    """The embedded judge as a ChatProvider (registry entry for kind="embedded").
+
+    Options: ``model`` (path to another GGUF; default: the pinned model, fetched and verified
+    on first use unless ``fetch = false``), ``n_ctx``, ``n_threads``, ``startup_timeout`` and
+    any other llama.cpp server setting.
+    """
+    override = spec.options.get("model")
+    if override:
+        path = Path(str(override)).expanduser()
+        if not path.is_file():
+            raise ModelError(f"embedded model file not found: {path}")
+        return EmbeddedChatProvider(spec, path, file_sha256(path), fetch=False)
+    fetch = bool(spec.options.get("fetch", True))
+    return EmbeddedChatProvider(spec, model_path(), MODEL.sha256, fetch=fetch)

@@ -1,0 +1,253 @@
+"""Many queries x repeats: the batch job behind ``judge run``.
+
+Results are appended to ``verdicts.jsonl`` as each (query, engine, repeat) completes, and
+every accepted completion is in the cache the moment it arrives, so a killed run resumes
+where it stopped and re-pays only the calls that were in flight (DESIGN rule 8). A run
+directory remembers the config fingerprint it was made with; resuming it with a config that
+changes the answers is refused rather than silently mixing two judges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TextIO
+
+from judge.cache import Cache
+from judge.calls import Caller
+from judge.config import RunConfig
+from judge.datasets import append_result, read_queries, read_results, read_trec_run
+from judge.errors import BudgetExceeded, ConfigError, InputError
+from judge.judge import Judge
+from judge.schema import JudgedQuery, Query, Record
+
+log = logging.getLogger("judge.run")
+
+RESULTS_FILE = "verdicts.jsonl"
+RUN_FILE = "run.json"
+
+
+class RunOutcome(Record):
+    out_dir: str
+    status: Literal["complete", "incomplete"]
+    reason: str | None = None
+    planned: int  # (query, engine, repeat) units in this run
+    done: int  # of those, finished (including earlier, resumed runs)
+    resumed: int  # finished before this invocation started
+    requests: int
+    cache_hits: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    elapsed_s: float
+    errors_by_kind: dict[str, int]
+
+
+def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
+    """The dataset named on the command line, else the config's [dataset]."""
+    ds = config.dataset
+    if ds.trec_run and dataset is None:
+        if not (ds.passage_store and ds.queries):
+            raise ConfigError(f"{config.source}: [dataset] trec_run needs passage_store and queries")
+        return list(read_trec_run(ds.trec_run, ds.passage_store, ds.queries))
+    path = dataset or ds.path
+    if path is None:
+        raise ConfigError(f"{config.source}: no dataset: give one on the command line or [dataset] path")
+    report = read_queries(path, columns=ds.columns or None, max_passage_chars=ds.max_passage_chars)
+    for problem in report.problems:
+        log.warning("%s", problem)
+    return list(report.queries)
+
+
+def sample_queries(queries: Sequence[Query], n: int, seed: int) -> list[Query]:
+    """A reproducible sample of n query ids; every engine's row of a sampled id comes along."""
+    if n <= 0:
+        return list(queries)
+    ids = sorted({q.query_id for q in queries})
+    if n >= len(ids):
+        return list(queries)
+    chosen = set(random.Random(seed).sample(ids, n))
+    return [q for q in queries if q.query_id in chosen]
+
+
+def repair_results(path: Path) -> None:
+    """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        fh.truncate(cut)
+        log.warning("%s: dropped a partial last line (%d bytes) from an interrupted run", path, len(data) - cut)
+
+
+def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
+    run_file = out_dir / RUN_FILE
+    fingerprint = config.fingerprint()
+    if fresh:
+        for name in (RESULTS_FILE, RUN_FILE):
+            (out_dir / name).unlink(missing_ok=True)
+    elif run_file.exists():
+        old = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
+        if old != fingerprint:
+            changed = sorted(k for k in fingerprint if (old or {}).get(k) != fingerprint[k])
+            raise ConfigError(
+                f"{out_dir}: this run directory was made with a different config "
+                f"(changed: {', '.join(changed)}); use --fresh to start over or another --out"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(
+        json.dumps({"fingerprint": fingerprint, "source": config.source}, indent=2, ensure_ascii=False),
+        encoding="utf-8",
+    )
+
+
+@dataclass
+class Progress:
+    """Counters shown on a TTY as one refreshed line, elsewhere as periodic log lines."""
+
+    total_units: int
+    total_passages: int
+    caller: Caller
+    stream: TextIO = sys.stderr
+    interval_s: float = 10.0
+    units: int = 0
+    passages: int = 0
+    status: Counter[str] = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
+    _last: float = 0.0
+
+    def update(self, jq: JudgedQuery) -> None:
+        self.units += 1
+        self.passages += len(jq.verdicts)
+        self.status.update(v.status for v in jq.verdicts)
+        self.show()
+
+    def line(self) -> str:
+        s = self.caller.stats
+        elapsed = time.monotonic() - self.started
+        rate = self.passages / elapsed if elapsed > 0 else 0.0
+        return (
+            f"queries {self.units}/{self.total_units}  passages {self.passages}/{self.total_passages}"
+            f"  ({rate:.1f}/s)  cached {s.cache_hits}  retries {s.retries}"
+            f"  unparsed {self.status['unparsed']}  errors {self.status['error']}"
+            f"  tokens {s.usage.total}  ${s.cost:.4f}"
+        )
+
+    def show(self, final: bool = False) -> None:
+        now = time.monotonic()
+        tty = self.stream.isatty()
+        if tty and (final or now - self._last >= 0.2):
+            self.stream.write("\r" + self.line() + ("\n" if final else ""))
+            self.stream.flush()
+            self._last = now
+        elif not tty and (final or now - self._last >= self.interval_s):
+            log.info("%s", self.line())
+            self._last = now
+
+
+async def run_async(
+    config: RunConfig,
+    queries: Sequence[Query],
+    out_dir: Path,
+    *,
+    fresh: bool = False,
+) -> RunOutcome:
+    """Judge every (query, repeat) not already in out_dir's results; append as they finish."""
+    check_fingerprint(out_dir, config, fresh=fresh)
+    results_path = out_dir / RESULTS_FILE
+    repair_results(results_path)
+    done = {jq.key for jq in read_results(results_path)} if results_path.exists() else set()
+    units = [
+        (q, r)
+        for r in range(config.run.repeats)
+        for q in queries
+        if (q.query_id, q.engine, r) not in done
+    ]
+    planned = len(queries) * config.run.repeats
+    resumed = planned - len(units)
+    cache = Cache(config.cache_path())
+    judge = Judge.from_config(config, cache=cache, limits=config.limits())
+    caller = judge.caller
+    progress = Progress(
+        total_units=len(units),
+        total_passages=sum(len(q.passages) for q, _ in units),
+        caller=caller,
+        interval_s=config.run.progress_interval_s,
+    )
+    start = time.monotonic()
+    reason: str | None = None
+    queue: asyncio.Queue[tuple[Query, int]] = asyncio.Queue()
+    for unit in units:
+        queue.put_nowait(unit)
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal reason
+        while not stop.is_set():
+            try:
+                query, repeat = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                jq = await judge.ajudge(query, repeat=repeat)
+            except BudgetExceeded as exc:
+                reason = reason or str(exc)
+                stop.set()
+                return
+            append_result(results_path, jq)
+            progress.update(jq)
+            finished = progress.passages
+            errors = progress.status["error"]
+            if finished >= 20 and errors / finished > config.run.abort_error_rate:
+                reason = reason or (
+                    f"too many errors: {errors} of {finished} passages failed "
+                    f"(abort_error_rate {config.run.abort_error_rate}); see verdicts.jsonl"
+                )
+                stop.set()
+
+    n_workers = max(1, min(len(units), config.run.concurrency * 2))
+    try:
+        await asyncio.gather(*(worker() for _ in range(n_workers)))
+    finally:
+        progress.show(final=True)
+        await judge.aclose()
+        cache.close()
+    s = caller.stats
+    finished_now = progress.units
+    return RunOutcome(
+        out_dir=str(out_dir),
+        status="complete" if reason is None and finished_now == len(units) else "incomplete",
+        reason=reason,
+        planned=planned,
+        done=resumed + finished_now,
+        resumed=resumed,
+        requests=s.requests,
+        cache_hits=s.cache_hits,
+        retries=s.retries,
+        prompt_tokens=s.usage.prompt_tokens,
+        completion_tokens=s.usage.completion_tokens,
+        cost_usd=s.cost,
+        elapsed_s=time.monotonic() - start,
+        errors_by_kind=dict(s.errors),
+    )
+
+
+def latest_results(out_dir: Path) -> list[JudgedQuery]:
+    """The run's results, one per (query, engine, repeat) (the last written wins)."""
+    path = out_dir / RESULTS_FILE
+    if not path.exists():
+        raise InputError("no results yet", file=str(path))
+    by_key = {jq.key: jq for jq in read_results(path)}
+    return sorted(by_key.values(), key=lambda jq: (jq.query.query_id, jq.query.engine, jq.repeat))
