@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import ir_measures
 import numpy as np
@@ -31,9 +32,8 @@ MEASURES = {
 }
 
 
-def best_of(repeats: int, run: object) -> float:
-    """Fastest wall time of ``repeats`` calls of ``run`` (a no-argument callable)."""
-    assert callable(run)
+def best_of(repeats: int, run: Callable[[], object]) -> float:
+    """Fastest wall time of ``repeats`` calls of ``run``."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -52,7 +52,7 @@ def main() -> None:
         return compute_label_free(NAMES, grades, lengths, max_grade=3, threshold=THRESHOLD)
 
     seconds = best_of(3, ours)
-    print(f"ours   compute_label_free {NAMES} on {n:,} queries x {DEPTH}: ")
+    print(f"ours   compute_label_free {NAMES} on {n:,} queries x {DEPTH}:")
     print(f"       {seconds:.3f} s (best of 3) = {n / seconds:,.0f} queries/s")
 
     rows = grades.astype(int).tolist()

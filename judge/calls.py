@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -230,7 +230,7 @@ class Caller:
 
     async def _call(
         self,
-        once: Callable[[], "asyncio.Future[A] | object"],
+        once: Callable[[], Awaitable[A]],
         classify: Callable[[BaseException], RetryDecision],
     ) -> CallResult[A]:
         self._check_budget()
@@ -249,9 +249,7 @@ class Caller:
             exc = state.outcome.exception() if state.outcome else None
             decision = decide(exc) if exc is not None else None
             if decision is not None and decision.retry_after is not None:
-                return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(
-                    0, 0.1
-                )
+                return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(0, 0.1)
             ceiling = self.limits.backoff_base_s * 2 ** (state.attempt_number - 1)
             return random.uniform(0, min(ceiling, self.limits.max_backoff_s))
 
@@ -272,7 +270,7 @@ class Caller:
                 with attempt:
                     attempts += 1
                     self.stats.requests += 1
-                    answer = await once()  # type: ignore[misc]
+                    answer = await once()
         except (ProviderError, BudgetExceeded):
             self.stats.failures += 1
             raise
@@ -285,7 +283,9 @@ class Caller:
                 attempts=attempts,
             ) from None
         self.stats.successes += 1
-        return CallResult(answer, cached=False, attempts=attempts, latency_s=time.perf_counter() - start)  # type: ignore[arg-type]
+        return CallResult(
+            answer, cached=False, attempts=attempts, latency_s=time.perf_counter() - start
+        )
 
     def _account(self, usage: Usage) -> None:
         self.stats.usage = self.stats.usage + usage

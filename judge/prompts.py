@@ -175,6 +175,8 @@ def load_template(name: str, *, template_dir: Path | None = None) -> PromptTempl
         raise TemplateError(
             f"template '{exc.name}' not found{where}; available: {available}"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise TemplateError(f"template '{name}' is not UTF-8 text: {exc.reason}") from None
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(
             f"template '{exc.name or name}' line {exc.lineno}: syntax error: {exc.message}"
@@ -184,7 +186,9 @@ def load_template(name: str, *, template_dir: Path | None = None) -> PromptTempl
     mode = _mode_of(name, used)
     for var in ("query", _PASSAGE_VAR[mode], "scale", "fence"):
         if var not in used:
-            hint = " (passages must be fenced: write {{ fence(passage) }})" if var == "fence" else ""
+            hint = (
+                " (passages must be fenced: write {{ fence(passage) }})" if var == "fence" else ""
+            )
             raise TemplateError(f"template '{name}' ({mode}) never uses variable '{var}'{hint}")
     origin = template.filename or name
     return PromptTemplate(name=name, mode=mode, origin=origin, template=template)

@@ -1,91 +1,395 @@
-"""report.md (and, later, report.html) from a run's summary and results."""
+"""report.md and a self-contained report.html from a run's summary and results.
+
+summary.json (judge.summary) stays the machine-readable output; these two are for people.
+Both are rendered from one list of sections, so they say the same things; only the HTML
+has charts. The page has no script and references nothing outside itself (charts are inline
+SVG from judge.charts; a Content-Security-Policy forbids every load), so it opens offline
+and as an attachment. Every text that came from data (queries, passages, reasons, engine
+names) is escaped: a passage holding ``<script>`` shows as text, in both files. The worst
+queries are listed with each passage's excerpt, label, status and the judge's reason, so a
+reader sees why a query scored low; queries whose verdicts failed are listed apart, since
+their metrics are undefined, never 0.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from judge.schema import JudgedQuery
+from judge import charts
+from judge.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
+from judge.history import HistoryRow
+from judge.schema import JudgedQuery, Scale
+
+EXCERPT_CHARS = 240
+CHART_METRICS = 6
+_CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d232b}
+main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}h1{font-size:24px}
+section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:8px 18px;margin:14px 0}
+h2{font-size:18px;margin:10px 0}h3{font-size:15px;margin:16px 0 4px}blockquote{margin:4px 0}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}th{background:#eef1f4}
+th,td{border:1px solid #d5d9de;padding:3px 7px;text-align:left;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{max-width:520px}
+tr.relevant{background:#edf7ee}tr.failed{background:#fdecea}.muted{color:#667085}
+.bad{color:#b3261e;font-weight:600}.ok{color:#1b6e2f}svg.chart{width:100%;height:auto}"""
+_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A paragraph; ``kind`` is p, h3, quote, muted, ok or bad."""
+
+    text: str
+    kind: str = "p"
+
+
+@dataclass(frozen=True)
+class Table:
+    head: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+    num: frozenset[int] = frozenset()
+    row_css: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A chart drawn only for the HTML page (``draw`` returns an ``<svg>`` element)."""
+
+    draw: Callable[[], str]
+    caption: str
+
+
+@dataclass(frozen=True)
+class Section:
+    ident: str
+    title: str
+    blocks: list[Text | Table | Chart] = field(default_factory=list)
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return str(value)
+    return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def markdown(summary: dict[str, Any], results: Sequence[JudgedQuery], *, worst: int = 5) -> str:
-    c = summary["counts"]
-    u = summary["usage"]
-    lines = [
-        "# judge report",
-        "",
-        f"{c['queries']} queries ({c['query_ids']} ids, engines: {', '.join(c['engines'])}), "
-        f"{c['repeats']} repeat(s), {c['verdicts']} verdicts: {c['ok']} ok, "
-        f"{c['unparsed']} unparsed, {c['error']} error.",
-        f"Tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion "
-        f"({u['prompt_tokens_per_passage']:.1f} + {u['completion_tokens_per_passage']:.1f} per passage); "
-        f"cost {_fmt(u['cost_usd'])} USD.",
-        "",
-    ]
+def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def scale_of(summary: dict[str, Any]) -> Scale:
+    return Scale.model_validate(summary["config"]["scale"])
+
+
+def run_comparison(summary: dict[str, Any], results: Sequence[JudgedQuery]) -> Comparison | None:
+    """Paired comparison of the run's engines (None for one engine), pooled metrics included."""
+    if len({jq.query.engine for jq in results}) < 2:
+        return None
+    st = summary.get("stability", {})
+    return compare(
+        results,
+        list(dict.fromkeys([*summary["metric_names"], *DEFAULT_POOLED])),
+        scale_of(summary),
+        n_boot=st.get("n_boot", 2000),
+        seed=st.get("seed", 0),
+        gain=summary.get("gain", "linear"),
+        unjudged=summary.get("unjudged_policy", "undefined"),
+    )
+
+
+def worst_queries(
+    results: Sequence[JudgedQuery], metric: str, n: int
+) -> list[tuple[JudgedQuery, float]]:
+    """The ``n`` (query, engine) pairs with the lowest mean ``metric`` over repeats, each with
+    its lowest-scoring repeat (whose verdicts explain the score)."""
+    groups: dict[tuple[str, str], list[JudgedQuery]] = defaultdict(list)
+    for jq in results:
+        if jq.metrics.get(metric) is not None:
+            groups[(jq.query.query_id, jq.query.engine)].append(jq)
+    ranked = []
+    for rows in groups.values():
+        values = [jq.metrics[metric] or 0.0 for jq in rows]
+        lowest = min(rows, key=lambda jq: jq.metrics[metric] or 0.0)
+        ranked.append((lowest, sum(values) / len(values)))
+    ranked.sort(key=lambda pair: (pair[1], pair[0].query.query_id, pair[0].query.engine))
+    return ranked[:n]
+
+
+def _query_blocks(jq: JudgedQuery, what: str) -> list[Text | Table | Chart]:
+    """A query's heading, text, and one row per passage: excerpt, label, status, reason."""
+    by_id = {p.id: p for p in jq.query.passages}
+    rows, css = [], []
+    for v in sorted(jq.verdicts, key=lambda v: v.rank):
+        passage = by_id.get(v.passage_id)
+        reason = v.reason or v.error or (f"raw answer: {_excerpt(v.raw, 160)}" if v.raw else "")
+        text = _excerpt(passage.text) if passage else ""
+        rows.append([v.rank, v.passage_id, text, v.label or "", v.status, reason])
+        css.append("failed" if v.status != "ok" else "relevant" if v.relevant else "")
+    head = f"{jq.query.query_id} / {jq.query.engine} (repeat {jq.repeat}): {what}"
+    table = Table(["#", "passage", "text", "label", "status", "reason"], rows, frozenset({0}), css)
+    return [Text(head, "h3"), Text(jq.query.query, "quote"), table]
+
+
+def _overview(summary: dict[str, Any]) -> list[Text | Table | Chart]:
+    c, u = summary["counts"], summary["usage"]
     if summary.get("unjudged_policy") == "skip":
-        lines += ["Metrics of queries with unparsed/error verdicts are computed over the judged passages only.", ""]
+        policy = "Queries with unparsed/error verdicts are scored on their judged passages only."
     else:
-        lines += ["Queries with an unparsed or error verdict have undefined metrics (not counted as 0).", ""]
-    names = summary["metric_names"]
-    lines += ["## Metrics", "", "| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for engine, data in summary["engines"].items():
-        cells = []
-        for name in names:
-            m = data["metrics"].get(name, {})
-            cell = _fmt(m.get("mean"))
-            if m.get("ci_low") is not None:
-                cell += f" [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
-            cells.append(cell)
-        lines.append(f"| {engine} | " + " | ".join(cells) + " |")
-    st = summary["stability"]
-    lines += ["", "## Stability across repeats", "", f"Krippendorff's alpha ({st['alpha_level']}): {_fmt(st['alpha'])}", ""]
-    for engine, est in st["engines"].items():
-        flips = est["flips"]
-        lines.append(
-            f"- {engine}: flip rate {_fmt(flips['flip_rate'])} over {flips['n_passages']} passages; "
-            f"alpha {_fmt(est['alpha'])}"
-        )
-        agreement = est.get("agreement")
-        if agreement:
-            per = agreement["per_judgement"]
-            lines.append(
-                f"  - vs human labels: accuracy {_fmt(per['accuracy'])}, kappa {_fmt(per['kappa'])}, "
-                f"weighted kappa {_fmt(per['weighted_kappa'])}, AUC {_fmt(per['auc'])}"
+        policy = "Queries with an unparsed or error verdict have undefined metrics (not 0)."
+    return [
+        Text(
+            f"{c['queries']} queries ({c['query_ids']} ids, engines: {', '.join(c['engines'])}), "
+            f"{c['repeats']} repeat(s), {c['verdicts']} verdicts: {c['ok']} ok, "
+            f"{c['unparsed']} unparsed, {c['error']} error."
+        ),
+        Text(
+            f"Tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; cost "
+            f"{_fmt(u['cost_usd'])} USD. {policy} Created {summary.get('created')}; config "
+            f"{summary['config'].get('source')}.",
+            "muted",
+        ),
+    ]
+
+
+def _mean_ci(data: dict[str, Any], name: str) -> str:
+    m = data["metrics"].get(name, {})
+    cell = _fmt(m.get("mean"))
+    if m.get("ci_low") is not None:
+        cell += f" [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
+    return cell
+
+
+def _compare_section(cmp: Comparison) -> Section:
+    diffs = {(d.metric, d.engine): d for d in cmp.diffs}
+    rows: list[list[Any]] = []
+    for metric in cmp.metrics:
+        for engine in cmp.engines:
+            m, d = cmp.means[metric][engine], diffs.get((metric, engine))
+            if d is None:
+                rows.append([metric, engine, m.n, m.mean, "baseline", "", "", ""])
+                continue
+            ci = None if d.ci_low is None else f"[{d.ci_low:+.4f}, {d.ci_high or 0.0:+.4f}]"
+            diff = None if d.diff is None else f"{d.diff:+.4f}"
+            rows.append([metric, engine, m.n, m.mean, diff, ci, d.p_value, d.n])
+    head = ["metric", "engine", "n", "mean", f"diff vs {cmp.baseline}", "95% CI", "p", "paired"]
+    blocks: list[Text | Table | Chart] = [
+        Table(head, rows, frozenset({2, 3, 4, 6, 7})),
+        Text(
+            "diff: mean paired difference over the queries both engines define (paired); CI: "
+            "bootstrap over queries; p: two-sided sign-flip test. pooled_*: the ideal ranking "
+            "comes from every engine's judged passages (de-duplicated by id and text).",
+            "muted",
+        ),
+    ]
+    shown = list(dict.fromkeys([*cmp.metrics[:2], "pooled_ndcg"]))
+    for engine in cmp.engines[1:]:
+        pairs = {m: (cmp.per_query[m][cmp.baseline], cmp.per_query[m][engine]) for m in shown}
+        blocks.append(
+            Chart(
+                partial(charts.engine_scatter, pairs, cmp.baseline, engine),
+                f"per query: {engine} (y) against {cmp.baseline} (x)",
             )
-    th = summary["thresholds"]
-    lines += ["", "## Thresholds", ""]
-    if not th["checks"]:
-        lines.append("No thresholds configured.")
-    for chk in th["checks"]:
-        mark = "ok" if chk["ok"] else "**BREACHED**"
-        engine = f" ({chk['engine']})" if "engine" in chk else ""
-        lines.append(f"- {chk['check']}{engine}: {_fmt(chk['value'])} vs {_fmt(chk['limit'])} — {mark}")
-    key = summary["metric_names"][0] if summary["metric_names"] else None
-    if key:
-        scored = [jq for jq in results if jq.metrics.get(key) is not None]
-        scored.sort(key=lambda jq: jq.metrics[key] or 0.0)
-        lines += ["", f"## Lowest {key}", ""]
-        for jq in scored[:worst]:
-            lines.append(f"### {jq.query.query_id} / {jq.query.engine} (repeat {jq.repeat}): {key} {_fmt(jq.metrics[key])}")
-            lines.append(f"> {jq.query.query}")
-            lines.append("")
-            for v in jq.verdicts:
-                reason = (v.reason or v.error or "").replace("\n", " ")
-                lines.append(f"- #{v.rank} `{v.passage_id}` {v.status} {v.label or ''}: {reason}")
-            lines.append("")
-    return "\n".join(lines) + "\n"
+        )
+    return Section("compare", f"Engines compared (baseline {cmp.baseline})", blocks)
 
 
-def write_reports(out_dir: Path, summary: dict[str, Any], results: Sequence[JudgedQuery]) -> list[Path]:
-    path = out_dir / "report.md"
-    path.write_text(markdown(summary, results), encoding="utf-8")
-    return [path]
+def _history_section(
+    history: Sequence[HistoryRow], names: Sequence[str], engines: Sequence[str]
+) -> Section:
+    present = {m for row in history for values in row.values.values() for m in values}
+    flagged_first = [r.metric for row in history for r in row.regressions]
+    metrics = [m for m in dict.fromkeys([*flagged_first, *names]) if m in present][:4]
+    rows = [
+        [row.run_id, row.created[:16].replace("T", " ")]
+        + [row.values.get(e, {}).get(m) for e in engines for m in metrics]
+        + ["; ".join(r.describe() for r in row.regressions) or "—"]
+        for row in history
+    ]
+    head = ["run", "created", *(f"{e} {m}" for e in engines for m in metrics), "regressions"]
+    flagged = {(r.run_id, r.engine, r.metric) for row in history for r in row.regressions}
+    runs = [(row.run_id, row.values) for row in history]
+    n_flagged = sum(1 for row in history if row.regressions)
+    status = Text(f"{n_flagged} run(s) flagged as regressions.", "bad") if n_flagged else None
+    return Section(
+        "history",
+        f"History (last {len(history)} runs)",
+        [
+            status or Text("No regressions.", "ok"),
+            Table(head, rows, frozenset(range(2, len(head) - 1))),
+            Chart(
+                partial(charts.history_trend, runs, metrics, engines, flagged),
+                "red crosses: runs flagged as regressions",
+            ),
+        ],
+    )
+
+
+def _label_counts(results: Sequence[JudgedQuery]) -> dict[str, dict[str, int]]:
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for jq in results:
+        for v in jq.verdicts:
+            counts[jq.query.engine][v.label if v.status == "ok" and v.label else v.status] += 1
+    return {engine: dict(c) for engine, c in sorted(counts.items())}
+
+
+_CHARTS = {
+    "distribution": ("Per-query metric distribution", "one dot per query (mean over repeats)"),
+    "stability": ("Stability across repeats", "per-repeat means"),
+    "labels": ("Verdict labels", "unparsed and error are failures, never 'not relevant'"),
+}
+
+
+def _chart(ident: str, draw: Callable[[], str]) -> Section:
+    title, caption = _CHARTS[ident]
+    return Section(ident, title, [Chart(draw, caption)])
+
+
+def _threshold_section(checks: Sequence[dict[str, Any]]) -> Section:
+    keys = ("check", "engine", "value", "limit")
+    rows = [
+        [*(c.get(k) for k in keys), "ok" if c["ok"] else "BREACHED", c.get("note")] for c in checks
+    ]
+    table = Table(["check", "engine", "value", "limit", "result", "note"], rows, frozenset({2, 3}))
+    return Section("thresholds", "Thresholds", [table] if rows else [Text("None configured.")])
+
+
+def sections(
+    summary: dict[str, Any],
+    results: Sequence[JudgedQuery],
+    *,
+    comparison: Comparison | None = None,
+    history: Sequence[HistoryRow] = (),
+    worst: int = 5,
+) -> list[Section]:
+    """The report's content, in order, for both renderers."""
+    names, engines = summary["metric_names"], list(summary["engines"])
+    st, scale = summary["stability"], scale_of(summary)
+    shown = names[:CHART_METRICS]
+    metric_rows = [[e, *(_mean_ci(d, n) for n in names)] for e, d in summary["engines"].items()]
+    values = per_query_values(results, shown, scale)
+    dist = {m: {e: list(values[m].get(e, {}).values()) for e in engines} for m in shown}
+    out = [
+        Section("overview", "Run", _overview(summary)),
+        Section("metrics", "Metrics (mean, 95% CI)", [Table(["engine", *names], metric_rows)]),
+        _chart("distribution", partial(charts.metric_distribution, dist, engines)),
+    ]
+    if comparison:
+        out.append(_compare_section(comparison))
+    ste = st["engines"]
+    per_repeat = {e: {m: ste[e]["metrics"][m]["per_repeat"] for m in shown} for e in engines}
+    repeats = {e: ste[e]["metrics"][shown[0]]["repeats"] if shown else [] for e in engines}
+    flips = [
+        [e, x["flips"]["flip_rate"], x["flips"]["n_passages"], x["alpha"]] for e, x in ste.items()
+    ]
+    stability = _chart("stability", partial(charts.stability_lines, per_repeat, repeats))
+    stability.blocks[:0] = [
+        Text(f"Krippendorff's alpha ({st['alpha_level']}): {_fmt(st['alpha'])}"),
+        Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
+    ]
+    labels = [lab.name for lab in sorted(scale.labels, key=lambda lab: lab.grade)]
+    out += [
+        stability,
+        _chart("labels", partial(charts.label_distribution, _label_counts(results), labels)),
+    ]
+    if history:
+        out.append(_history_section(history, names, engines))
+    out.append(_threshold_section(summary["thresholds"]["checks"]))
+    if names:
+        low = worst_queries(results, names[0], worst)
+        what = f"{names[0]} {{}} (mean over repeats)"
+        blocks = [b for jq, v in low for b in _query_blocks(jq, what.format(_fmt(v)))]
+        out.append(Section("worst", f"Lowest {names[0]}", blocks))
+    failed = [jq for jq in results if any(v.status != "ok" for v in jq.verdicts)]
+    if failed:
+        blocks = [b for jq in failed[:worst] for b in _query_blocks(jq, "metrics undefined")]
+        title = f"Queries with failed verdicts ({len(failed)}; showing {min(worst, len(failed))})"
+        out.append(Section("failed", title, blocks))
+    return out
+
+
+def _md(value: Any) -> str:
+    """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes escaped."""
+    return html.escape(" ".join(_fmt(value).split()), quote=False).replace("|", "\\|")
+
+
+def markdown(summary: dict[str, Any], results: Sequence[JudgedQuery], **kwargs: Any) -> str:
+    """report.md: the sections without charts."""
+    out = ["# judge report"]
+    prefix = {"h3": "### ", "quote": "> ", "bad": "**", "p": "", "muted": "", "ok": ""}
+    for section in sections(summary, results, **kwargs):
+        out += ["", f"## {_md(section.title)}"]
+        for block in section.blocks:
+            if isinstance(block, Text):
+                end = "**" if block.kind == "bad" else ""
+                out += ["", f"{prefix[block.kind]}{_md(block.text)}{end}"]
+            elif isinstance(block, Table):
+                out += ["", "| " + " | ".join(_md(h) for h in block.head) + " |"]
+                out.append("|" + "---|" * len(block.head))
+                out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in block.rows]
+    return "\n".join(out) + "\n"
+
+
+def _e(value: Any) -> str:
+    return html.escape(_fmt(value), quote=True)
+
+
+def _html_block(block: Text | Table | Chart) -> str:
+    if isinstance(block, Chart):
+        caption = f'<figcaption class="muted">{_e(block.caption)}</figcaption>'
+        return f"<figure>{block.draw()}{caption}</figure>"
+    if isinstance(block, Text):
+        tag = {"h3": "h3", "quote": "blockquote"}.get(block.kind, "p")
+        return f'<{tag} class="{block.kind}">{_e(block.text)}</{tag}>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in block.head)
+    css = list(block.row_css) or [""] * len(block.rows)
+    body = "".join(
+        f'<tr class="{c}">'
+        + "".join(
+            f'<td class="{"num" if i in block.num else "text" if h == "text" else ""}">{_e(v)}</td>'
+            for i, (h, v) in enumerate(zip(block.head, row, strict=True))
+        )
+        + "</tr>"
+        for c, row in zip(css, block.rows, strict=True)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_report(summary: dict[str, Any], results: Sequence[JudgedQuery], **kwargs: Any) -> str:
+    """report.html: one page, no script, nothing loaded from anywhere."""
+    body = "\n".join(
+        f'<section id="{s.ident}"><h2>{_e(s.title)}</h2>'
+        + "".join(_html_block(b) for b in s.blocks)
+        + "</section>"
+        for s in sections(summary, results, **kwargs)
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>judge report</title><style>{_CSS}</style></head>"
+        f"<body><main><h1>judge report</h1>\n{body}\n</main></body></html>\n"
+    )
+
+
+def write_reports(
+    out_dir: Path,
+    summary: dict[str, Any],
+    results: Sequence[JudgedQuery],
+    *,
+    history: Sequence[HistoryRow] = (),
+    worst: int = 5,
+) -> list[Path]:
+    """Write report.md and report.html into ``out_dir``; ``history`` from
+    :func:`judge.history.history_rows_for_report` adds the trend and regression flags."""
+    kwargs: dict[str, Any] = {
+        "comparison": run_comparison(summary, results),
+        "history": history,
+        "worst": worst,
+    }
+    md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
+    md.write_text(markdown(summary, results, **kwargs), encoding="utf-8")
+    page.write_text(html_report(summary, results, **kwargs), encoding="utf-8")
+    return [md, page]

@@ -57,11 +57,18 @@ def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
     ds = config.dataset
     if ds.trec_run and dataset is None:
         if not (ds.passage_store and ds.queries):
-            raise ConfigError(f"{config.source}: [dataset] trec_run needs passage_store and queries")
-        return list(read_trec_run(ds.trec_run, ds.passage_store, ds.queries))
+            raise ConfigError(
+                f"{config.source}: [dataset] trec_run needs passage_store and queries"
+            )
+        trec = read_trec_run(
+            ds.trec_run, ds.passage_store, ds.queries, max_passage_chars=ds.max_passage_chars
+        )
+        return list(trec.queries)
     path = dataset or ds.path
     if path is None:
-        raise ConfigError(f"{config.source}: no dataset: give one on the command line or [dataset] path")
+        raise ConfigError(
+            f"{config.source}: no dataset: give one on the command line or [dataset] path"
+        )
     report = read_queries(path, columns=ds.columns or None, max_passage_chars=ds.max_passage_chars)
     for problem in report.problems:
         log.warning("%s", problem)
@@ -89,7 +96,11 @@ def repair_results(path: Path) -> None:
             return
         cut = data.rfind(b"\n") + 1
         fh.truncate(cut)
-        log.warning("%s: dropped a partial last line (%d bytes) from an interrupted run", path, len(data) - cut)
+        log.warning(
+            "%s: dropped a partial last line (%d bytes) from an interrupted run",
+            path,
+            len(data) - cut,
+        )
 
 
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
@@ -108,7 +119,9 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     run_file.write_text(
-        json.dumps({"fingerprint": fingerprint, "source": config.source}, indent=2, ensure_ascii=False),
+        json.dumps(
+            {"fingerprint": fingerprint, "source": config.source}, indent=2, ensure_ascii=False
+        ),
         encoding="utf-8",
     )
 

@@ -144,13 +144,28 @@ def check_thresholds(config: RunConfig, summary: dict[str, Any]) -> dict[str, An
     for engine, data in summary["engines"].items():
         for metric, minimum in th.min.items():
             mean = data["metrics"].get(metric, {}).get("mean")
-            check(f"min {metric}", mean, minimum, mean is not None and mean >= minimum, engine=engine)
-    if th.baseline and th.max_drop:
+            check(
+                f"min {metric}", mean, minimum, mean is not None and mean >= minimum, engine=engine
+            )
+    if th.baseline and th.max_drop and not Path(th.baseline).exists():
+        # The first night has no baseline yet: say so in the report instead of failing.
+        checks.append(
+            {
+                "check": "baseline",
+                "value": None,
+                "limit": None,
+                "ok": True,
+                "note": f"{th.baseline} not found: drop checks skipped",
+            }
+        )
+    elif th.baseline and th.max_drop:
         base = load_summary(th.baseline)
         for engine, data in summary["engines"].items():
             for metric, max_drop in th.max_drop.items():
                 now = data["metrics"].get(metric, {}).get("mean")
-                before = base["engines"].get(engine, {}).get("metrics", {}).get(metric, {}).get("mean")
+                before = (
+                    base["engines"].get(engine, {}).get("metrics", {}).get(metric, {}).get("mean")
+                )
                 if before is None:
                     continue
                 drop = before - now if now is not None else None

@@ -299,7 +299,9 @@ def test_parse_metric_names() -> None:
     assert parse_metric_name("mrr") == ("mrr", None)
     for name in DEFAULT_METRICS:
         assert parse_metric_name(name)[0] in LABEL_FREE
-    with pytest.raises(ConfigError, match=r"unknown metric 'mAP'.*did you mean 'map'") as err:
+    with pytest.raises(ConfigError, match=r"unknown metric 'NDCG@10' \(did you mean 'ndcg@10'"):
+        parse_metric_name("NDCG@10")
+    with pytest.raises(ConfigError, match=r"unknown metric 'mAP'; valid metrics: ") as err:
         parse_metric_name("mAP")
     assert all(base in str(err.value) for base in (*LABEL_FREE, *LABEL_BASED))
     with pytest.raises(ConfigError, match="at least 1"):

@@ -49,8 +49,31 @@ from judge.providers.base import ChatProvider, ChatRequest, Completion, Provider
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE = 5.0
 # Options we interpret ourselves; every other key is passed to the server as --key value.
-_OURS = frozenset({"model", "startup_timeout", "fetch"})
-_DEFAULTS: dict[str, Any] = {"n_ctx": 4096, "logits_all": True, "verbose": False}
+_OURS = frozenset({"model", "startup_timeout", "fetch", "extra_buffers"})
+_DEFAULTS: dict[str, Any] = {
+    "n_ctx": 4096,
+    "logits_all": True,  # per-token top_logprobs in chat completions need it
+    "use_mlock": False,  # a judge has no need to pin 0.5 GB of RAM
+    "verbose": False,
+}
+
+# Runs the stock llama_cpp server with llama.cpp's "extra buffer types" switched off.
+# Those are CPU-specific weight layouts (AMX, repacked quants); on AMX-capable Xeons a
+# native build segfaults in ggml_backend_amx_mul_mat on the first prompt, and
+# llama-cpp-python exposes no setting for use_extra_bufts, so the launcher sets it.
+_LAUNCHER = """\
+import sys
+import llama_cpp.llama_cpp as lib
+_defaults = lib.llama_model_default_params
+def _params():
+    params = _defaults()
+    params.use_extra_bufts = False
+    return params
+lib.llama_model_default_params = _params
+from llama_cpp.server.__main__ import main
+sys.argv[0] = "llama_cpp.server"
+main()
+"""
 
 _live: set[EmbeddedServer] = set()
 _live_lock = threading.Lock()
@@ -110,18 +133,23 @@ class EmbeddedServer:
     """One llama.cpp server subprocess serving ``model_path`` on 127.0.0.1.
 
     ``options`` are llama.cpp server settings (``n_ctx``, ``n_threads``, ``n_batch``, ...),
-    plus ``startup_timeout`` (seconds, default 120). Use ``async with`` or ``start()``/``stop()``.
+    plus ``startup_timeout`` (seconds, default 120) and ``extra_buffers`` (default false:
+    see ``_LAUNCHER``). Use ``async with`` or ``start()``/``stop()``.
     """
 
     def __init__(self, model_path: Path, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
         self.model_path = Path(model_path)
         self.startup_timeout = float(opts.pop("startup_timeout", 120.0))
+        self.extra_buffers = bool(opts.pop("extra_buffers", False))
         for key in _OURS:
             opts.pop(key, None)
+        threads = os.cpu_count() or 1
         self.settings: dict[str, Any] = {
             **_DEFAULTS,
-            "n_threads": os.cpu_count() or 1,
+            "model_alias": self.model_path.stem,
+            "n_threads": threads,
+            "n_threads_batch": threads,
             **opts,
         }
         self.port = 0
@@ -141,7 +169,8 @@ class EmbeddedServer:
 
     def command(self) -> list[str]:
         """The server's command line (port chosen at start)."""
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path)]
+        entry = ["-m", "llama_cpp.server"] if self.extra_buffers else ["-c", _LAUNCHER]
+        cmd = [sys.executable, *entry, "--model", str(self.model_path)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         for key, value in self.settings.items():
             cmd += [f"--{key}", _cli_value(value)]

@@ -1,0 +1,388 @@
+"""``judge compare``, ``judge report`` and ``judge history``: commands over finished runs.
+
+None of them calls a judge. ``compare`` reads one results file whose rows carry several
+engines, or several run directories / results files each taken as an engine (``NAME=PATH``
+names one), and can add a TREC run as an engine whose passages take the verdicts the other
+engines' runs already hold for the same passage (same id or normalised text, same repeat):
+TREC-style pooled evaluation at no cost. A passage no judged engine returned stays unjudged
+(an ``error`` verdict saying so), so its query's metrics are undefined, never 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from judge.compare import (
+    DEFAULT_POOLED,
+    Comparison,
+    PassagePool,
+    check_metric,
+    compare,
+    parse_pooled,
+)
+from judge.config import RunConfig, load_config
+from judge.errors import ConfigError, InputError
+from judge.metrics import metrics_for_queries
+from judge.schema import BUILTIN_SCALES, JudgedQuery, Query, Scale, Verdict
+
+log = logging.getLogger("judge")
+SPARKS = "▁▂▃▄▅▆▇█"
+UNJUDGED = "not judged: no judged engine returned this passage (judge this engine to score it)"
+
+
+def load_results(path: Path) -> list[JudgedQuery]:
+    """A run directory's or results file's rows, one per (query, engine, repeat), last wins."""
+    from judge.datasets import read_results
+    from judge.runner import RESULTS_FILE
+
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.exists():
+        raise InputError("no such run directory or results file", file=str(path))
+    rows = {jq.key: jq for jq in read_results(path)}
+    return sorted(rows.values(), key=lambda jq: (jq.query.query_id, jq.query.engine, jq.repeat))
+
+
+def _rename(jq: JudgedQuery, engine: str) -> JudgedQuery:
+    return jq.model_copy(update={"query": jq.query.model_copy(update={"engine": engine})})
+
+
+def load_engines(sources: Sequence[str]) -> list[JudgedQuery]:
+    """Results from one or more sources (``PATH`` or ``NAME=PATH``).
+
+    One unnamed source keeps its engines. With several, each source is an engine: its one
+    engine name is kept when every source has one distinct, non-default engine; otherwise it
+    is named NAME, or the directory / file name, suffixed ``/engine`` when it holds several.
+    """
+    loaded: list[tuple[str | None, Path, list[JudgedQuery]]] = []
+    for source in sources:
+        name, path = None, Path(source)
+        if "=" in source and not path.exists():
+            name, raw = source.split("=", 1)
+            path = Path(raw)
+        loaded.append((name, path, load_results(path)))
+    if len(loaded) == 1 and loaded[0][0] is None:
+        return loaded[0][2]
+    singles = [sorted({jq.query.engine for jq in rows}) for _, _, rows in loaded]
+    keep = all(len(e) == 1 and e[0] != "default" for e in singles) and len(
+        {e[0] for e in singles}
+    ) == len(singles)
+    out: list[JudgedQuery] = []
+    owner: dict[str, str] = {}
+    for (name, path, rows), engines in zip(loaded, singles, strict=True):
+        label = name or (path.name if path.is_dir() or path.suffix != ".jsonl" else path.stem)
+        if len(engines) > 1:
+            names = {e: f"{label}/{e}" for e in engines}
+        else:
+            names = {e: e if keep and name is None else label for e in engines}
+        for new in names.values():
+            if owner.setdefault(new, str(path)) != str(path):
+                raise InputError(
+                    f"engine name '{new}' would come from both {owner[new]} and {path}; "
+                    "name the sources as NAME=PATH"
+                )
+        out += [_rename(jq, names[jq.query.engine]) for jq in rows]
+    return out
+
+
+def resolve_scale(results: Sequence[JudgedQuery], config: RunConfig | None) -> Scale:
+    """The config's scale, else the built-in scale the results name."""
+    if config is not None:
+        return config.scale()
+    names = sorted({jq.scale for jq in results})
+    if len(names) != 1:
+        raise InputError(f"results were judged on different scales {names}; compare one scale")
+    if names[0] not in BUILTIN_SCALES:
+        raise ConfigError(
+            f"results were judged on scale '{names[0]}': pass --config with its [scales] table"
+        )
+    return BUILTIN_SCALES[names[0]]()
+
+
+def borrow_verdicts(
+    queries: Sequence[Query],
+    judged: Sequence[JudgedQuery],
+    metrics: Sequence[str],
+    scale: Scale,
+    config: RunConfig | None = None,
+) -> list[JudgedQuery]:
+    """Judged rows for never-judged ranked lists, from the verdicts ``judged`` holds.
+
+    Per (query id, repeat) of ``judged``, a passage takes the highest-graded ok verdict given
+    to the same passage (id or normalised text); others get an ``error`` verdict (unjudged).
+    Queries with no judged rows at all are skipped with a warning.
+    """
+    groups: dict[tuple[str, int], list[JudgedQuery]] = {}
+    for jq in judged:
+        groups.setdefault((jq.query.query_id, jq.repeat), []).append(jq)
+    out: list[JudgedQuery] = []
+    for query in queries:
+        repeats = sorted(r for qid, r in groups if qid == query.query_id)
+        if not repeats:
+            log.warning(
+                "query '%s' (%s): no judged rows to borrow from; skipped",
+                query.query_id,
+                query.engine,
+            )
+        for repeat in repeats:
+            pool = PassagePool()
+            for p in [
+                *query.passages,
+                *(p for jq in groups[(query.query_id, repeat)] for p in jq.query.passages),
+            ]:
+                pool.add(p.id, p.text)
+            best: dict[tuple[str, str], Verdict] = {}
+            for jq in groups[(query.query_id, repeat)]:
+                for v in jq.verdicts:
+                    root = pool.root(v.passage_id)
+                    if v.status == "ok" and (v.grade or 0) >= (
+                        best[root].grade or 0 if root in best else -1
+                    ):
+                        best[root] = v
+            verdicts = tuple(
+                best[pool.root(p.id)].model_copy(
+                    update={"passage_id": p.id, "rank": rank, "cached": True}
+                )
+                if pool.root(p.id) in best
+                else Verdict(passage_id=p.id, rank=rank, status="error", error=UNJUDGED, attempts=0)
+                for rank, p in enumerate(query.passages, start=1)
+            )
+            out.append(
+                JudgedQuery(
+                    query=query, repeat=repeat, scale=scale.name, verdicts=verdicts, metrics={}
+                )
+            )
+    plain = [m for m in metrics if parse_pooled(m) is None]
+    m = config.metrics if config else None
+    values = metrics_for_queries(
+        plain,
+        [(jq.query, jq.verdicts) for jq in out],
+        scale,
+        gain=m.gain if m else "linear",
+        unjudged=m.unjudged if m else "undefined",
+        undefined_ap=m.undefined_ap if m else "nan",
+    )
+    return [jq.model_copy(update={"metrics": row}) for jq, row in zip(out, values, strict=True)]
+
+
+def _num(value: float | None, sign: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.4f}" if sign else f"{value:.4f}"
+
+
+def columns(head: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
+    """Text columns under a dashed rule; ``align`` has one ``<`` or ``>`` per column."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, align, widths, strict=True))
+
+    return "\n".join(line(r).rstrip() for r in [head, ["-" * w for w in widths], *rows])
+
+
+def format_table(cmp: Comparison) -> str:
+    """A plain-text table: per metric, each engine's mean and its paired difference."""
+    head = ["metric", "engine", "n", "mean", f"diff vs {cmp.baseline}", "95% CI", "p", "paired"]
+    rows: list[list[str]] = []
+    diffs = {(d.metric, d.engine): d for d in cmp.diffs}
+    for metric in cmp.metrics:
+        for engine in cmp.engines:
+            m, d = cmp.means[metric][engine], diffs.get((metric, engine))
+            if d is None:
+                rows.append([metric, engine, str(m.n), _num(m.mean), "(baseline)", "", "", ""])
+                continue
+            ci = (
+                f"[{_num(d.ci_low, True)}, {_num(d.ci_high, True)}]"
+                if d.ci_low is not None
+                else "—"
+            )
+            p = "—" if d.p_value is None else f"{d.p_value:.4f}" + ("" if d.exact else "~")
+            rows.append(
+                [metric, engine, str(m.n), _num(m.mean), _num(d.diff, True), ci, p, str(d.n)]
+            )
+    out = [columns(head, rows, "<<>>>>>>")]
+    out.append(
+        f"\n{cmp.n_query_ids} query ids. diff: mean paired difference over the query ids both "
+        f"engines define (paired); 95% bootstrap CI ({cmp.n_boot} resamples); p: two-sided "
+        f"sign-flip test ({cmp.n_permutations} permutations; '~' sampled, else exact); "
+        f"seed {cmp.seed}."
+    )
+    return "\n".join(out)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from judge.datasets import read_trec_run
+
+    config = load_config(args.config) if args.config else None
+    results = load_engines(args.sources)
+    if not results:
+        raise InputError(f"no judged rows in {', '.join(args.sources)}")
+    scale = resolve_scale(results, config)
+    default = list(config.metrics.names) if config else list(results[0].metrics)
+    metrics = args.metric or [*default, *DEFAULT_POOLED]
+    for name in metrics:
+        check_metric(name)
+    if args.trec_run:
+        if not (args.passage_store and args.queries):
+            raise ConfigError("--trec-run needs --passage-store and --queries")
+        report = read_trec_run(
+            args.trec_run, args.passage_store, args.queries, engine=args.trec_engine
+        )
+        results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, config)]
+    m = config.metrics if config else None
+    cmp = compare(
+        results,
+        metrics,
+        scale,
+        baseline=args.baseline,
+        n_boot=args.n_boot,
+        n_permutations=args.permutations,
+        seed=args.seed,
+        gain=m.gain if m else "linear",
+        unjudged=m.unjudged if m else "undefined",
+        undefined_ap=m.undefined_ap if m else "nan",
+    )
+    print(format_table(cmp))
+    if args.json:
+        Path(args.json).write_text(cmp.model_dump_json(indent=2), encoding="utf-8")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from judge.history import history_rows_for_report
+    from judge.report import write_reports
+    from judge.summary import build_summary, load_summary
+
+    out_dir = Path(args.run_dir)
+    results = load_results(out_dir)
+    config = load_config(args.config) if args.config else None
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists() and not args.rebuild:
+        summary = load_summary(summary_path)
+    else:
+        summary = build_summary(config or load_config(None), results)
+        summary_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+    history_path = args.history or (config.history_path() if config else None)
+    rows = []
+    if history_path is not None:
+        rows = history_rows_for_report(
+            history_path,
+            list(summary["engines"]),
+            summary["metric_names"],
+            args.last,
+            max_drop=config.thresholds.max_drop if config else None,
+            source=str(Path(args.config).resolve()) if args.config else None,
+        )
+    for path in write_reports(out_dir, summary, results, history=rows, worst=args.worst):
+        print(path)
+    return 0
+
+
+def sparkline(values: Sequence[float | None]) -> str:
+    """One character per value, ``▁`` (lowest shown) to ``█`` (highest); a space if undefined."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return " " * len(values)
+    lo, hi = min(known), max(known)
+    top = len(SPARKS) - 1
+    return "".join(
+        " " if v is None else SPARKS[round((v - lo) / (hi - lo) * top) if hi > lo else top // 2]
+        for v in values
+    )
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from judge.history import list_runs, regressions
+
+    config = load_config(args.config)
+    path = Path(args.history) if args.history else config.history_path()
+    source = str(Path(args.config).resolve()) if args.config and not args.all else None
+    runs = list_runs(path, args.limit, source=source)
+    if not runs:
+        print(f"{path}: no runs recorded" + (f" for {source}" if source else ""))
+        return 0
+    print(f"{path}: last {len(runs)} run(s), oldest first")
+    head = ["run", "created", "queries", "verdicts", "unparsed", "error", "config / dataset"]
+    rows = [
+        [*map(str, (r.run_id, r.created, r.queries, r.verdicts, r.unparsed, r.error)), where]
+        for r in runs
+        for where in [" / ".join(x for x in (r.config_source, r.dataset) if x)]
+    ]
+    print(columns(head, rows, "><>>>><"))
+    flags = regressions(runs, config.thresholds.max_drop)
+    names = args.metric or list(
+        dict.fromkeys(m for r in runs for v in r.metrics.values() for m in v)
+    )
+    rows = []
+    for engine in sorted({e for r in runs for e in r.metrics}):
+        for metric in names:
+            values = [r.metrics.get(engine, {}).get(metric) for r in runs]
+            known = [v for v in values if v is not None]
+            if known:
+                bad = [
+                    f"run {g.run_id} -{g.drop:.4f}"
+                    for g in flags
+                    if (g.engine, g.metric) == (engine, metric)
+                ]
+                rows.append([engine, metric, sparkline(values), _num(known[0]), _num(known[-1])])
+                rows[-1].append("REGRESSION " + ", ".join(bad) if bad else "")
+    print("\ntrend, oldest to newest:")
+    print(columns(["engine", "metric", "trend", "first", "last", "flags"], rows, "<<<>><"))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``compare``, ``report`` and ``history`` on the ``judge`` parser."""
+    c = sub.add_parser(
+        "compare", help="engines side by side: paired differences, CIs, p-values, pooled NDCG"
+    )
+    c.add_argument(
+        "sources",
+        nargs="+",
+        metavar="RUN_DIR_OR_VERDICTS",
+        help="run directory or results JSONL; NAME=PATH names an engine",
+    )
+    c.add_argument(
+        "--metric",
+        action="append",
+        help="metric (repeatable), e.g. ndcg@5, pooled_ndcg@5, pooled_recall@5",
+    )
+    c.add_argument(
+        "--baseline", help="engine the others are compared with (default: first by name)"
+    )
+    c.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples for the CIs")
+    c.add_argument("--permutations", type=int, default=10_000, help="sign-flip permutations for p")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+    c.add_argument("--config", help="config giving the scale, metric names and gain")
+    c.add_argument(
+        "--trec-run", help="add a TREC run as an engine, judged from the pooled verdicts"
+    )
+    c.add_argument("--passage-store", help="passage store JSONL for --trec-run")
+    c.add_argument("--queries", help="query texts (TSV or JSONL) for --trec-run")
+    c.add_argument("--trec-engine", help="engine name for --trec-run (default: its run tag)")
+    c.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser("report", help="rewrite report.md and report.html for a run directory")
+    r.add_argument("run_dir")
+    r.add_argument("--config", help="config (history file, max_drop, and the summary if rebuilt)")
+    r.add_argument("--history", help="history file (default: the config's run.history)")
+    r.add_argument("--last", type=int, default=10, help="runs of history shown")
+    r.add_argument("--worst", type=int, default=5, help="lowest-scoring queries shown")
+    r.add_argument("--rebuild", action="store_true", help="recompute summary.json from the results")
+    r.set_defaults(func=cmd_report)
+
+    h = sub.add_parser(
+        "history", help="past runs and the trend of each metric, regressions flagged"
+    )
+    h.add_argument("--config", help="config (history file, max_drop); shows only its runs")
+    h.add_argument("--history", help="history file (default: the config's run.history)")
+    h.add_argument("--limit", type=int, default=20, help="runs shown (0 = all)")
+    h.add_argument("--metric", action="append", help="metric to show (repeatable; default all)")
+    h.add_argument("--all", action="store_true", help="runs of every config, not just --config's")
+    h.set_defaults(func=cmd_history)

@@ -1,0 +1,139 @@
+"""Reliability statistics over plain arrays: bootstrap CI, Krippendorff's alpha, kappa, AUC.
+
+Pure numpy functions with no knowledge of judged records, so each can be pinned against
+hand-computed values and independent implementations. A statistic that is undefined for
+its input (0/0, an empty class) is returned as None rather than NaN or an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+AlphaLevel = Literal["nominal", "ordinal", "interval"]
+FloatArray = NDArray[np.float64]
+
+# Resampled cells drawn per bootstrap block, so memory stays bounded for large datasets.
+_BOOT_BLOCK_CELLS = 2_000_000
+
+
+def bootstrap_ci(
+    values: ArrayLike, *, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """Percentile bootstrap CI of the mean of ``values`` (None when there are none).
+
+    Draws ``n_boot`` resamples with replacement from ``numpy.random.default_rng(seed)``
+    and returns the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of
+    their means.
+    """
+    data = np.asarray(values, dtype=np.float64)
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if data.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    step = max(1, _BOOT_BLOCK_CELLS // data.size)
+    for start in range(0, n_boot, step):
+        stop = min(n_boot, start + step)
+        picks = rng.integers(0, data.size, size=(stop - start, data.size))
+        means[start:stop] = data[picks].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _alpha_deltas(level: AlphaLevel, values: FloatArray, n_c: FloatArray) -> FloatArray:
+    """Krippendorff's squared difference delta^2_ck between the sorted distinct values.
+
+    nominal: 1 if c != k; interval: (c - k)^2;
+    ordinal: (sum_{g=c..k} n_g - (n_c + n_k) / 2)^2, with n_g the coincidence marginals.
+    """
+    if level == "nominal":
+        return 1.0 - np.eye(values.size)
+    if level == "interval":
+        return np.subtract.outer(values, values) ** 2
+    idx = np.arange(values.size)
+    low, high = np.minimum.outer(idx, idx), np.maximum.outer(idx, idx)
+    cum = np.cumsum(n_c)
+    between = cum[high] - cum[low] + n_c[low]
+    return np.asarray((between - (n_c[low] + n_c[high]) / 2.0) ** 2, dtype=np.float64)
+
+
+def krippendorff_alpha(matrix: ArrayLike, level: AlphaLevel) -> float | None:
+    """Krippendorff's alpha for a units x raters matrix, NaN where a rater gave no value.
+
+    Coincidence matrix: o_ck = sum over units u with m_u >= 2 values of
+    (number of ordered c-k pairs from different raters in u) / (m_u - 1); n_c = sum_k o_ck,
+    n = sum_c n_c. Then alpha = 1 - (n - 1) sum o_ck delta^2_ck / sum n_c n_k delta^2_ck.
+    Returns None when alpha is undefined (0/0): no unit has two values, or every pairable
+    value is the same, so there is no variation to agree on.
+    """
+    data = np.asarray(matrix, dtype=np.float64)
+    if data.ndim != 2:
+        raise ValueError(f"expected a units x raters matrix, got shape {data.shape}")
+    present = ~np.isnan(data)
+    values = np.unique(data[present])
+    if values.size < 2:
+        return None
+    counts = np.zeros((data.shape[0], values.size))
+    np.add.at(counts, (np.nonzero(present)[0], np.searchsorted(values, data[present])), 1.0)
+    per_unit = counts.sum(axis=1)
+    pairable = per_unit >= 2
+    counts, per_unit = counts[pairable], per_unit[pairable]
+    weighted = counts / (per_unit - 1.0)[:, None]
+    coincidence = weighted.T @ counts - np.diag(weighted.sum(axis=0))
+    n_c = coincidence.sum(axis=1)
+    delta = _alpha_deltas(level, values, n_c)
+    expected = float(n_c @ delta @ n_c)
+    if expected <= 0.0:
+        return None
+    return float(1.0 - (n_c.sum() - 1.0) * float((coincidence * delta).sum()) / expected)
+
+
+def cohen_kappa(confusion: ArrayLike, values: Sequence[float] | None = None) -> float | None:
+    """Cohen's kappa of a square table (rows: rater A, columns: rater B).
+
+    kappa = 1 - sum w_ij p_ij / sum w_ij e_ij with p the observed proportions and
+    e_ij = p_i. * p_.j; w_ij = 1 if i != j (unweighted) or, given category ``values``,
+    linear weights |v_i - v_j| / (max v - min v). None when there is no data or chance
+    disagreement is 0 (both raters used one and the same category).
+    """
+    table = np.asarray(confusion, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] != table.shape[1]:
+        raise ValueError(f"expected a square confusion table, got shape {table.shape}")
+    total = table.sum()
+    cats = np.arange(table.shape[0], dtype=np.float64) if values is None else np.asarray(values)
+    spread = float(cats.max() - cats.min()) if cats.size else 0.0
+    if total == 0 or spread == 0.0:
+        return None
+    if values is None:
+        weights = 1.0 - np.eye(table.shape[0])
+    else:
+        weights = np.abs(np.subtract.outer(cats, cats)) / spread
+    observed = table / total
+    expected = np.outer(observed.sum(axis=1), observed.sum(axis=0))
+    chance = float((weights * expected).sum())
+    if chance == 0.0:
+        return None
+    return 1.0 - float((weights * observed).sum()) / chance
+
+
+def roc_auc(scores: ArrayLike, positive: ArrayLike) -> float | None:
+    """ROC AUC by Mann-Whitney: P(score_pos > score_neg) + P(tie) / 2.
+
+    AUC = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg), R_pos the sum of the positives'
+    mid-ranks (tied scores share their average rank). None if either class is empty.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    pos = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    mid_rank = np.cumsum(counts) - (counts - 1) / 2.0
+    rank_sum = float(mid_rank[inverse][pos].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install judge with the given extras; fetch the embedded model.
+# Usage: bash scripts/setup.sh [EXTRAS]   (default extras: embedded)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-embedded}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# llama-cpp-python has no wheels on PyPI: the first install compiles it (~6-10 min on 2 cores);
+# pip caches the built wheel, so later installs take seconds.
+.venv/bin/python -m pip install -q -e ".[${extras}]"
+if [[ "$extras" == *embedded* ]]; then
+    .venv/bin/judge model fetch
+fi

@@ -1,0 +1,58 @@
+"""Shared fixtures: loopback protocol servers and an environment without real API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.servers import ScriptedServer
+
+# Variables that could point a test at a real, paid endpoint.
+PROVIDER_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "DASHSCOPE_API_KEY",
+    "DASHSCOPE_HTTP_BASE_URL",
+    "CO_API_KEY",
+)
+FAKE_KEY = "sk-test-SECRET123"
+
+
+@pytest.fixture(autouse=True)
+def _no_provider_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts without provider keys or base URLs, except tests marked ``live``."""
+    if request.node.get_closest_marker("live") is None:
+        for name in PROVIDER_ENV:
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def fake_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``sk-test-SECRET123`` in OPENAI_API_KEY, DASHSCOPE_API_KEY and CO_API_KEY."""
+    for name in ("OPENAI_API_KEY", "DASHSCOPE_API_KEY", "CO_API_KEY"):
+        monkeypatch.setenv(name, FAKE_KEY)
+    return FAKE_KEY
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    """A started ScriptedServer with default settings (hashed yes/no judge, no faults)."""
+    with ScriptedServer() as started:
+        yield started
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., ScriptedServer]]:
+    """``make_server(**ScriptedServer kwargs)`` -> a started server, stopped after the test."""
+    started: list[ScriptedServer] = []
+
+    def make(**kwargs: Any) -> ScriptedServer:
+        instance = ScriptedServer(**kwargs).start()
+        started.append(instance)
+        return instance
+
+    yield make
+    for instance in started:
+        instance.stop()

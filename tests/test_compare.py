@@ -1,0 +1,331 @@
+"""Engines side by side: paired statistics, pooled metrics, and ``judge compare``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from judge.cli_reports import add_commands, format_table, load_engines
+from judge.compare import (
+    bootstrap_mean_ci,
+    compare,
+    per_query_values,
+    pooled_metrics,
+    sign_flip_p,
+)
+from judge.datasets import append_result, read_queries
+from judge.errors import ConfigError, InputError
+from judge.metrics import DEFAULT_METRICS, metrics_for_queries
+from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
+
+GRADED = Scale.graded()
+SAMPLE = Path(__file__).resolve().parent.parent / "datasets" / "sample.jsonl"
+
+
+def verdict(
+    pid: str, rank: int, grade: int | str, scale: Scale = GRADED, reason: str | None = None
+) -> Verdict:
+    """An ok verdict for an int grade; "unparsed" / "error" make a failed one."""
+    if grade == "unparsed":
+        return Verdict(passage_id=pid, rank=rank, status="unparsed", raw="maybe?")
+    if grade == "error":
+        return Verdict(passage_id=pid, rank=rank, status="error", error="HTTP 500")
+    assert isinstance(grade, int)
+    label = scale.by_grade(grade)
+    return Verdict(
+        passage_id=pid,
+        rank=rank,
+        status="ok",
+        label=label.name,
+        grade=grade,
+        relevant=scale.relevant(grade),
+        reason=reason or f"{pid} is {label.name}",
+    )
+
+
+def judged(
+    qid: str,
+    engine: str,
+    passages: Sequence[tuple[str, str]],
+    grades: Sequence[int | str],
+    *,
+    repeat: int = 0,
+    scale: Scale = GRADED,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    text: str = "a query",
+) -> JudgedQuery:
+    """One judged ranked list; metrics computed the way the runner does."""
+    query = Query(
+        query_id=qid,
+        query=text,
+        engine=engine,
+        passages=tuple(Passage(id=pid, text=t) for pid, t in passages),
+    )
+    verdicts = tuple(
+        verdict(pid, rank, g, scale)
+        for rank, ((pid, _), g) in enumerate(zip(passages, grades, strict=True), 1)
+    )
+    row = metrics_for_queries(metrics, [(query, verdicts)], scale)[0]
+    return JudgedQuery(query=query, repeat=repeat, scale=scale.name, verdicts=verdicts, metrics=row)
+
+
+def sample_results(repeats: int = 2, scale: Scale = GRADED) -> list[JudgedQuery]:
+    """datasets/sample.jsonl judged by a synthetic judge: the human label, nudged down one grade
+    for a few (query, passage, repeat) cells so repeats differ. Two engines, bm25 and dense."""
+    out = []
+    for qi, query in enumerate(read_queries(SAMPLE).queries):
+        labels = query.labels or {}
+        for r in range(repeats):
+            grades: list[int | str] = []
+            for rank, p in enumerate(query.passages, 1):
+                g = min(labels.get(p.id, 0), scale.max_grade)
+                grades.append(max(0, g - 1) if (qi + rank + r) % 7 == 0 else g)
+            verdicts = tuple(
+                verdict(p.id, rank, g, scale)
+                for rank, (p, g) in enumerate(zip(query.passages, grades, strict=True), 1)
+            )
+            row = metrics_for_queries(DEFAULT_METRICS, [(query, verdicts)], scale)[0]
+            out.append(
+                JudgedQuery(
+                    query=query, repeat=r, scale=scale.name, verdicts=verdicts, metrics=row
+                )
+            )
+    return out
+
+
+def stored(qid: str, engine: str, value: float | None, repeat: int = 0) -> JudgedQuery:
+    """A row that carries only a stored ndcg value (compare uses stored values as they are)."""
+    return JudgedQuery(
+        query=Query(query_id=qid, query="q", engine=engine),
+        repeat=repeat,
+        scale="graded",
+        verdicts=(),
+        metrics={"ndcg": value},
+    )
+
+
+def test_paired_difference_averages_repeats_and_pairs_only_shared_queries() -> None:
+    rows = [
+        stored("q1", "a", 0.2, 0),
+        stored("q1", "a", 0.4, 1),  # q1 for a: mean over repeats 0.3
+        stored("q2", "a", 0.5),
+        stored("q3", "a", 0.9),  # b has no q3: not paired
+        stored("q1", "b", 0.1),
+        stored("q2", "b", 0.7),
+        stored("q4", "b", None),  # undefined: not paired, not in b's mean
+    ]
+    cmp = compare(rows, ["ndcg"], GRADED, baseline="b", n_boot=200, n_permutations=100)
+    assert cmp.engines == ("b", "a")
+    assert cmp.means["ndcg"]["a"].mean == pytest.approx((0.3 + 0.5 + 0.9) / 3)
+    assert cmp.means["ndcg"]["b"].n == 2
+    (d,) = cmp.diffs
+    assert (d.engine, d.baseline, d.n) == ("a", "b", 2)
+    assert d.diff == pytest.approx(((0.3 - 0.1) + (0.5 - 0.7)) / 2)
+    # Two paired queries: 4 sign vectors, every one as extreme as |mean| = 0 -> p = 1.
+    assert d.p_value == 1.0 and d.exact
+
+
+@pytest.mark.parametrize(
+    ("diffs", "p"),
+    [
+        ([1.0] * 5, 2 / 32),  # only all-plus and all-minus reach |mean| = 1
+        ([1.0, 2.0, 3.0], 2 / 8),
+        ([3.0, -1.0, 1.0], 6 / 8),  # |sums| 5,3,3,1 and mirrors: 6 of 8 reach 3
+        ([0.0, 0.0], 1.0),
+    ],
+)
+def test_sign_flip_exact_p_values_by_hand(diffs: list[float], p: float) -> None:
+    value, exact = sign_flip_p(np.array(diffs), n_permutations=10_000, seed=0)
+    assert exact
+    assert value == pytest.approx(p)
+
+
+def test_sampled_sign_flip_agrees_with_the_exact_test() -> None:
+    rng = np.random.default_rng(7)
+    d = rng.normal(0.3, 1.0, 14)
+    exact, is_exact = sign_flip_p(d, n_permutations=20_000, seed=1)
+    sampled, is_sampled_exact = sign_flip_p(d, n_permutations=10_000, seed=1)
+    assert is_exact and not is_sampled_exact
+    assert sampled == pytest.approx(exact, abs=0.02)
+    # Same seed, same answer.
+    assert sign_flip_p(d, n_permutations=10_000, seed=1)[0] == sampled
+
+
+def test_large_consistent_difference_gets_the_smallest_sampled_p() -> None:
+    p, exact = sign_flip_p(np.full(40, 0.2), n_permutations=2_000, seed=3)
+    assert not exact
+    assert p == pytest.approx(1 / 2001)
+
+
+def test_bootstrap_ci_width_matches_the_normal_approximation() -> None:
+    d = np.random.default_rng(11).normal(0.1, 1.0, 400)
+    low, high = bootstrap_mean_ci(d, n_boot=4_000, seed=0) or (math.nan, math.nan)
+    assert low < d.mean() < high
+    expected = 2 * 1.96 * d.std(ddof=1) / math.sqrt(d.size)
+    assert high - low == pytest.approx(expected, rel=0.1)
+    assert bootstrap_mean_ci(d, n_boot=4_000, seed=0) == (low, high)
+    assert bootstrap_mean_ci(np.full(5, 0.25), n_boot=100, seed=0) == (0.25, 0.25)
+    assert bootstrap_mean_ci(np.array([]), n_boot=100, seed=0) is None
+
+
+GOOD = ("g1", "Green tea is brewed at 80 °C for two minutes.")
+OTHER = ("g2", "Let boiled water cool for three minutes before pouring it on green tea.")
+BAD = ("x1", "Matcha is whisked with a bamboo whisk.")
+
+
+def test_an_engine_that_found_fewer_good_passages_cannot_score_a_perfect_pooled_ndcg() -> None:
+    a = judged("q", "a", [GOOD, BAD], [3, 0])
+    b = judged("q", "b", [GOOD, OTHER, BAD], [3, 2, 0])
+    assert a.metrics["ndcg"] == 1.0  # its own ideal: it is perfect by its own standard
+    pa, pb = pooled_metrics([a, b], ["pooled_ndcg", "pooled_ndcg@1", "pooled_recall@1"], GRADED)
+    ideal = 3 + 2 / math.log2(3)
+    assert pa["pooled_ndcg"] == pytest.approx(3 / ideal)
+    assert pb["pooled_ndcg"] == pytest.approx(1.0)
+    assert pa["pooled_ndcg@1"] == 1.0  # the best passage is first: nothing better in the pool
+    assert pa["pooled_recall@1"] == pytest.approx(1 / 2)
+
+
+def test_the_pool_merges_passages_with_the_same_normalised_text() -> None:
+    # The same passage under other ids, full-width letters, other case and spacing.
+    twin = ("b-77", "  ＧＲＥＥＮ tea is   brewed at 80 °C\nfor two MINUTES. ")
+    a = judged("q", "a", [GOOD], [3])
+    b = judged("q", "b", [twin, BAD], [3, 0])
+    pa, pb = pooled_metrics([a, b], ["pooled_ndcg", "pooled_recall@5"], GRADED)
+    assert pa == {"pooled_ndcg": 1.0, "pooled_recall@5": 1.0}
+    assert pb["pooled_ndcg"] == 1.0
+
+
+def test_duplicates_in_one_list_gain_nothing() -> None:
+    twin = ("g1-copy", GOOD[1].upper())
+    a = judged("q", "a", [GOOD, twin], [3, 3])
+    b = judged("q", "b", [GOOD, OTHER], [3, 2])
+    pa, pb = pooled_metrics([a, b], ["pooled_ndcg", "pooled_recall@2"], GRADED)
+    assert pa["pooled_ndcg"] == pytest.approx(3 / (3 + 2 / math.log2(3)))
+    assert pa["pooled_recall@2"] == pytest.approx(1 / 2)
+    assert pb == {"pooled_ndcg": 1.0, "pooled_recall@2": 1.0}
+
+
+def test_pooled_metrics_are_undefined_without_anything_relevant_or_with_failed_verdicts() -> None:
+    a = judged("q", "a", [BAD], [0])
+    b = judged("q", "b", [OTHER], [1])  # related (grade 1) but below the threshold 2
+    pa, pb = pooled_metrics([a, b], ["pooled_ndcg", "pooled_recall@3"], GRADED)
+    assert pa == {"pooled_ndcg": 0.0, "pooled_recall@3": None}
+    assert pb == {"pooled_ndcg": 1.0, "pooled_recall@3": None}
+    nothing = pooled_metrics([judged("q", "a", [BAD], [0])], ["pooled_ndcg"], GRADED)
+    assert nothing == [{"pooled_ndcg": None}]
+    failed = judged("q", "a", [GOOD, BAD], [3, "unparsed"])
+    assert pooled_metrics([failed], ["pooled_ndcg"], GRADED) == [{"pooled_ndcg": None}]
+    skip = pooled_metrics([failed], ["pooled_ndcg"], GRADED, unjudged="skip")
+    assert skip == [{"pooled_ndcg": 1.0}]
+
+
+def test_pool_is_per_repeat() -> None:
+    rows = [
+        judged("q", "a", [GOOD], [3], repeat=0),
+        judged("q", "b", [OTHER], [0], repeat=0),
+        judged("q", "a", [GOOD], [1], repeat=1),
+        judged("q", "b", [OTHER], [3], repeat=1),
+    ]
+    values = per_query_values(rows, ["pooled_ndcg"], GRADED)["pooled_ndcg"]
+    # Repeat 0 pools grades [3, 0]; repeat 1 pools [3, 1]: IDCG = 3 + 1 / log2(3).
+    ideal_1 = 3 + 1 / math.log2(3)
+    assert values["a"]["q"] == pytest.approx((3 / 3 + 1 / ideal_1) / 2)
+    assert values["b"]["q"] == pytest.approx((0 / 3 + 3 / ideal_1) / 2)
+
+
+def test_exponential_gain_changes_the_pooled_ideal() -> None:
+    a = judged("q", "a", [GOOD, BAD], [3, 0])
+    b = judged("q", "b", [OTHER], [2])
+    (pa, _) = pooled_metrics([a, b], ["pooled_ndcg"], GRADED, gain="exponential")
+    assert pa["pooled_ndcg"] == pytest.approx(7 / (7 + 3 / math.log2(3)))
+
+
+def test_compare_refuses_what_it_cannot_compare() -> None:
+    one = [judged("q", "a", [GOOD], [3])]
+    with pytest.raises(InputError, match="at least two engines"):
+        compare(one, ["ndcg"], GRADED)
+    two = [*one, judged("q", "b", [GOOD], [3])]
+    with pytest.raises(InputError, match=r"baseline engine 'c' is not one of \['a', 'b'\]"):
+        compare(two, ["ndcg"], GRADED, baseline="c")
+    with pytest.raises(ConfigError, match="pooled_ndcg"):
+        compare(two, ["pooled_ndgc@5"], GRADED)
+    with pytest.raises(ConfigError, match="at least 1"):
+        compare(two, ["pooled_ndcg@0"], GRADED)
+
+
+def test_compare_on_the_sample_finds_dense_better_and_prints_a_table() -> None:
+    results = sample_results()
+    metrics = ["ndcg@5", "pooled_ndcg@5", "pooled_recall@5"]
+    cmp = compare(results, metrics, GRADED, n_boot=2_000, n_permutations=5_000, seed=4)
+    diffs = {d.metric: d for d in cmp.diffs}
+    assert cmp.baseline == "bm25" and cmp.engines == ("bm25", "dense")
+    for d in diffs.values():
+        assert d.n == 5  # q1-q4 and q6: the query ids both engines answered
+        assert d.ci_low is not None and d.ci_high is not None and d.diff is not None
+        assert d.ci_low <= d.diff <= d.ci_high
+    assert diffs["pooled_ndcg@5"].diff is not None and diffs["pooled_ndcg@5"].diff > 0
+    table = format_table(cmp)
+    assert "diff vs bm25" in table and "pooled_recall@5" in table
+    assert "(baseline)" in table and f"{diffs['ndcg@5'].p_value:.4f}" in table
+    again = compare(results, metrics, GRADED, n_boot=2_000, n_permutations=5_000, seed=4)
+    assert again == cmp
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="judge")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def write_run(directory: Path, rows: Sequence[JudgedQuery]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for jq in rows:
+        append_result(directory / "verdicts.jsonl", jq)
+    return directory
+
+
+def test_cli_compares_run_directories_each_as_an_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = sample_results()
+    as_default = [
+        jq.model_copy(update={"query": jq.query.model_copy(update={"engine": "default"})})
+        for jq in results
+    ]
+    old = write_run(tmp_path / "old", [jq for jq in as_default if jq.key[0] != "q9"])
+    new = write_run(tmp_path / "new", [jq for jq in as_default if jq.key[0] != "q8"])
+    out = tmp_path / "cmp.json"
+    code = run_cli(
+        ["compare", str(old), f"candidate={new}", "--metric", "ndcg@5", "--baseline", "old"]
+        + ["--metric", "pooled_ndcg", "--n-boot", "500", "--json", str(out)]
+    )
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "diff vs old" in text and "candidate" in text and "pooled_ndcg" in text
+    data = json.loads(out.read_text())
+    assert data["engines"] == ["old", "candidate"]
+    assert "q9" in data["per_query"]["ndcg@5"]["candidate"]
+    assert "q9" not in data["per_query"]["ndcg@5"]["old"]
+
+
+def test_engines_in_one_file_keep_their_names_and_clashing_names_are_refused(
+    tmp_path: Path,
+) -> None:
+    results = sample_results(repeats=1)
+    run = write_run(tmp_path / "a" / "latest", results)
+    assert {jq.query.engine for jq in load_engines([str(run)])} == {"bm25", "dense"}
+    other = write_run(tmp_path / "b" / "latest", results)
+    with pytest.raises(InputError, match="NAME=PATH"):
+        load_engines([str(run), str(other)])
+    named = load_engines([f"a={run}", f"b={other}"])
+    assert {jq.query.engine for jq in named} == {"a/bm25", "a/dense", "b/bm25", "b/dense"}
+    with pytest.raises(InputError, match="no such run directory"):
+        load_engines([str(tmp_path / "missing")])

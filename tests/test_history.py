@@ -1,0 +1,170 @@
+"""Run history: recording runs, trends, regression flags and ``judge history``."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from judge.config import load_config
+from judge.errors import CacheError, InputError
+from judge.history import (
+    history_rows_for_report,
+    list_runs,
+    metric_trend,
+    record_run,
+    regressions,
+)
+from judge.summary import build_summary
+from tests.test_compare import run_cli, sample_results
+
+
+def summary(
+    created: str,
+    means: dict[str, dict[str, float | None]],
+    *,
+    source: str = "<defaults>",
+    unparsed: int = 0,
+) -> dict[str, Any]:
+    """The parts of a summary.json that history reads."""
+    return {
+        "created": created,
+        "config": {"source": source},
+        "counts": {"queries": 9, "repeats": 2, "verdicts": 100, "ok": 100 - unparsed}
+        | {"unparsed": unparsed, "error": 0},
+        "usage": {"cost_usd": 0.5},
+        "engines": {
+            engine: {
+                "metrics": {m: {"mean": v, "ci_low": None, "ci_high": None} for m, v in values.items()}
+            }
+            for engine, values in means.items()
+        },
+    }
+
+
+def nightly(path: Path, values: list[float | None], *, source: str = "<defaults>") -> list[int]:
+    """One run per value of bm25's ndcg@5 (dense stays at 0.9), a day apart."""
+    return [
+        record_run(
+            path,
+            summary(
+                f"2026-01-{i + 1:02d}T02:00:00+00:00",
+                {"bm25": {"ndcg@5": v}, "dense": {"ndcg@5": 0.9}},
+                source=source,
+            ),
+            f"runs/{i}",
+        )
+        for i, v in enumerate(values)
+    ]
+
+
+def test_a_recorded_run_reads_back_with_its_counts_and_means(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "history.sqlite"
+    config = tmp_path / "nightly.toml"
+    run_id = record_run(
+        path,
+        summary("2026-01-01T02:00:00+00:00", {"bm25": {"ap": 0.5, "ndcg": None}}, unparsed=3)
+        | {"config": {"source": str(config)}, "dataset": "data/prod.jsonl"},
+        "runs/one",
+    )
+    (run,) = list_runs(path)
+    assert run.run_id == run_id
+    assert (run.created, run.out_dir, run.dataset) == (
+        "2026-01-01T02:00:00+00:00",
+        "runs/one",
+        "data/prod.jsonl",
+    )
+    assert (run.queries, run.verdicts, run.ok, run.unparsed, run.cost_usd) == (9, 100, 97, 3, 0.5)
+    assert run.config_source == str(config.resolve())
+    assert run.metrics == {"bm25": {"ap": 0.5, "ndcg": None}}
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_real_summary_is_recorded_per_engine_and_metric(tmp_path: Path) -> None:
+    config = load_config(None, {"judge.scale": "graded"})
+    built = build_summary(config, sample_results(), n_boot=100)
+    record_run(tmp_path / "h.sqlite", built, "runs/x")
+    (run,) = list_runs(tmp_path / "h.sqlite")
+    assert set(run.metrics) == {"bm25", "dense"}
+    assert run.metrics["dense"]["ndcg@5"] == built["engines"]["dense"]["metrics"]["ndcg@5"]["mean"]
+    assert run.verdicts == built["counts"]["verdicts"]
+
+
+def test_listing_and_trends_are_oldest_first_and_limited(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    ids = nightly(path, [0.70, 0.72, None, 0.71])
+    assert [r.run_id for r in list_runs(path, 2)] == ids[2:]
+    assert [r.run_id for r in list_runs(path, 0)] == ids
+    trend = metric_trend(path, "ndcg@5", "bm25", last_n=3)
+    assert [(p.run_id, p.value) for p in trend] == [(ids[1], 0.72), (ids[2], None), (ids[3], 0.71)]
+    assert metric_trend(path, "ndcg@5", "nope") == []
+
+
+def test_reading_a_missing_history_is_empty_and_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "none.sqlite"
+    assert list_runs(path) == []
+    assert history_rows_for_report(path, ["bm25"], ["ap"]) == []
+    assert not path.exists()
+
+
+def test_regressions_compare_with_the_previous_defined_value(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    ids = nightly(path, [0.80, 0.76, None, 0.70, 0.65, 0.80])
+    flags = regressions(list_runs(path, 0), {"ndcg@5": 0.05})
+    # 0.80 -> 0.76 is within 0.05; 0.76 -> (undefined) -> 0.70 drops 0.06 against run 2;
+    # 0.70 -> 0.65 drops exactly 0.05 (allowed, up to rounding); a rise is never flagged.
+    assert [(f.run_id, f.previous_run, f.engine) for f in flags] == [(ids[3], ids[1], "bm25")]
+    assert flags[0].drop == pytest.approx(0.06)
+    assert "bm25 ndcg@5 fell 0.0600" in flags[0].describe()
+    assert regressions(list_runs(path, 0), {"ndcg@5": 0.2}) == []
+
+
+def test_report_rows_check_the_oldest_shown_run_against_its_predecessor(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    ids = nightly(path, [0.9, 0.5, 0.5])
+    rows = history_rows_for_report(path, ["bm25"], ["ndcg@5"], last_n=2, max_drop={"ndcg@5": 0.1})
+    assert [r.run_id for r in rows] == ids[1:]
+    assert [len(r.regressions) for r in rows] == [1, 0]
+    assert rows[0].values == {"bm25": {"ndcg@5": 0.5}}
+    unflagged = history_rows_for_report(path, ["dense"], ["ndcg@5"], last_n=2)
+    assert all(not r.regressions for r in unflagged)
+
+
+def test_runs_of_one_config_can_be_told_apart(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    nightly(path, [0.7], source=str(tmp_path / "a.toml"))
+    nightly(path, [0.1, 0.2], source=str(tmp_path / "b.toml"))
+    assert len(list_runs(path, source=str((tmp_path / "a.toml").resolve()))) == 1
+    assert len(list_runs(path)) == 3
+
+
+def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="missing 'counts'"):
+        record_run(tmp_path / "h.sqlite", {"engines": {}}, "runs/x")
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(CacheError, match="junk.sqlite"):
+        list_runs(junk)
+
+
+def test_cli_lists_runs_and_flags_the_regression(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h.sqlite"
+    config = tmp_path / "nightly.toml"
+    config.write_text(f'[run]\nhistory = "{path}"\n[thresholds]\nmax_drop = {{"ndcg@5" = 0.05}}\n')
+    ids = nightly(path, [0.80, 0.81, 0.60, 0.79], source=str(config))
+    nightly(path, [0.1], source="<defaults>")
+    assert run_cli(["history", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"last {len(ids)} run(s)" in out  # the <defaults> run is another config's
+    bm25 = next(line for line in out.splitlines() if line.startswith("bm25"))
+    assert f"REGRESSION run {ids[2]} -0.2100" in bm25
+    assert "0.8000" in bm25 and "0.7900" in bm25
+    dense = next(line for line in out.splitlines() if line.startswith("dense"))
+    assert "REGRESSION" not in dense
+    assert run_cli(["history", "--history", str(tmp_path / "none.sqlite")]) == 0
+    assert "no runs recorded" in capsys.readouterr().out

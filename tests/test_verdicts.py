@@ -1,0 +1,286 @@
+"""Reading judge answers: every answer shape, listwise bookkeeping, logprob probability."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from judge.errors import ConfigError, ParseError
+from judge.providers.base import Completion, Message, TokenLogprob, TopLogprob
+from judge.schema import Scale
+from judge.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
+
+BINARY = Scale.binary()
+GRADED = Scale.graded()
+
+
+def answer(text: str, finish_reason: str | None = "stop", **kw: object) -> Completion:
+    return Completion(text=text, finish_reason=finish_reason, **kw)
+
+
+def tokens(*pieces: str | tuple[str, dict[str, float]]) -> tuple[TokenLogprob, ...]:
+    """Logprobs spelling the pieces; a (token, {alternative: logprob}) piece has top logprobs."""
+    out = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            out.append(TokenLogprob(token=piece, logprob=0.0))
+        else:
+            token, top = piece
+            alts = tuple(TopLogprob(token=t, logprob=lp) for t, lp in top.items())
+            out.append(TokenLogprob(token=token, logprob=top.get(token, -0.5), top=alts))
+    return tuple(out)
+
+
+@pytest.mark.parametrize(
+    ("text", "label", "reason"),
+    [
+        ('{"reason": "It names Paris.", "verdict": "yes"}', "yes", "It names Paris."),
+        ('```json\n{"reason": "off topic", "verdict": "No"}\n```', "no", "off topic"),
+        (
+            'Let me think. {"note": 1} Here is my answer: {"verdict": " YES ", '
+            '"reason": "has {braces}"} Hope that helps!',
+            "yes",
+            "has {braces}",
+        ),
+        ('{"label": "relevant", "explanation": "e"}', "yes", "e"),
+        ('{"relevant": false}', "no", None),
+        ('{"判断": "是", "理由": "文本回答了问题"}', "yes", "文本回答了问题"),
+        ('{"结论": "不相关"}', "no", None),
+        ('{"verdict": "否"}', "no", None),
+        ('{"verdict": "相关", "reason": "multi\nline"}', "yes", "multi\nline"),
+        ('<think>{"verdict": "no"}</think>\n{"verdict": "yes"}', "yes", None),
+        ('{"verdict": "yes",}', "yes", None),
+        ("Yes.", "yes", None),
+        ("  **no**\n", "no", None),
+        ("是", "yes", None),
+    ],
+)
+def test_binary_answers_that_are_read(text: str, label: str, reason: str | None) -> None:
+    parsed = parse_pointwise(answer(text), BINARY)
+    assert (parsed.label, parsed.reason) == (label, reason)
+    assert parsed.grade == BINARY.snap(label).grade  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "grade"),
+    [
+        ('{"reason": "r", "verdict": "partial"}', 2),
+        ('{"verdict": 3}', 3),
+        ('{"grade": "1"}', 1),
+        ('{"score": 0.0}', 0),
+        ('{"verdict": "Highly relevant"}', 3),
+        ("2", 2),
+    ],
+)
+def test_graded_answers_by_name_alias_or_grade_number(text: str, grade: int) -> None:
+    assert parse_pointwise(answer(text), GRADED).grade == grade
+
+
+def test_truncated_after_a_complete_verdict_keeps_verdict_and_partial_reason() -> None:
+    text = '{"verdict": "partial", "reason": "It mentions the date but not \\"wh'
+    parsed = parse_pointwise(answer(text, finish_reason="length"), GRADED)
+    assert parsed == Parsed(label="partial", grade=2, reason='It mentions the date but not "wh')
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the answer is empty"),
+        ("   \n", "the answer is empty"),
+        ('{"reason": "The passage discusses the', 'ends before its "verdict" field'),
+        ('{"verdict": "ye', 'ends inside the "verdict" value'),
+        ('{"verdict": "maybe", "reason": "r"}', 'allowed labels: "no", "yes"'),
+        ('{"verdict": 7}', '"verdict": 7 is not on the scale'),
+        ('{"answer": "yes"}', 'no "verdict" field \\(its keys: "answer"\\)'),
+        ("I'm sorry, I can't help with that.", "declines to judge"),
+        ("抱歉，我无法协助完成这个请求。", "declines to judge"),
+        ("{'verdict': 'yes'}", "not valid JSON"),
+        ("Yes, the passage is relevant because it names Paris.", "no JSON object"),
+        ("<think>The passage says", "inside its <think> block"),
+    ],
+)
+def test_answers_that_are_refused_with_a_precise_message(text: str, message: str) -> None:
+    with pytest.raises(ParseError, match=message):
+        parse_pointwise(answer(text, finish_reason="length"), BINARY)
+
+
+def test_graded_off_scale_lists_all_graded_labels() -> None:
+    with pytest.raises(ParseError) as info:
+        parse_pointwise(answer('{"verdict": "yes"}'), GRADED)
+    assert '"unrelated", "related", "partial", "answers"' in str(info.value)
+
+
+def test_a_cut_answer_says_the_token_limit_cut_it() -> None:
+    with pytest.raises(ParseError, match="cut off by the token limit"):
+        parse_pointwise(answer('{"reason": "abc', finish_reason="length"), BINARY)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    label=st.sampled_from(GRADED.names),
+    reason=st.text(max_size=40),
+    cut=st.integers(min_value=0, max_value=200),
+)
+def test_any_cut_of_a_verdict_first_answer_gives_the_true_label_or_an_error(
+    label: str, reason: str, cut: int
+) -> None:
+    full = json.dumps({"verdict": label, "reason": reason}, ensure_ascii=False)
+    text = full[: min(cut, len(full))]
+    try:
+        parsed = parse_pointwise(answer(text, finish_reason="length"), GRADED)
+    except ParseError:
+        return
+    assert parsed.label == label
+    assert parsed.reason is None or reason.strip().startswith(parsed.reason)
+
+
+# --- listwise -----------------------------------------------------------------------------
+
+
+def test_listwise_reports_missing_and_extra_ids_and_never_guesses() -> None:
+    text = json.dumps(
+        {
+            "verdicts": [
+                {"id": "p1", "reason": "names Paris", "verdict": "yes"},
+                {"id": "p7", "reason": "not asked", "verdict": "yes"},
+                {"id": "p3", "reason": "bananas", "verdict": "no"},
+            ]
+        }
+    )
+    result = parse_listwise(answer(text), BINARY, ["p1", "p2", "p3"])
+    assert {pid: v.label for pid, v in result.verdicts.items()} == {"p1": "yes", "p3": "no"}
+    assert result.verdicts["p1"].reason == "names Paris"
+    assert result.missing == ("p2",)
+    assert result.extra == ("p7",)
+    assert result.errors == {}
+    assert result.unresolved == ("p2",)
+
+
+def test_listwise_per_id_problems_are_errors_not_grades() -> None:
+    text = (
+        'Here you go:\n```json\n[{"id": "a", "verdict": "maybe"}, {"id": "b", "reason": "r"},'
+        ' {"id": 3, "verdict": "answers"}, {"id": "d", "verdict": "related"},'
+        ' {"id": "d", "verdict": "unrelated"}]\n```'
+    )
+    result = parse_listwise(answer(text), GRADED, ["a", "b", "3", "d", "e"])
+    assert {pid: v.grade for pid, v in result.verdicts.items()} == {"3": 3}
+    assert set(result.errors) == {"a", "b", "d"}
+    assert "allowed labels" in result.errors["a"]
+    assert 'no "verdict" field' in result.errors["b"]
+    assert "given twice" in result.errors["d"]
+    assert result.missing == ("e",)
+    assert result.unresolved == ("e", "a", "b", "d")
+
+
+def test_listwise_truncated_keeps_the_finished_entries() -> None:
+    text = (
+        '{"verdicts": [{"id": "p1", "verdict": "yes", "reason": "ok"}, '
+        '{"id": "p2", "verdict": "no", "reason": "about ban'
+    )
+    result = parse_listwise(answer(text, finish_reason="length"), BINARY, ["p1", "p2", "p3"])
+    assert {pid: v.label for pid, v in result.verdicts.items()} == {"p1": "yes", "p2": "no"}
+    assert result.verdicts["p2"].reason == "about ban"
+    assert result.missing == ("p3",)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty"),
+        ("All three passages are relevant.", 'no JSON object {"verdicts"'),
+        ('{"verdicts": [{"verdict": "yes"}, {"verdict": "no"}]}', 'carry no "id" field'),
+    ],
+)
+def test_listwise_answers_without_a_usable_list_raise(text: str, message: str) -> None:
+    with pytest.raises(ParseError, match=message):
+        parse_listwise(answer(text), BINARY, ["p1", "p2"])
+
+
+# --- probability from logprobs ------------------------------------------------------------
+
+
+def test_binary_probability_from_top_logprobs_is_hand_computed() -> None:
+    logprobs = tokens('{"', "verdict", '":', ' "', ("yes", {"yes": -0.1, "no": -2.4}), '"}')
+    parsed = parse_pointwise(answer('{"verdict": "yes"}', logprobs=logprobs), BINARY)
+    expected = math.exp(-0.1) / (math.exp(-0.1) + math.exp(-2.4))
+    assert parsed.probability == pytest.approx(expected)
+    assert parsed.probability == pytest.approx(0.9089, abs=1e-4)
+
+
+def test_probability_sums_spellings_of_a_label_and_handles_a_quote_prefix() -> None:
+    # The token carrying the label also carries the opening quote.
+    top = {' "no': -0.5, ' "No': -1.5, ' "yes': -1.0, ' "maybe': -3.0}
+    logprobs = tokens('{"verdict":', (' "no', top), '"}')
+    parsed = parse_pointwise(answer('{"verdict": "no"}', logprobs=logprobs), BINARY)
+    p_no = math.exp(-0.5) + math.exp(-1.5)
+    assert parsed.label == "no"
+    assert parsed.probability == pytest.approx(math.exp(-1.0) / (math.exp(-1.0) + p_no))
+
+
+def test_chinese_label_tokens_count_for_their_label() -> None:
+    logprobs = tokens(("是", {"是": -0.2, "否": -1.7, "不": -3.0}))
+    parsed = parse_pointwise(answer("是", logprobs=logprobs), BINARY)
+    p_yes, p_no = math.exp(-0.2), math.exp(-1.7) + math.exp(-3.0)
+    assert parsed.probability == pytest.approx(p_yes / (p_yes + p_no))
+
+
+def test_graded_probability_is_expected_grade_over_max() -> None:
+    top = {"partial": -0.3, "answers": -1.6, "related": -2.5, "p": -4.0}
+    logprobs = tokens('{"verdict": "', ("partial", top), '"}')
+    parsed = parse_pointwise(answer('{"verdict": "partial"}', logprobs=logprobs), GRADED)
+    # "p" prefixes both "partial" and "perfect" (an alias of "answers"): counted for neither.
+    m = {2: math.exp(-0.3), 3: math.exp(-1.6), 1: math.exp(-2.5)}
+    expected = sum(g * p for g, p in m.items()) / sum(m.values()) / 3
+    assert parsed.probability == pytest.approx(expected)
+
+
+def test_listwise_probability_is_read_at_each_entry() -> None:
+    logprobs = tokens(
+        '{"verdicts": [{"id": "a", "verdict": "',
+        ("yes", {"yes": -0.1, "no": -2.4}),
+        '"}, {"id": "b", "verdict": "',
+        ("no", {"no": -0.05, "yes": -3.0}),
+        '"}]}',
+    )
+    text = "".join(t.token for t in logprobs)
+    result = parse_listwise(answer(text, logprobs=logprobs), BINARY, ["a", "b"])
+    assert result.verdicts["a"].probability == pytest.approx(0.9089, abs=1e-4)
+    b = math.exp(-3.0) / (math.exp(-3.0) + math.exp(-0.05))
+    assert result.verdicts["b"].probability == pytest.approx(b)
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        None,
+        tokens('{"verdict": "', "yes", '"}'),  # no top alternatives
+        tokens('{"verdict":"', ("yes", {"yes": -0.1}), '"}'),  # tokens don't spell the text
+    ],
+)
+def test_probability_is_none_without_usable_logprobs(
+    logprobs: tuple[TokenLogprob, ...] | None,
+) -> None:
+    parsed = parse_pointwise(answer('{"verdict": "yes"}', logprobs=logprobs), BINARY)
+    assert parsed.label == "yes" and parsed.probability is None
+
+
+# --- re-ask -------------------------------------------------------------------------------
+
+
+def test_reask_continues_the_conversation_with_the_error() -> None:
+    original = (Message(role="system", content="judge"), Message(role="user", content="q"))
+    error = 'the verdict "maybe" is not on the scale; allowed labels: "no", "yes"'
+    english = reask_messages(original, '{"verdict": "maybe"}', error, language="en")
+    assert english[:2] == original
+    assert english[2] == Message(role="assistant", content='{"verdict": "maybe"}')
+    assert english[3].role == "user"
+    assert error in english[3].content and "Answer again" in english[3].content
+    chinese = reask_messages(original, "", error, language="zh")
+    assert chinese[2].content == "(empty answer)"
+    assert error in chinese[3].content and "请重新回答" in chinese[3].content
+    with pytest.raises(ConfigError, match="'fr'"):
+        reask_messages(original, "x", error, language="fr")
