@@ -139,7 +139,8 @@ def _labelled(
             if truth not in grades:
                 raise InputError(
                     f"query '{row.query.query_id}': human grade {truth} for passage "
-                    f"'{verdict.passage_id}' is not on scale '{scale.name}'",
+                    f"'{verdict.passage_id}' is not on scale '{scale.name}' "
+                    "(set [dataset] label_scale to the scale the labels use)",
                     field="labels",
                 )
             if verdict.status != "ok" or verdict.grade is None:

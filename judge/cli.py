@@ -291,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     md.add_argument("action", choices=["fetch", "path"])
     md.set_defaults(func=cmd_model)
+
+    from judge.cli_reports import add_commands
+
+    add_commands(sub)
     return p
 
 

@@ -81,6 +81,9 @@ class ScaleSection(Record):
 class DatasetSection(Record):
     path: str | None = None
     columns: dict[str, str] = Field(default_factory=dict)
+    # The scale the rows' human labels use, when it is not the judge's (e.g. 0-3 labels
+    # with a yes/no judge: a label counts as relevant at that scale's threshold).
+    label_scale: str | None = None
     max_passage_chars: int = Field(default=8000, ge=0)
     # A TREC run + passage store + query texts instead of JSONL rows.
     trec_run: str | None = None
@@ -130,8 +133,9 @@ class ThresholdsSection(Record):
     min: dict[str, float] = Field(default_factory=dict)
     max_drop: dict[str, float] = Field(default_factory=dict)
     baseline: str | None = None
-    max_error_rate: float = Field(default=1.0, ge=0, le=1)
-    max_unparsed_rate: float = Field(default=1.0, ge=0, le=1)
+    # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
+    max_error_rate: float = Field(default=0.1, ge=0, le=1)
+    max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
 
 
 class Price(Record):
@@ -164,6 +168,13 @@ class RunConfig(Record):
             return BUILTIN_SCALES[name]()
         known = sorted({*BUILTIN_SCALES, *self.scales})
         raise ConfigError(f"{self.source}: judge.scale '{name}' is not one of {known}")
+
+    def label_scale(self) -> Scale:
+        """The scale of the human labels (default: the judge's)."""
+        name = self.dataset.label_scale
+        if name is None:
+            return self.scale()
+        return self.model_copy(update={"judge": self.judge.model_copy(update={"scale": name})}).scale()
 
     def template_name(self) -> str:
         j = self.judge

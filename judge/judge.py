@@ -139,12 +139,19 @@ class Judge:
         name = template or template_name(
             scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
         )
-        self.template: PromptTemplate = load_template(
-            name, template_dir=Path(template_dir) if template_dir else None
-        )
+        tdir = Path(template_dir) if template_dir else None
+        self.template: PromptTemplate = load_template(name, template_dir=tdir)
+        # Listwise falls back to pointwise for passages the list answer never covered.
+        self.pointwise_template = self.template
+        if self.template.mode == "listwise":
+            self.pointwise_template = load_template(
+                name.replace(".listwise.", ".pointwise."), template_dir=tdir
+            )
         chat = self._chat_provider(provider, provider_overrides)
         self.spec = provider if isinstance(provider, ProviderSpec) else None
-        params = params or SamplingParams(temperature=0.0, max_tokens=512)
+        params = params or SamplingParams(
+            temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5
+        )
         self.params = self._fit_params(params, chat)
         reranker: RerankProvider | None = None
         if rerank is not None:
@@ -383,7 +390,7 @@ class Judge:
         )
 
     async def _pointwise(self, query: Query, passage: Passage, rank: int, repeat: int) -> Verdict:
-        messages = self.template.render_pointwise(
+        messages = self.pointwise_template.render_pointwise(
             query,
             passage,
             self.scale,

@@ -17,7 +17,7 @@ from typing import Any
 
 from judge import __version__
 from judge.config import RunConfig
-from judge.errors import InputError
+from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery
 from judge.stability import stability_report
 
@@ -76,6 +76,7 @@ def build_summary(
     names = list(config.metrics.names)
     present = {name for jq in results for name in jq.metrics}
     names += sorted(present - set(names))
+    results = labels_on_scale(results, config)
     report = stability_report(results, names, scale, n_boot=n_boot, seed=config.run.seed)
     engines: dict[str, Any] = {}
     for engine, est in report.engines.items():
@@ -111,6 +112,30 @@ def build_summary(
     }
     summary["thresholds"] = check_thresholds(config, summary)
     return summary
+
+
+def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[JudgedQuery]:
+    """Human labels expressed on the judge's scale.
+
+    Labels on another scale are mapped through relevance: a binary judge compares with
+    ``label >= label_scale.threshold``. A graded judge cannot be compared with coarser labels.
+    """
+    scale, label_scale = config.scale(), config.label_scale()
+    if label_scale == scale:
+        return list(results)
+    if not scale.is_binary:
+        raise ConfigError(
+            f"{config.source}: labels on scale '{label_scale.name}' cannot be compared with "
+            f"the {scale.name} judge; only a binary judge maps other labels through relevance"
+        )
+    out = []
+    for jq in results:
+        labels = jq.query.labels
+        if labels:
+            mapped = {pid: int(label_scale.relevant(g)) for pid, g in labels.items()}
+            jq = jq.model_copy(update={"query": jq.query.model_copy(update={"labels": mapped})})
+        out.append(jq)
+    return out
 
 
 def load_summary(path: str | Path) -> dict[str, Any]:

@@ -75,9 +75,11 @@ def judged(
     return JudgedQuery(query=query, repeat=repeat, scale=scale.name, verdicts=verdicts, metrics=row)
 
 
-def sample_results(repeats: int = 2, scale: Scale = GRADED) -> list[JudgedQuery]:
+def sample_results(
+    repeats: int = 2, scale: Scale = GRADED, *, nudge: bool = True
+) -> list[JudgedQuery]:
     """datasets/sample.jsonl judged by a synthetic judge: the human label, nudged down one grade
-    for a few (query, passage, repeat) cells so repeats differ. Two engines, bm25 and dense."""
+    for a few (query, rank, repeat) cells so repeats differ. Two engines, bm25 and dense."""
     out = []
     for qi, query in enumerate(read_queries(SAMPLE).queries):
         labels = query.labels or {}
@@ -85,16 +87,14 @@ def sample_results(repeats: int = 2, scale: Scale = GRADED) -> list[JudgedQuery]
             grades: list[int | str] = []
             for rank, p in enumerate(query.passages, 1):
                 g = min(labels.get(p.id, 0), scale.max_grade)
-                grades.append(max(0, g - 1) if (qi + rank + r) % 7 == 0 else g)
+                grades.append(max(0, g - 1) if nudge and (qi + rank + r) % 7 == 0 else g)
             verdicts = tuple(
                 verdict(p.id, rank, g, scale)
                 for rank, (p, g) in enumerate(zip(query.passages, grades, strict=True), 1)
             )
             row = metrics_for_queries(DEFAULT_METRICS, [(query, verdicts)], scale)[0]
             out.append(
-                JudgedQuery(
-                    query=query, repeat=r, scale=scale.name, verdicts=verdicts, metrics=row
-                )
+                JudgedQuery(query=query, repeat=r, scale=scale.name, verdicts=verdicts, metrics=row)
             )
     return out
 
@@ -304,8 +304,10 @@ def test_cli_compares_run_directories_each_as_an_engine(
     new = write_run(tmp_path / "new", [jq for jq in as_default if jq.key[0] != "q8"])
     out = tmp_path / "cmp.json"
     code = run_cli(
-        ["compare", str(old), f"candidate={new}", "--metric", "ndcg@5", "--baseline", "old"]
-        + ["--metric", "pooled_ndcg", "--n-boot", "500", "--json", str(out)]
+        [
+            *["compare", str(old), f"candidate={new}", "--metric", "ndcg@5", "--baseline", "old"],
+            *["--metric", "pooled_ndcg", "--n-boot", "500", "--json", str(out)],
+        ]
     )
     text = capsys.readouterr().out
     assert code == 0

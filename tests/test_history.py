@@ -37,7 +37,9 @@ def summary(
         "usage": {"cost_usd": 0.5},
         "engines": {
             engine: {
-                "metrics": {m: {"mean": v, "ci_low": None, "ci_high": None} for m, v in values.items()}
+                "metrics": {
+                    m: {"mean": v, "ci_low": None, "ci_high": None} for m, v in values.items()
+                }
             }
             for engine, values in means.items()
         },
@@ -146,7 +148,7 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
         record_run(tmp_path / "h.sqlite", {"engines": {}}, "runs/x")
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(CacheError, match="junk.sqlite"):
+    with pytest.raises(CacheError, match=r"junk\.sqlite"):
         list_runs(junk)
 
 

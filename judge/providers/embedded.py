@@ -125,7 +125,11 @@ def _cli_value(value: Any) -> str:
 
 def require_llama_cpp() -> None:
     """Raise ModelError with the install command when the optional extra is missing."""
-    if importlib.util.find_spec("llama_cpp") is None:
+    try:
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):  # ValueError: blocked via sys.modules["llama_cpp"] = None
+        found = False
+    if not found:
         raise ModelError("the embedded judge needs llama-cpp-python: pip install 'judge[embedded]'")
 
 
