@@ -172,7 +172,7 @@ def label_distribution(
         bars = ax.barh(
             engines, widths, left=left, color=colour, hatch=hatch, edgecolor="white", label=name
         )
-        big = widths >= 0.03 * max(1.0, max(sum(c.values()) for c in counts.values()))
+        big = widths >= 0.03 * max((sum(c.values()) for c in counts.values()), default=1)
         ax.bar_label(
             bars,
             labels=[f"{w:.0f}" if b else "" for w, b in zip(widths, big, strict=True)],

@@ -2,12 +2,7 @@
 
 Async core (:meth:`Judge.ajudge`), one sync wrapper at the edge (:meth:`Judge.judge`, which
 runs the core on an event loop the Judge owns, so its HTTP clients survive between calls).
-
-Pointwise: one call per passage. Listwise: one call for the whole list; ids the judge left
-out (or answered off-scale) are asked again in a second, smaller listwise call, and whatever
-is still missing is judged pointwise — a verdict is never guessed. A completion that does not
-parse gets one re-ask carrying the validation error, then the verdict is ``unparsed`` with the
-raw text kept (DESIGN rule 1). Provider failures after the caller's retries are ``error``.
+How verdicts are asked for (pointwise, listwise, re-asks) lives in :mod:`judge.asking`.
 """
 
 from __future__ import annotations
@@ -18,25 +13,23 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from judge.asking import Asker
 from judge.cache import Cache
-from judge.calls import Caller, CallResult, Limits
+from judge.calls import Caller, Limits
 from judge.config import RunConfig, user_cache_dir
-from judge.errors import ConfigError, ParseError, ProviderError
+from judge.errors import ConfigError
 from judge.metrics import metrics_for_queries
 from judge.prompts import PromptTemplate, json_schema_for, load_template, template_name
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
 from judge.providers.base import (
     ChatProvider,
     ChatRequest,
-    Completion,
-    Message,
     ProviderSpec,
     RerankProvider,
     RerankRequest,
     SamplingParams,
 )
 from judge.schema import BUILTIN_SCALES, JudgedQuery, Passage, Query, Scale, Usage, Verdict
-from judge.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
 
 T = TypeVar("T")
 PassageLike = Passage | str | Mapping[str, Any]
@@ -75,18 +68,6 @@ def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         raise ConfigError(f"duplicate passage ids: {dupes}")
     return tuple(out)
-
-
-def _split_usage(usage: Usage, n: int) -> list[Usage]:
-    """Share one call's usage among the n verdicts it produced (remainder to the first)."""
-    if n <= 0:
-        return []
-    p, pr = divmod(usage.prompt_tokens, n)
-    c, cr = divmod(usage.completion_tokens, n)
-    return [
-        Usage(prompt_tokens=p + (pr if i == 0 else 0), completion_tokens=c + (cr if i == 0 else 0))
-        for i in range(n)
-    ]
 
 
 class Judge:
@@ -171,6 +152,23 @@ class Judge:
         self._reranker = reranker
         self._caller: Caller | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.asker = Asker(
+            caller=lambda: self.caller,
+            model=model,
+            params=self.params,
+            scale=scale,
+            mode=mode,
+            template=self.template,
+            pointwise_template=self.pointwise_template,
+            language=language,
+            verdict_first=verdict_first,
+            max_reason_words=max_reason_words,
+            reask=reask,
+        )
+
+    def first_requests(self, query: Query) -> list[ChatRequest]:
+        """The first-round requests a query needs, exactly as they would be sent."""
+        return self.asker.first_requests(query)
 
     @staticmethod
     def _chat_provider(
@@ -250,18 +248,7 @@ class Judge:
             query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
         elif passages is not None:
             query = query.model_copy(update={"passages": as_passages(passages)})
-        if self.mode == "listwise" and query.passages:
-            verdicts = await self._listwise(query, list(query.passages), repeat)
-        else:
-            verdicts = list(
-                await asyncio.gather(
-                    *(
-                        self._pointwise(query, p, rank, repeat)
-                        for rank, p in enumerate(query.passages, start=1)
-                    )
-                )
-            )
-        verdicts.sort(key=lambda v: v.rank)
+        verdicts = await self.asker.verdicts(query, repeat)
         rerank_scores = None
         if self._reranker is not None and query.passages:
             rerank_scores = await self._rerank_scores(query, repeat)
@@ -337,188 +324,6 @@ class Judge:
         )
         result = await self.caller.rerank(request, repeat)
         return {p.id: s for p, s in zip(query.passages, result.answer.scores, strict=True)}
-
-    def first_requests(self, query: Query) -> list[ChatRequest]:
-        """The first-round requests a query needs, exactly as they would be sent."""
-        options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
-        if self.mode == "listwise" and query.passages:
-            chats = [
-                self.template.render_listwise(query, list(query.passages), self.scale, **options)
-            ]
-        else:
-            chats = [
-                self.template.render_pointwise(query, p, self.scale, **options)
-                for p in query.passages
-            ]
-        return [ChatRequest(model=self.model, messages=m, params=self.params) for m in chats]
-
-    def _parses_pointwise(self, completion: Completion) -> bool:
-        try:
-            parse_pointwise(completion, self.scale)
-        except ParseError:
-            return False
-        return True
-
-    async def _ask(
-        self, messages: Sequence[Message], repeat: int, *, listwise_ids: Sequence[str] = ()
-    ) -> CallResult[Completion]:
-        request = ChatRequest(model=self.model, messages=tuple(messages), params=self.params)
-        if listwise_ids:
-            ids = list(listwise_ids)
-
-            def accept(c: Completion) -> bool:
-                try:
-                    parse_listwise(c, self.scale, ids)
-                except ParseError:
-                    return False
-                return True
-
-            return await self.caller.complete(request, repeat, accept=accept)
-        return await self.caller.complete(request, repeat, accept=self._parses_pointwise)
-
-    def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
-        return Verdict(
-            passage_id=passage.id,
-            rank=rank,
-            status="ok",
-            label=parsed.label,
-            grade=parsed.grade,
-            relevant=self.scale.relevant(parsed.grade),
-            probability=parsed.probability,
-            reason=parsed.reason,
-            **extra,
-        )
-
-    async def _pointwise(self, query: Query, passage: Passage, rank: int, repeat: int) -> Verdict:
-        messages = self.pointwise_template.render_pointwise(
-            query,
-            passage,
-            self.scale,
-            verdict_first=self.verdict_first,
-            max_reason_words=self.max_reason_words,
-        )
-        attempts = 0
-        usage = Usage()
-        latency = 0.0
-        cached = True
-        raw: str | None = None
-        error = ""
-        conversation: tuple[Message, ...] = messages
-        for round_ in range(2 if self.reask else 1):
-            try:
-                res = await self._ask(conversation, repeat)
-            except ProviderError as exc:
-                return Verdict(
-                    passage_id=passage.id,
-                    rank=rank,
-                    status="error",
-                    error=str(exc),
-                    raw=raw,
-                    attempts=attempts + exc.attempts,
-                    usage=usage,
-                    latency_s=latency,
-                    cached=False,
-                )
-            attempts += res.attempts
-            usage = usage + res.answer.usage
-            latency += res.latency_s
-            cached = cached and res.cached
-            raw = res.answer.text
-            try:
-                parsed = parse_pointwise(res.answer, self.scale)
-            except ParseError as exc:
-                error = str(exc)
-                if round_ == 0:
-                    conversation = reask_messages(
-                        messages, res.answer.text, error, language=self.language
-                    )
-                continue
-            return self._ok(
-                passage,
-                rank,
-                parsed,
-                raw=raw,
-                attempts=attempts,
-                usage=usage,
-                latency_s=latency,
-                cached=cached,
-            )
-        return Verdict(
-            passage_id=passage.id,
-            rank=rank,
-            status="unparsed",
-            raw=raw,
-            error=error,
-            attempts=attempts,
-            usage=usage,
-            latency_s=latency,
-            cached=cached,
-        )
-
-    async def _listwise(self, query: Query, passages: list[Passage], repeat: int) -> list[Verdict]:
-        """Listwise round, a second round for what is missing, then pointwise for the rest."""
-        ranks = {p.id: rank for rank, p in enumerate(query.passages, start=1)}
-        done: dict[str, Verdict] = {}
-        todo = passages
-        for _round in range(2):
-            if not todo:
-                break
-            got = await self._listwise_round(query, todo, ranks, repeat)
-            if got is None:  # provider error: every passage in this round is an error
-                break
-            done.update(got)
-            todo = [p for p in todo if p.id not in got]
-            if len(got) == 0:
-                break  # the judge cannot do listwise here; go pointwise
-        rest = [p for p in passages if p.id not in done]
-        if rest:
-            singles = await asyncio.gather(
-                *(self._pointwise(query, p, ranks[p.id], repeat) for p in rest)
-            )
-            done.update({v.passage_id: v for v in singles})
-        return [done[p.id] for p in passages]
-
-    async def _listwise_round(
-        self, query: Query, passages: list[Passage], ranks: dict[str, int], repeat: int
-    ) -> dict[str, Verdict] | None:
-        messages = self.template.render_listwise(
-            query,
-            passages,
-            self.scale,
-            verdict_first=self.verdict_first,
-            max_reason_words=self.max_reason_words,
-        )
-        ids = [p.id for p in passages]
-        conversation = messages
-        for round_ in range(2 if self.reask else 1):
-            try:
-                res = await self._ask(conversation, repeat, listwise_ids=ids)
-            except ProviderError:
-                return None
-            try:
-                parsed = parse_listwise(res.answer, self.scale, ids)
-            except ParseError as exc:
-                if round_ == 0:
-                    conversation = reask_messages(
-                        messages, res.answer.text, str(exc), language=self.language
-                    )
-                continue
-            by_id = {p.id: p for p in passages}
-            shares = _split_usage(res.answer.usage, max(1, len(parsed.verdicts)))
-            return {
-                pid: self._ok(
-                    by_id[pid],
-                    ranks[pid],
-                    item,
-                    raw=res.answer.text,
-                    attempts=res.attempts,
-                    usage=share,
-                    latency_s=res.latency_s,
-                    cached=res.cached,
-                )
-                for (pid, item), share in zip(parsed.verdicts.items(), shares, strict=False)
-            }
-        return {}
 
     # ---- sync edge --------------------------------------------------------------------
 

@@ -156,6 +156,17 @@ def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_
         EmbeddedServer(model).start()
 
 
+def test_custom_model_identity_is_its_content_hash(tmp_path: Path) -> None:
+    custom = tmp_path / "custom.gguf"
+    custom.write_bytes(b"GGUF custom weights")
+    spec = ProviderSpec(kind="embedded", options={"model": str(custom)})
+
+    provider = make_embedded_chat_provider(spec)
+
+    assert provider.identity == "embedded:" + hashlib.sha256(custom.read_bytes()).hexdigest()
+    assert make_embedded_chat_provider(spec).identity == provider.identity  # from the sidecar
+
+
 # ---- the real server (needs judge[embedded] and the fetched model) -------------------------
 
 
@@ -251,9 +262,13 @@ def test_provider_starts_lazily_and_aclose_stops_it(model_file: Path) -> None:
 
     async def scenario() -> int:
         try:
-            completion = await provider.complete(request, timeout=60)
-            assert completion.text.strip()
-            assert completion.logprobs and len(completion.logprobs[0].top) == 5
+            # Two first calls at once: one server starts, both are answered.
+            answers = await asyncio.gather(
+                provider.complete(request, timeout=60), provider.complete(request, timeout=60)
+            )
+            for completion in answers:
+                assert completion.text.strip()
+                assert completion.logprobs and len(completion.logprobs[0].top) == 5
             server = provider.server  # type: ignore[attr-defined]
             assert server is not None and server.pid is not None
             return int(server.pid)

@@ -20,7 +20,7 @@ from judge.metrics import DEFAULT_METRICS, metrics_for_queries
 from judge.report import write_reports
 from judge.schema import JudgedQuery, Passage
 from judge.summary import build_summary
-from tests.test_compare import GRADED, sample_results, verdict
+from tests.test_compare import GRADED, run_cli, sample_results, verdict, write_run
 
 EVIL = '<script>alert("pwned")</script></td></table><img src=x onerror=alert(1)>'
 N_CHARTS = 5  # distribution, bm25-vs-dense scatter, stability, labels, history
@@ -255,3 +255,26 @@ def test_the_report_renders_in_chromium(
     for top in range(0, 4000, 500):
         band = pixels[top : top + 500]
         assert (np.abs(band - band[0, 0]).sum(axis=2) > 0.1).mean() > 0.01, top
+
+
+def test_cli_report_rebuilds_a_run_directory_with_its_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path / "run", sample_results(repeats=2))
+    history = tmp_path / "history.sqlite"
+    config = tmp_path / "nightly.toml"
+    config.write_text(
+        f'[judge]\nscale = "graded"\n[run]\nhistory = "{history}"\n'
+        '[thresholds]\nmax_drop = {"ndcg@5" = 0.01}\n'
+    )
+    built = build_summary(load_config(config), sample_results(repeats=2), n_boot=50)
+    for shift in (0.0, -0.1):
+        night = {**built, "engines": {"bm25": {"metrics": {"ndcg@5": {"mean": 0.8 + shift}}}}}
+        record_run(history, night, str(run))
+    assert run_cli(["report", str(run), "--config", str(config), "--worst", "2"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(run / "report.md"), str(run / "report.html")]
+    assert (run / "summary.json").exists()  # built from the results, since there was none
+    md = (run / "report.md").read_text(encoding="utf-8")
+    assert md.count("\n### ") == 2
+    assert "bm25 ndcg@5 fell 0.1000" in md

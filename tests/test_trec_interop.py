@@ -4,12 +4,13 @@ TREC run joins a comparison as an engine."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import ir_measures
 import pytest
-from ir_measures import AP, P, R, nDCG
+from ir_measures import AP, Measure, P, R, nDCG
 
 from judge.cli_reports import borrow_verdicts
 from judge.compare import compare, pooled_metrics
@@ -36,10 +37,11 @@ def write_trec_run(
     return run
 
 
-def trec(qrels: Path, run: Path, measures: list[object]) -> dict[tuple[str, str], float]:
-    values = ir_measures.pytrec_eval.iter_calc(
-        measures, ir_measures.read_trec_qrels(str(qrels)), ir_measures.read_trec_run(str(run))
-    )
+def trec(qrels: Path, run: Path, measures: list[Measure]) -> dict[tuple[str, str], float]:
+    """Per (query id, measure name), from the files as written (read by ir_measures)."""
+    read_qrels: Callable[[str], Any] = ir_measures.read_trec_qrels
+    read_run: Callable[[str], Any] = ir_measures.read_trec_run
+    values = ir_measures.pytrec_eval.iter_calc(measures, read_qrels(str(qrels)), read_run(str(run)))
     return {(m.query_id, str(m.measure)): m.value for m in values}
 
 
