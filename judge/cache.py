@@ -11,18 +11,20 @@ run loses only the calls that were in flight.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from judge.errors import CacheError
 from judge.schema import Record
 
 T = TypeVar("T", bound=BaseModel)
+log = logging.getLogger("judge.cache")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS answers (
@@ -81,8 +83,15 @@ class Cache:
         if row is None:
             self.misses += 1
             return None
+        try:
+            value = model.model_validate_json(row[0])
+        except ValidationError:
+            # Written by another version of judge: ask again (and overwrite) rather than fail.
+            log.warning("%s: unreadable cache entry %s treated as a miss", self.path, key[:12])
+            self.misses += 1
+            return None
         self.hits += 1
-        return model.model_validate_json(row[0])
+        return value
 
     def contains(self, key: str) -> bool:
         if self._conn is None:

@@ -75,11 +75,20 @@ class CallResult(Generic[A]):
 
 
 class RateLimiter:
-    """Token bucket over one minute; ``rate`` units per minute, 0 disables it."""
+    """Token bucket for ``per_minute`` units per minute; 0 disables it.
 
-    def __init__(self, per_minute: float) -> None:
+    The level L refills at r = per_minute / 60 units per second up to the capacity
+    C = max(r * burst_s, 1): L(t) = min(C, L(t0) + r * (t - t0)). A request for n units waits
+    until L >= min(n, C), then takes all n, so L may go negative and a request larger than the
+    bucket is paid for by later waits: over any span T at most C + r * T units pass.
+
+    The burst is one second's worth, not a minute's: providers enforce per-minute limits over
+    shorter windows, and a full minute of requests fired at once would meet 429s.
+    """
+
+    def __init__(self, per_minute: float, *, burst_s: float = 1.0) -> None:
         self.rate = per_minute / 60.0
-        self.capacity = max(per_minute, 1.0)
+        self.capacity = max(self.rate * burst_s, 1.0)
         self.level = self.capacity
         self.stamp = time.monotonic()
         self._lock = asyncio.Lock()
@@ -87,20 +96,25 @@ class RateLimiter:
     async def acquire(self, amount: float = 1.0) -> None:
         if self.rate <= 0:
             return
-        amount = min(amount, self.capacity)
-        async with self._lock:
+        need = min(amount, self.capacity)
+        async with self._lock:  # FIFO: a waiter is not overtaken by later small requests
             while True:
-                now = time.monotonic()
-                self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.level >= amount:
+                self._refill()
+                if self.level >= need:
                     self.level -= amount
                     return
-                await asyncio.sleep((amount - self.level) / self.rate)
+                await asyncio.sleep((need - self.level) / self.rate)
 
     def refund(self, amount: float) -> None:
-        if self.rate > 0:
+        """Give back units taken but not used (a token estimate above the real usage)."""
+        if self.rate > 0 and amount > 0:
+            self._refill()
             self.level = min(self.capacity, self.level + amount)
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
 
 
 def _estimate_tokens(request: ChatRequest) -> int:
@@ -149,15 +163,23 @@ class Caller:
         if provider is None:
             raise ProviderError("no chat provider is configured")
         key = request_key(provider.identity, request, repeat)
-        cached = self.cache.get(key, Completion)
-        if cached is not None:
-            self.stats.cache_hits += 1
-            return CallResult(cached, cached=True, attempts=0, latency_s=0.0)
-        # The same request already in flight (e.g. one passage returned by two engines):
-        # wait for that answer instead of paying twice.
-        pending = self._inflight.get(key)
-        if pending is not None:
-            shared = await asyncio.shield(pending)
+        while True:
+            cached = self.cache.get(key, Completion)
+            if cached is not None:
+                self.stats.cache_hits += 1
+                return CallResult(cached, cached=True, attempts=0, latency_s=0.0)
+            # The same request already in flight (e.g. one passage returned by two engines):
+            # wait for that answer instead of paying twice.
+            pending = self._inflight.get(key)
+            if pending is None:
+                break
+            try:
+                shared = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pending.cancelled() and task is not None and not task.cancelling():
+                    continue  # the owner was cancelled, not us: ask again ourselves
+                raise
             self.stats.cache_hits += 1
             return CallResult(shared.answer, cached=True, attempts=0, latency_s=0.0)
         future: asyncio.Future[CallResult[Completion]] = asyncio.get_running_loop().create_future()
@@ -165,12 +187,11 @@ class Caller:
         try:
             result = await self._complete_uncached(provider, request, key, accept)
         except BaseException as exc:
-            if not future.done():
-                if isinstance(exc, Exception):
-                    future.set_exception(exc)
-                    future.exception()  # mark retrieved: waiters re-raise it themselves
-                else:
-                    future.cancel()
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # mark retrieved: waiters re-raise it themselves
+            else:
+                future.cancel()
             raise
         else:
             future.set_result(result)
@@ -234,16 +255,19 @@ class Caller:
         classify: Callable[[BaseException], RetryDecision],
     ) -> CallResult[A]:
         self._check_budget()
-        decisions: dict[int, RetryDecision] = {}
+        # The decision for the latest failure, classified (and counted) once. Keyed by the
+        # exception itself, not id(): a freed exception's id is soon reused by the next one.
+        last: list[tuple[BaseException, RetryDecision]] = []
 
         def decide(exc: BaseException) -> RetryDecision:
-            if id(exc) not in decisions:
+            if not last or last[0][0] is not exc:
                 if isinstance(exc, TimeoutError):
-                    decisions[id(exc)] = RetryDecision(retry=True, kind="timeout")
+                    decision = RetryDecision(retry=True, kind="timeout")
                 else:
-                    decisions[id(exc)] = classify(exc)
-                self.stats.errors[decisions[id(exc)].kind] += 1
-            return decisions[id(exc)]
+                    decision = classify(exc)
+                self.stats.errors[decision.kind] += 1
+                last[:] = [(exc, decision)]
+            return last[0][1]
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None

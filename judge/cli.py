@@ -36,6 +36,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": "run.max_tokens",
         "concurrency": "run.concurrency",
         "cache": "run.cache",
+        "dataset": "dataset.path",
     }
     for attr, key in mapping.items():
         value = getattr(args, attr, None)
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.config import load_config
     from judge.datasets import write_qrels
     from judge.estimate import estimate
+    from judge.history import history_rows_for_report, record_run, source_key
     from judge.report import write_reports
     from judge.runner import latest_results, load_queries, run_async, sample_queries
     from judge.summary import build_summary
@@ -71,7 +73,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     (out_dir / "summary.json").write_text(
         json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8"
     )
-    write_reports(out_dir, summary, results)
+    history = config.history_path()
+    record_run(history, summary, str(out_dir))
+    rows = history_rows_for_report(
+        history,
+        list(summary["engines"]),
+        summary["metric_names"],
+        10,
+        max_drop=config.thresholds.max_drop,
+        source=source_key(config.source),
+    )
+    write_reports(out_dir, summary, results, history=rows)
     write_qrels(out_dir / "qrels.txt", results)
     c = summary["counts"]
     print(

@@ -254,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from judge.history import history_rows_for_report
+    from judge.history import history_rows_for_report, source_key
     from judge.report import write_reports
     from judge.summary import build_summary, load_summary
 
@@ -276,7 +276,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             summary["metric_names"],
             args.last,
             max_drop=config.thresholds.max_drop if config else None,
-            source=str(Path(args.config).resolve()) if args.config else None,
+            source=source_key(args.config),
         )
     for path in write_reports(out_dir, summary, results, history=rows, worst=args.worst):
         print(path)
@@ -297,11 +297,11 @@ def sparkline(values: Sequence[float | None]) -> str:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from judge.history import list_runs, regressions
+    from judge.history import list_runs, regressions, source_key
 
     config = load_config(args.config)
     path = Path(args.history) if args.history else config.history_path()
-    source = str(Path(args.config).resolve()) if args.config and not args.all else None
+    source = None if args.all else source_key(args.config)
     runs = list_runs(path, args.limit, source=source)
     if not runs:
         print(f"{path}: no runs recorded" + (f" for {source}" if source else ""))

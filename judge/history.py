@@ -122,11 +122,11 @@ def _connect(path: str | Path, *, create: bool) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def _source(summary: Mapping[str, Any]) -> str | None:
-    """The config path made absolute, so runs of one config match whatever the working dir."""
-    source = summary.get("config", {}).get("source")
+def source_key(source: str | None) -> str | None:
+    """How a run's config is stored and matched: its path made absolute, so runs of one
+    config match whatever the working directory; ``<defaults>`` and None stay as they are."""
     if not source or source.startswith("<"):
-        return str(source) if source else None
+        return source or None
     return str(Path(source).resolve())
 
 
@@ -143,7 +143,7 @@ def record_run(path: str | Path, summary: Mapping[str, Any], out_dir: str) -> in
         row = (
             summary.get("created") or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            _source(summary),
+            source_key(summary.get("config", {}).get("source")),
             _dataset(summary),
             out_dir,
             c["queries"],

@@ -290,10 +290,12 @@ def sections(
         Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
     ]
     labels = [lab.name for lab in sorted(scale.labels, key=lambda lab: lab.grade)]
-    out += [
-        stability,
-        _chart("labels", partial(charts.label_distribution, _label_counts(results), labels)),
-    ]
+    counts = _label_counts(results)
+    verdicts = _chart("labels", partial(charts.label_distribution, counts, labels))
+    kinds = [*labels, "unparsed", "error"]
+    rows = [[e, *(c.get(k, 0) for k in kinds)] for e, c in counts.items()]
+    verdicts.blocks.append(Table(["engine", *kinds], rows, frozenset(range(1, len(kinds) + 1))))
+    out += [stability, verdicts]
     if history:
         out.append(_history_section(history, names, engines))
     out.append(_threshold_section(summary["thresholds"]["checks"]))
@@ -320,6 +322,8 @@ def markdown(summary: dict[str, Any], results: Sequence[JudgedQuery], **kwargs: 
     out = ["# judge report"]
     prefix = {"h3": "### ", "quote": "> ", "bad": "**", "p": "", "muted": "", "ok": ""}
     for section in sections(summary, results, **kwargs):
+        if all(isinstance(block, Chart) for block in section.blocks):
+            continue
         out += ["", f"## {_md(section.title)}"]
         for block in section.blocks:
             if isinstance(block, Text):

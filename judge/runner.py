@@ -103,6 +103,29 @@ def repair_results(path: Path) -> None:
         )
 
 
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict) and value:
+        out: dict[str, object] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def describe_changes(old: object, new: object, *, limit: int = 4) -> str:
+    """``judge.model 'a' -> 'b'``, for the first ``limit`` dotted keys whose values differ."""
+    before, after = _flatten(old or {}), _flatten(new)
+    keys = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+
+    def show(v: object) -> str:
+        text = json.dumps(v, ensure_ascii=False) if v is not None else "unset"
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    parts = [f"{k} {show(before.get(k))} -> {show(after.get(k))}" for k in keys[:limit]]
+    more = len(keys) - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
@@ -112,10 +135,10 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     elif run_file.exists():
         old = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
         if old != fingerprint:
-            changed = sorted(k for k in fingerprint if (old or {}).get(k) != fingerprint[k])
             raise ConfigError(
                 f"{out_dir}: this run directory was made with a different config "
-                f"(changed: {', '.join(changed)}); use --fresh to start over or another --out"
+                f"(changed: {describe_changes(old, fingerprint)}); "
+                "use --fresh to start over or another --out"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     run_file.write_text(

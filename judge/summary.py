@@ -102,6 +102,8 @@ def build_summary(
         "judge_version": __version__,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": {"source": config.source, **config.fingerprint()},
+        "dataset": config.dataset.path or config.dataset.trec_run,
+        "gain": config.metrics.gain,
         "metric_names": names,
         "unjudged_policy": config.metrics.unjudged,
         "counts": counts(results),

@@ -38,18 +38,29 @@ not spell the answer text, or the verdict token does not map to a label.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
+from judge._jsonscan import Node, values
 from judge.errors import ConfigError, ParseError
 from judge.providers.base import Completion, Message
 from judge.schema import Record, Scale, ScaleLabel, normalise_label
+
+__all__ = [
+    "ID_KEYS",
+    "LIST_KEYS",
+    "REASON_KEYS",
+    "VERDICT_KEYS",
+    "ListwiseParsed",
+    "Parsed",
+    "parse_listwise",
+    "parse_pointwise",
+    "reask_messages",
+]
 
 VERDICT_KEYS = ("verdict", "label", "relevance", "relevant", "grade", "score", "判断", "结论")
 REASON_KEYS = ("reason", "explanation", "rationale", "理由")
@@ -80,133 +91,6 @@ class ListwiseParsed(Record):
         return (*self.missing, *self.errors)
 
 
-# --- a small JSON reader that keeps offsets and survives truncation ------------------------
-
-
-@dataclass
-class _Node:
-    """A JSON value at text[start:end]; objects are dict[str, _Node], arrays list[_Node].
-
-    ``complete`` is False when the text ended inside the value (a cut string keeps its
-    partial content; a cut number or literal is None).
-    """
-
-    value: Any
-    start: int
-    end: int
-    complete: bool = True
-
-
-class _Malformed(Exception):
-    """Not JSON at this position."""
-
-
-_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_LITERALS = {"true": True, "false": False, "null": None}
-_WS = " \t\r\n"
-_DECODER = json.JSONDecoder(strict=False)  # strict=False: raw newlines inside strings
-# An escape cut in half at the end of a string: an odd backslash, maybe "u" and < 4 hex digits.
-_PARTIAL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u[0-9a-fA-F]{0,3})?$")
-_HIGH_SURROGATES = "".join(map(chr, range(0xD800, 0xDC00)))  # half a cut surrogate pair
-_MAX_STARTS = 64  # tried opening brackets per answer
-
-
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _WS:
-        i += 1
-    return i
-
-
-def _scan(text: str, i: int) -> _Node:
-    """The JSON value starting at (or after whitespace from) ``text[i]``."""
-    i, n = _skip(text, i), len(text)
-    if i >= n:
-        return _Node(None, i, n, False)
-    if text[i] in "{[":
-        return _container(text, i)
-    if text[i] == '"':
-        try:
-            value, end = _DECODER.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            if "Unterminated" not in exc.msg and exc.pos + 6 < n:
-                raise _Malformed from None
-            rest = _PARTIAL_ESCAPE.sub(r"\1", text[i + 1 :])
-            try:
-                partial = json.loads(f'"{rest}"', strict=False).rstrip(_HIGH_SURROGATES)
-            except json.JSONDecodeError:
-                partial = rest
-            return _Node(partial, i, n, False)
-        return _Node(value, i, end)
-    number = _NUMBER.match(text, i)
-    if number:
-        if number.end() == n:
-            return _Node(None, i, n, False)
-        return _Node(json.loads(number.group()), i, number.end())
-    for word, value in _LITERALS.items():
-        if text.startswith(word, i):
-            return _Node(value, i, i + len(word))
-        if word.startswith(text[i:]):
-            return _Node(None, i, n, False)
-    raise _Malformed
-
-
-def _container(text: str, i: int) -> _Node:
-    is_object, close = text[i] == "{", "}" if text[i] == "{" else "]"
-    pairs: dict[str, _Node] = {}
-    items: list[_Node] = []
-    node = _Node(pairs if is_object else items, i, len(text), False)
-    j = i + 1
-    while True:
-        j = _skip(text, j)
-        if j >= len(text):
-            return node
-        if text[j] == close:
-            node.end, node.complete = j + 1, True
-            return node
-        if pairs or items:
-            if text[j] != ",":
-                raise _Malformed
-            j = _skip(text, j + 1)
-            if j < len(text) and text[j] == close:  # tolerate a trailing comma
-                continue
-        if is_object:
-            key = _scan(text, j)
-            if not key.complete:
-                return node
-            if not isinstance(key.value, str):
-                raise _Malformed
-            j = _skip(text, key.end)
-            if j >= len(text):
-                return node
-            if text[j] != ":":
-                raise _Malformed
-            value = pairs[key.value] = _scan(text, j + 1)
-        else:
-            value = _scan(text, j)
-            items.append(value)
-        if not value.complete:
-            return node
-        j = value.end
-
-
-def _values(text: str, start: int, openers: str) -> Iterator[_Node]:
-    """Top-level JSON values in ``text[start:]`` that open with one of ``openers``."""
-    pattern = re.compile("[" + re.escape(openers) + "]")
-    for _ in range(_MAX_STARTS):
-        found = pattern.search(text, start)
-        if found is None:
-            return
-        try:
-            node = _scan(text, found.start())
-        except (_Malformed, RecursionError):
-            start = found.start() + 1
-            continue
-        yield node
-        if not node.complete:
-            return
-        start = node.end
-
-
 # --- reading verdicts -----------------------------------------------------------------------
 
 _REFUSAL = re.compile(
@@ -217,7 +101,7 @@ _REFUSAL = re.compile(
 _BARE_LEAD = re.compile(r"[\s\"'`*_“「]*")
 
 
-def _field(pairs: dict[str, _Node], names: Sequence[str]) -> tuple[str, _Node] | None:
+def _field(pairs: dict[str, Node], names: Sequence[str]) -> tuple[str, Node] | None:
     folded = {key.strip().casefold(): key for key in pairs}
     for name in names:
         if name in folded:
@@ -243,7 +127,7 @@ def _snap(value: Any, scale: Scale) -> ScaleLabel | None:
     return None
 
 
-def _read(pairs: dict[str, _Node], scale: Scale, completion: Completion) -> Parsed:
+def _read(pairs: dict[str, Node], scale: Scale, completion: Completion) -> Parsed:
     """The verdict in one object's fields (which must include a verdict key)."""
     found = _field(pairs, VERDICT_KEYS)
     assert found is not None
@@ -285,8 +169,8 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     """The verdict in a one-passage answer; ParseError (with the re-ask text) otherwise."""
     text = completion.text
     start = _start(completion)
-    first: _Node | None = None
-    for node in _values(text, start, "{"):
+    first: Node | None = None
+    for node in values(text, start, "{"):
         if _field(node.value, VERDICT_KEYS) is not None:
             return _read(node.value, scale, completion)
         first = first or node
@@ -314,7 +198,7 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     )
 
 
-def _items(node: _Node) -> list[_Node] | None:
+def _items(node: Node) -> list[Node] | None:
     if isinstance(node.value, list):
         return node.value
     listed = _field(node.value, LIST_KEYS)
@@ -325,7 +209,7 @@ def _items(node: _Node) -> list[_Node] | None:
     return None
 
 
-def _item_id(pairs: dict[str, _Node]) -> str | None:
+def _item_id(pairs: dict[str, Node]) -> str | None:
     found = _field(pairs, ID_KEYS)
     if found is None or not found[1].complete:
         return None
@@ -342,8 +226,8 @@ def parse_listwise(
 ) -> ListwiseParsed:
     """Verdicts per asked-for id; ParseError only when no verdict list can be found at all."""
     start = _start(completion)
-    items: list[_Node] | None = None
-    for node in _values(completion.text, start, "{["):
+    items: list[Node] | None = None
+    for node in values(completion.text, start, "{["):
         items = _items(node)
         if items is not None:
             break

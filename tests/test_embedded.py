@@ -194,6 +194,20 @@ def _port_closed(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def _servers_on(port: int) -> list[int]:
+    """Pids of live processes whose command line asks for ``--port <port>``."""
+    wanted = f"--port\0{port}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def _wait_gone(pid: int, port: int, seconds: float = 15.0) -> bool:
     """Wait until the process is gone and nothing listens on its port any more.
 
@@ -232,6 +246,7 @@ def test_server_answers_with_logprobs_and_stops(model_file: Path) -> None:
     pid, port = asyncio.run(scenario())
     assert _gone(pid)
     assert _port_closed(port)
+    assert _servers_on(port) == []
 
 
 @pytest.mark.embedded
@@ -251,7 +266,7 @@ def test_server_stops_when_the_block_raises(model_file: Path) -> None:
 
 
 @pytest.mark.embedded
-def test_provider_starts_lazily_and_aclose_stops_it(model_file: Path) -> None:
+def test_provider_starts_lazily_reports_a_dead_server_and_aclose_stops_it(model_file: Path) -> None:
     provider = make_embedded_chat_provider(ProviderSpec(kind="embedded", options=SMALL_CTX))
     assert provider.identity == f"embedded:{MODEL.sha256}"
     request = ChatRequest(
@@ -271,7 +286,12 @@ def test_provider_starts_lazily_and_aclose_stops_it(model_file: Path) -> None:
                 assert completion.logprobs and len(completion.logprobs[0].top) == 5
             server = provider.server  # type: ignore[attr-defined]
             assert server is not None and server.pid is not None
-            return int(server.pid)
+            pid = int(server.pid)
+            # A server that dies mid-run is reported as such, not as a retryable hiccup.
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(ModelError, match=r"embedded server died \(exit code -9\)"):
+                await provider.complete(request, timeout=60)
+            return pid
         finally:
             await provider.aclose()
 
@@ -288,6 +308,14 @@ def test_unloadable_model_reports_the_server_log(model_file: Path, tmp_path: Pat
         server.start()
     assert "bogus.gguf" in str(info.value)
     assert server.pid is None
+
+
+@pytest.mark.embedded
+def test_startup_timeout_names_the_option_and_kills_the_server(model_file: Path) -> None:
+    server = EmbeddedServer(model_file, {**SMALL_CTX, "startup_timeout": 0})
+    with pytest.raises(ModelError, match="did not answer within 0 s \\(option startup_timeout\\)"):
+        server.start()
+    assert _servers_on(server.port) == []
 
 
 _PARENT = textwrap.dedent(
@@ -349,6 +377,7 @@ def test_no_orphan_when_the_parent_is_interrupted_or_killed(
         else:
             assert _wait_gone(pid, port), f"llama server {pid} outlived its SIGKILLed parent"
         assert _port_closed(port)
+        assert _servers_on(port) == []
     finally:
         if not _gone(pid):  # do not leave an orphan behind when the test fails
             os.killpg(pid, signal.SIGKILL)

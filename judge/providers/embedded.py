@@ -1,19 +1,21 @@
 """The embedded judge: a local llama.cpp OpenAI-compatible server, started and stopped by us.
 
-``EmbeddedServer`` runs ``python -m llama_cpp.server`` (the optional extra
-``judge[embedded]``) on a free 127.0.0.1 port and waits until ``GET /v1/models`` answers.
+``EmbeddedServer`` runs llama-cpp-python's server (the optional extra ``judge[embedded]``,
+through the small ``_LAUNCHER`` below) on a free 127.0.0.1 port and waits until
+``GET /v1/models`` answers.
 The server must never outlive us, so it is stopped on every way out:
 
 - normal exit and exceptions: the context manager (or ``stop()``) terminates, waits, kills;
 - Ctrl-C: ``asyncio.run`` cancels the task, and the context manager's exit still runs;
 - interpreter exit without ``stop()``: an ``atexit`` hook stops every live server;
 - the parent killed outright (SIGKILL, or SIGTERM's default action): on Linux the child asks
-  the kernel for ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the thread that spawned it.
+  the kernel for ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the thread that spawned it
+  (hence: start servers from a long-lived thread, not from a short-lived worker thread).
   Elsewhere, a SIGTERM handler that raises ``SystemExit`` is installed if none is set.
 
 The server runs in its own session (process group), so a terminal Ctrl-C reaches only us
-and we decide how the server stops. Its output goes to a temporary log file whose tail is
-quoted when it fails to start.
+and we decide how the server stops. Its output goes to a nameless temporary file whose tail
+is quoted when it fails to start. POSIX only (process groups, ``pread``).
 
 ``make_embedded_chat_provider`` wraps the server in a ``ChatProvider``: the server starts
 lazily on the first ``complete()`` and every call is delegated to ``OpenAICompatProvider``.
@@ -38,7 +40,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -89,11 +91,18 @@ def _stop_all_live() -> None:
 atexit.register(_stop_all_live)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _load_prctl() -> Any:
+    """libc's prctl, resolved in the parent: loading a library after fork() can deadlock."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent(prctl: Any, parent_pid: int) -> None:
     """Runs in the child between fork and exec: ask for SIGKILL when the parent goes away."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # The parent may already have died before prctl took effect.
     if os.getppid() != parent_pid:
         os._exit(1)
@@ -157,7 +166,7 @@ class EmbeddedServer:
             **opts,
         }
         self.port = 0
-        self.log_path: Path | None = None
+        self._log: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -170,6 +179,19 @@ class EmbeddedServer:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code if the server has died on its own, else None (running or stopped)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    async def wait_exited(self, seconds: float) -> int | None:
+        """The exit code if the server exits within ``seconds`` (a dying process closes its
+        sockets before it can be reaped), else None."""
+        deadline = time.monotonic() + seconds
+        while (code := self.returncode) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return code
 
     def command(self) -> list[str]:
         """The server's command line (port chosen at start)."""
@@ -187,24 +209,24 @@ class EmbeddedServer:
         if self._proc is not None:
             raise ModelError("the embedded server is already running")
         self.port = _free_port()
-        fd, log_name = tempfile.mkstemp(prefix="judge-llama-", suffix=".log")
-        self.log_path = Path(log_name)
-        is_linux = sys.platform.startswith("linux")
-        if not is_linux:
+        # Nameless on POSIX (unlinked at once), so no log file outlives even a SIGKILL.
+        # It stays open for the server's lifetime and is closed by stop(), not by a `with`.
+        self._log = tempfile.TemporaryFile(prefix="judge-llama-", suffix=".log")  # noqa: SIM115
+        prctl = _load_prctl() if sys.platform.startswith("linux") else None
+        if prctl is None:
             _exit_on_sigterm()
         parent = os.getpid()
         try:
-            with os.fdopen(fd, "wb") as log:
-                self._proc = subprocess.Popen(
-                    self.command(),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=(lambda: _die_with_parent(parent)) if is_linux else None,
-                )
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=(lambda: _die_with_parent(prctl, parent)) if prctl else None,
+            )
         except OSError as exc:
-            self.log_path.unlink(missing_ok=True)
+            self._close_log()
             raise ModelError(f"could not start the embedded server: {exc}") from exc
         with _live_lock:
             _live.add(self)
@@ -266,9 +288,12 @@ class EmbeddedServer:
             except subprocess.TimeoutExpired:
                 self._signal_group(proc, signal.SIGKILL)
                 proc.wait()
-        if self.log_path is not None:
-            self.log_path.unlink(missing_ok=True)
-            self.log_path = None
+        self._close_log()
+
+    def _close_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -276,14 +301,20 @@ class EmbeddedServer:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
 
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the server's output (for error messages)."""
-        if self.log_path is None:
+    def log_tail(self, lines: int = 20, max_bytes: int = 16_384) -> str:
+        """The last lines of the server's output (for error messages).
+
+        Read with ``pread``: the server shares the file offset, which must not move.
+        """
+        if self._log is None:
             return ""
+        fd = self._log.fileno()
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, max_bytes, max(0, size - max_bytes))
         except OSError:
             return ""
+        text = data.decode("utf-8", errors="replace")
         return "\n".join(text.strip().splitlines()[-lines:])
 
     async def __aenter__(self) -> EmbeddedServer:
@@ -356,7 +387,18 @@ class EmbeddedChatProvider:
 
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         inner = await self._ensure_started()
-        return await inner.complete(request, timeout=timeout)
+        try:
+            return await inner.complete(request, timeout=timeout)
+        except Exception as exc:
+            # A dead server would otherwise look like a retryable connection error forever.
+            server = self._server
+            if server is None or inner.classify(exc).kind != "connection":
+                raise
+            if (code := await server.wait_exited(1.0)) is not None:
+                raise ModelError(
+                    f"the embedded server died (exit code {code}):\n{server.log_tail()}"
+                ) from exc
+            raise
 
     def classify(self, exc: BaseException) -> RetryDecision:
         if isinstance(exc, ModelError):
