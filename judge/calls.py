@@ -254,7 +254,7 @@ class Caller:
         once: Callable[[], Awaitable[A]],
         classify: Callable[[BaseException], RetryDecision],
     ) -> CallResult[A]:
-        self._check_budget()
+        pass
         # The decision for the latest failure, classified (and counted) once. Keyed by the
         # exception itself, not id(): a freed exception's id is soon reused by the next one.
         last: list[tuple[BaseException, RetryDecision]] = []

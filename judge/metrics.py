@@ -7,29 +7,59 @@ as report columns: a base name, optionally ``@k`` (``ndcg@10``, ``label.recall@5
 
 Label-free metrics (:func:`compute_label_free`) read the judge's grades; ``rel_i`` is the raw
 grade at rank ``i`` and a passage is relevant when ``rel_i >= threshold``. Label-based metrics
-(:func:`compute_label_based`, names prefixed ``label.``) read which retrieved passages match the
-row's expected ids or texts (:func:`match_expected`). :func:`metrics_for_queries` ties both to
-the schema records. Where a formula divides 0 by 0 the value is undefined (NaN).
+(:func:`compute_label_based`, names prefixed ``label.``, defined in :mod:`judge.labels`) read
+which retrieved passages match the row's expected ids or texts (:func:`match_expected`).
+:func:`metrics_for_queries` ties both to the schema records. Where a formula divides 0 by 0
+the value is undefined (NaN).
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
+from judge._ranked import (
+    BoolArray,
+    FloatArray,
+    IntArray,
+    Ranked,
+    discounts,
+    div,
+    hit,
+    mrr,
+    precision,
+    precision_at_rank,
+)
 from judge.errors import ConfigError
+from judge.labels import LABEL_BASED, ExpectedMatch, Matched, match_expected, normalise_text
 from judge.schema import Query, Scale, Verdict
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
+__all__ = [
+    "DEFAULT_METRICS",
+    "LABEL_BASED",
+    "LABEL_FREE",
+    "BoolArray",
+    "ExpectedMatch",
+    "FloatArray",
+    "Gain",
+    "IntArray",
+    "UndefinedAP",
+    "Unjudged",
+    "compute_label_based",
+    "compute_label_free",
+    "is_label_based",
+    "match_expected",
+    "metrics_for_queries",
+    "normalise_text",
+    "pad",
+    "parse_metric_name",
+]
+
 Gain = Literal["linear", "exponential"]
 Unjudged = Literal["undefined", "skip"]
 UndefinedAP = Literal["nan", "zero"]
@@ -47,33 +77,8 @@ DEFAULT_METRICS: tuple[str, ...] = (
 _NAME = re.compile(r"^([a-z0-9_.]+?)(?:@(\d+))?$")
 
 
-def _div(num: FloatArray, den: FloatArray) -> FloatArray:
-    """``num / den`` element-wise, NaN where ``den == 0`` (0/0 is undefined), without warnings."""
-    out = np.full(np.broadcast(num, den).shape, np.nan)
-    np.divide(num, den, out=out, where=den != 0)
-    return out
-
-
-def _discounts(width: int) -> FloatArray:
-    """``1 / log2(i + 1)`` for ranks ``i = 1..width``."""
-    return 1.0 / np.log2(np.arange(2, width + 2, dtype=np.float64))
-
-
-def _precision_at_rank(rel: BoolArray) -> FloatArray:
-    """``P@i = (relevant in the top i) / i`` for every rank ``i`` of every row."""
-    return np.cumsum(rel, axis=1) / np.arange(1, rel.shape[1] + 1)
-
-
 @dataclass(frozen=True)
-class _Ranked:
-    """What every metric sees: which ranks are relevant (False in padding) and list lengths."""
-
-    rel: BoolArray
-    lengths: IntArray
-
-
-@dataclass(frozen=True)
-class _Graded(_Ranked):
+class _Graded(Ranked):
     """Judged lists for label-free metrics: grades 0 where padded, optional reranker scores."""
 
     grades: FloatArray
@@ -84,38 +89,10 @@ class _Graded(_Ranked):
     scores: FloatArray | None
 
 
-@dataclass(frozen=True)
-class _Matched(_Ranked):
-    """Label-based lists: ``found_rank`` (n x E) is the 1-based rank at which each expected item
-    was first found, NaN if not found or padded; ``n_expected`` is ``|expected|``."""
-
-    found_rank: FloatArray
-    n_expected: FloatArray
-
-
-def _precision(r: _Ranked, k: int | None) -> FloatArray:
-    """``P@k = (relevant in the top k) / k``, dividing by ``k`` even when ``k > n`` (trec_eval);
-    without ``@k``: relevant / n, undefined for an empty list."""
-    hits = r.rel[:, :k].sum(axis=1, dtype=np.float64)
-    return _div(hits, r.lengths.astype(np.float64)) if k is None else hits / k
-
-
-def _hit(r: _Ranked, k: int | None) -> FloatArray:
-    """``1`` if any of the top k is relevant, else ``0``."""
-    return np.asarray(r.rel[:, :k].any(axis=1), dtype=np.float64)
-
-
-def _mrr(r: _Ranked, k: int | None) -> FloatArray:
-    """``1 / rank`` of the first relevant passage in the top k; ``0`` when there is none
-    (trec_eval's recip_rank)."""
-    rel = r.rel[:, :k]
-    return np.where(rel.any(axis=1), 1.0 / (np.argmax(rel, axis=1) + 1.0), 0.0)
-
-
 def _relevancy_mean(g: _Graded, k: int | None) -> FloatArray:
     """``mean_{i <= min(k, n)} rel_i / max_grade``; undefined for an empty list."""
     count = g.inside[:, :k].sum(axis=1, dtype=np.float64)
-    return _div(g.grades[:, :k].sum(axis=1), count) / g.max_grade
+    return div(g.grades[:, :k].sum(axis=1), count) / g.max_grade
 
 
 def _relevancy_max(g: _Graded, k: int | None) -> FloatArray:
@@ -130,8 +107,8 @@ def _ap(g: _Graded, k: int | None) -> FloatArray:
     TREC convention, also for ``@k``: grades [0,1,0,0,1,1] give AP@3 = 0.5 / 3. Undefined when
     ``R = 0`` (0 instead with ``undefined_ap="zero"``, which is what trec_eval reports).
     """
-    summed = np.where(g.rel, _precision_at_rank(g.rel), 0.0)[:, :k].sum(axis=1)
-    ap = _div(summed, g.rel.sum(axis=1, dtype=np.float64))
+    summed = np.where(g.rel, precision_at_rank(g.rel), 0.0)[:, :k].sum(axis=1)
+    ap = div(summed, g.rel.sum(axis=1, dtype=np.float64))
     return np.nan_to_num(ap, nan=0.0) if g.undefined_ap == "zero" else ap
 
 
@@ -142,9 +119,9 @@ def _ndcg(g: _Graded, k: int | None) -> FloatArray:
     same judged grades sorted descending. Undefined when ``IDCG = 0`` (nothing graded above 0).
     """
     gains = g.grades if g.gain == "linear" else np.exp2(g.grades) - 1.0
-    disc = _discounts(gains.shape[1])
+    disc = discounts(gains.shape[1])
     ideal = -np.sort(-gains, axis=1)
-    return _div((gains * disc)[:, :k].sum(axis=1), (ideal * disc)[:, :k].sum(axis=1))
+    return div((gains * disc)[:, :k].sum(axis=1), (ideal * disc)[:, :k].sum(axis=1))
 
 
 def _score_view(g: _Graded, k: int | None) -> tuple[FloatArray, BoolArray]:
@@ -158,7 +135,7 @@ def _score_view(g: _Graded, k: int | None) -> tuple[FloatArray, BoolArray]:
 def _rerank_mean(g: _Graded, k: int | None) -> FloatArray:
     """``mean_i s_i`` over the per-passage scores ``s_i`` in [0, 1] present in the top k."""
     scores, ok = _score_view(g, k)
-    return _div(np.where(ok, scores, 0.0).sum(axis=1), ok.sum(axis=1, dtype=np.float64))
+    return div(np.where(ok, scores, 0.0).sum(axis=1), ok.sum(axis=1, dtype=np.float64))
 
 
 def _rerank_max(g: _Graded, k: int | None) -> FloatArray:
@@ -183,62 +160,12 @@ LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
     "relevancy_max": _relevancy_max,
     "ap": _ap,
     "ndcg": _ndcg,
-    "precision": _precision,
-    "hit": _hit,
-    "mrr": _mrr,
+    "precision": precision,
+    "hit": hit,
+    "mrr": mrr,
     "rerank_mean": _rerank_mean,
     "rerank_max": _rerank_max,
     "rerank_median": _rerank_median,
-}
-
-
-def _recall(m: _Matched, k: int | None) -> FloatArray:
-    """``(expected items found in the top k) / |expected|``, each item counted once; this is
-    also the granular hit rate."""
-    within = m.found_rank <= (np.inf if k is None else k)
-    return _div(within.sum(axis=1, dtype=np.float64), m.n_expected)
-
-
-def _mrr_granular(m: _Matched, k: int | None) -> FloatArray:
-    """``mean over expected items found in the top k of 1 / rank``; ``0`` when none is found."""
-    within = m.found_rank <= (np.inf if k is None else k)
-    summed = np.where(within, 1.0 / np.where(within, m.found_rank, 1.0), 0.0).sum(axis=1)
-    return np.nan_to_num(_div(summed, within.sum(axis=1, dtype=np.float64)), nan=0.0)
-
-
-def _f1(m: _Matched, k: int | None) -> FloatArray:
-    """``2 P R / (P + R)`` from precision and recall at the same k; ``0`` when ``P + R = 0``."""
-    p, r = _precision(m, k), _recall(m, k)
-    f1 = np.nan_to_num(_div(2.0 * p * r, p + r), nan=0.0)
-    return np.where(np.isnan(p) | np.isnan(r), np.nan, f1)
-
-
-def _label_ap(m: _Matched, k: int | None) -> FloatArray:
-    """``sum_{i <= k, relevant} P@i / |expected|``."""
-    summed = np.where(m.rel, _precision_at_rank(m.rel), 0.0)[:, :k].sum(axis=1)
-    return _div(summed, m.n_expected)
-
-
-def _label_ndcg(m: _Matched, k: int | None) -> FloatArray:
-    """``DCG@k / IDCG@k`` with binary gains; ``DCG@k = sum_{i <= k, relevant} 1 / log2(i + 1)``,
-    ``IDCG@k = sum_{i <= min(len(retrieved), |expected|, k)} 1 / log2(i + 1)``."""
-    disc = _discounts(m.rel.shape[1])
-    dcg = np.where(m.rel, disc, 0.0)[:, :k].sum(axis=1)
-    cumulative = np.concatenate(([0.0], np.cumsum(disc)))
-    ideal_n = np.minimum(m.lengths, np.minimum(m.n_expected, k or m.rel.shape[1])).astype(int)
-    return _div(dcg, cumulative[ideal_n])
-
-
-LABEL_BASED: dict[str, Callable[[_Matched, int | None], FloatArray]] = {
-    "label.hit_rate": _hit,
-    "label.hit_rate_granular": _recall,
-    "label.mrr": _mrr,
-    "label.mrr_granular": _mrr_granular,
-    "label.precision": _precision,
-    "label.recall": _recall,
-    "label.f1": _f1,
-    "label.ap": _label_ap,
-    "label.ndcg": _label_ndcg,
 }
 
 
@@ -361,60 +288,11 @@ def compute_label_based(
     if found_rank is None:
         found_rank = np.where(rel, np.arange(1.0, rel.shape[1] + 1), np.nan)
     expected = np.asarray(n_expected, dtype=np.float64)
-    matched = _Matched(rel, lengths, np.asarray(found_rank, dtype=np.float64), expected)
+    matched = Matched(rel, lengths, np.asarray(found_rank, dtype=np.float64), expected)
     return {
         name: np.where(expected > 0, LABEL_BASED[base](matched, k), np.nan)
         for name, base, k in parsed
     }
-
-
-def normalise_text(text: str) -> str:
-    """NFKC, case-folded, whitespace collapsed to single spaces and stripped."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-
-
-@dataclass(frozen=True)
-class ExpectedMatch:
-    """How one query's retrieved passages meet its expected items.
-
-    ``found_ranks[j]`` is the 1-based rank at which distinct expected item ``j`` was first
-    found (None if never). ``relevant[i]`` is True when passage ``i + 1`` is the first match of
-    at least one expected item, so a repeat of an item already found is not counted again and
-    precision, AP and NDCG stay within [0, 1].
-    """
-
-    relevant: tuple[bool, ...]
-    found_ranks: tuple[int | None, ...]
-
-    @property
-    def n_expected(self) -> int:
-        return len(self.found_ranks)
-
-
-def match_expected(query: Query) -> ExpectedMatch | None:
-    """Match by ``expected_ids`` (exact id), else ``expected_texts``, else None (no labels).
-
-    Texts match by normalised containment (:func:`normalise_text`): a passage matches an
-    expected text when either contains the other; blank texts never match. Duplicate expected
-    items are counted once.
-    """
-    passages = query.passages
-    if query.expected_ids:
-        first: dict[str, int] = {}
-        for rank, passage in enumerate(passages, start=1):
-            first.setdefault(passage.id, rank)
-        found = [first.get(item) for item in dict.fromkeys(query.expected_ids)]
-    elif query.expected_texts:
-        texts = [normalise_text(p.text) for p in passages]
-        wanted = [t for t in dict.fromkeys(map(normalise_text, query.expected_texts)) if t]
-        found = [
-            next((r for r, t in enumerate(texts, start=1) if t and (e in t or t in e)), None)
-            for e in wanted
-        ]
-    else:
-        return None
-    hits = {rank for rank in found if rank is not None}
-    return ExpectedMatch(tuple(r in hits for r in range(1, len(passages) + 1)), tuple(found))
 
 
 def metrics_for_queries(

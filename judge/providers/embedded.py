@@ -329,18 +329,6 @@ class EmbeddedServer:
     ) -> None:
         self.stop()
 
-    def __enter__(self) -> EmbeddedServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 class EmbeddedChatProvider:
     """A ChatProvider that owns an EmbeddedServer, started on first use, stopped by aclose()."""

@@ -1,0 +1,319 @@
+"""``judge run`` end to end against loopback servers: resume after kill -9, cache reuse,
+repeats and flips, shared passages, budget and dry run, config fingerprints.
+
+The CLI runs in-process through judge.cli.main, except where a process must be killed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from judge.cli import main
+from judge.datasets import read_results
+from judge.runner import RESULTS_FILE
+from tests.servers import Item, Recorded, ScriptedServer, hashed_responder, random_responder
+
+SAMPLE = Path(__file__).resolve().parent.parent / "datasets" / "sample.jsonl"
+Key = tuple[str, str, int, str]  # (query_id, engine, repeat, passage_id)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def write_config(
+    path: Path,
+    server: ScriptedServer,
+    cache: Path,
+    tables: dict[str, dict[str, Any]] | None = None,
+) -> Path:
+    """A TOML config for ``server``; ``tables`` (by TOML header) add to or override keys."""
+    sections: dict[str, dict[str, Any]] = {
+        "judge": {"provider": "local", "model": "judge-test", "scale": "binary"},
+        "provider": {"base_url": server.openai_base_url},
+        "dataset": {"path": str(SAMPLE), "label_scale": "graded"},
+        "run": {"cache": str(cache), "timeout_s": 5.0, "backoff_base_s": 0.01, "concurrency": 4},
+    }
+    for name, values in (tables or {}).items():
+        sections[name] = {**sections.get(name, {}), **values}
+    text = "\n".join(
+        f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
+        for name, values in sections.items()
+    )
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_dataset(path: Path, n_queries: int, n_passages: int) -> Path:
+    """``n_queries`` queries of one engine, each with its own ``n_passages`` passages."""
+    rows = [
+        {
+            "query_id": f"q{q}",
+            "query": f"question number {q}",
+            "engine": "bm25",
+            "passages": [
+                {"id": f"q{q}-p{p}", "text": f"text {p} answering question {q}"}
+                for p in range(n_passages)
+            ],
+        }
+        for q in range(n_queries)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def verdict_labels(out: Path) -> dict[Key, str | None]:
+    """Label per (query, engine, repeat, passage), asserting each appears exactly once."""
+    seen = Counter[Key]()
+    labels: dict[Key, str | None] = {}
+    for jq in read_results(out / RESULTS_FILE):
+        for v in jq.verdicts:
+            key = (jq.query.query_id, jq.query.engine, jq.repeat, v.passage_id)
+            seen[key] += 1
+            labels[key] = v.label
+    assert not [k for k, n in seen.items() if n > 1], "a verdict was written twice"
+    return labels
+
+
+def sample_keys(repeats: int = 1) -> set[Key]:
+    keys = set()
+    for line in SAMPLE.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        for r in range(repeats):
+            keys |= {(row["query_id"], row["engine"], r, p["id"]) for p in row["passages"]}
+    return keys
+
+
+class CountingResponder:
+    """Counts the answers it gives per request body (hashed), across every run."""
+
+    def __init__(self, inner: Callable[[Recorded], Item] | None = None) -> None:
+        self.inner = inner or hashed_responder()
+        self.answered = Counter[str]()
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Recorded) -> Item:
+        digest = hashlib.sha256(json.dumps(request.body, sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            self.answered[digest] += 1
+        return self.inner(request)
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result_paying_only_in_flight_calls(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    concurrency = 2
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=24, n_passages=4)
+    counting = CountingResponder()
+    server = make_server(responder=counting, latency=0.05)
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"run": {"concurrency": concurrency}},
+    )
+    out = tmp_path / "out"
+    results = out / RESULTS_FILE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge.cli", "run", str(config), str(dataset), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (results.exists() and results.read_bytes().count(b"\n") >= 3):
+            assert proc.poll() is None, "judge run ended before it could be killed"
+            assert time.monotonic() < deadline, "judge run wrote nothing"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    lines_at_kill = results.read_bytes().count(b"\n")
+    assert 3 <= lines_at_kill < 24, "the kill did not land halfway"
+
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) == 0
+    resumed = verdict_labels(out)
+
+    reference_server = make_server()
+    reference = write_config(
+        tmp_path / "ref.toml", reference_server, tmp_path / "ref-cache.sqlite"
+    )
+    assert main(["run", str(reference), str(dataset), "--out", str(tmp_path / "ref")]) == 0
+    assert resumed == verdict_labels(tmp_path / "ref")
+    assert len(resumed) == 24 * 4
+
+    # No answer already stored was paid for again; only calls in flight at the kill were.
+    unique = len(counting.answered)
+    assert unique == 24 * 4
+    assert sum(counting.answered.values()) <= unique + concurrency
+    assert sum(n - 1 for n in counting.answered.values()) <= concurrency
+
+
+def test_second_identical_run_makes_no_calls_and_gives_identical_results(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "a")]) == 0
+    calls = len(server.requests)
+    assert calls > 0
+    first = verdict_labels(tmp_path / "a")
+    assert set(first) == sample_keys()
+
+    assert main(["run", str(config), "--out", str(tmp_path / "b")]) == 0
+    assert len(server.requests) == calls
+    assert verdict_labels(tmp_path / "b") == first
+    second = read_results(tmp_path / "b" / RESULTS_FILE)
+    assert all(v.cached for jq in second for v in jq.verdicts)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["requests"] == 0
+    assert summary["run"]["cache_hits"] == len(first)
+    assert "0 calls" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("responder", "flips"),
+    [(random_responder(seed=7), True), (hashed_responder(), False)],
+    ids=["random", "deterministic"],
+)
+def test_repeats_flip_only_when_the_judge_is_noisy(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    responder: Callable[[Recorded], Item],
+    flips: bool,
+) -> None:
+    server = make_server(responder=responder)
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"judge.params": {"temperature": 0.8}, "run": {"repeats": 3}},
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    engines = summary["stability"]["engines"]
+    assert set(engines) == {"bm25", "dense"}
+    for engine in engines.values():
+        stats = engine["flips"]
+        assert stats["n_passages"] > 0
+        assert (stats["flip_rate"] > 0) is flips
+    assert set(verdict_labels(tmp_path / "out")) == sample_keys(repeats=3)
+
+
+def test_passage_returned_by_two_engines_is_judged_once_per_repeat(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    repeats = 2
+    # A random judge: were the shared passages asked twice, the engines would disagree.
+    server = make_server(responder=random_responder(seed=1), latency=0.01)
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"judge.params": {"temperature": 0.8}, "run": {"repeats": repeats, "concurrency": 8}},
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 0
+
+    rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
+    pairs = {(r["query_id"], p["id"]) for r in rows for p in r["passages"]}
+    engines_of = Counter((r["query_id"], p["id"]) for r in rows for p in r["passages"])
+    shared = [pair for pair, n in engines_of.items() if n > 1]
+    assert shared, "the sample dataset has no passage shared by two engines"
+
+    prompts = Counter(r.prompt for r in server.requests)
+    assert len(server.requests) == len(pairs) * repeats
+    assert len(prompts) == len(pairs)
+    assert set(prompts.values()) == {repeats}
+
+    labels = verdict_labels(tmp_path / "out")
+    for query_id, passage_id in shared:
+        for r in range(repeats):
+            bm25 = labels[(query_id, "bm25", r, passage_id)]
+            dense = labels[(query_id, "dense", r, passage_id)]
+            assert bm25 == dense and bm25 is not None
+
+
+def test_budget_stops_cleanly_and_the_run_resumes_without_duplicates(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    counting = CountingResponder()
+    server = make_server(responder=counting)
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"run": {"concurrency": 2}, 'prices."judge-test"': {"prompt": 200.0, "completion": 200.0}},
+    )
+    out = tmp_path / "out"
+
+    assert main(["run", str(config), "--out", str(out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"78 calls \(0 already cached\)", printed), printed
+    assert re.search(r"prompt \+ ~\d+ completion tokens", printed)
+    assert re.search(r"estimated cost \$\d+\.\d{4}", printed)
+    assert server.requests == []
+
+    assert main(["run", str(config), "--out", str(out), "--max-cost", "0.5"]) == 3
+    assert "budget" in capsys.readouterr().err
+    partial = verdict_labels(out)
+    assert 0 < len(partial) < len(sample_keys())
+    paid = len(server.requests)
+
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    final = verdict_labels(out)
+    assert set(final) == sample_keys()
+    assert {k: final[k] for k in partial} == partial
+    assert len(server.requests) > paid
+    assert sum(counting.answered.values()) <= len(counting.answered) + 2
+
+    capsys.readouterr()
+    assert main(["run", str(config), "--out", str(tmp_path / "again"), "--dry-run"]) == 0
+    assert "78 calls (78 already cached)" in capsys.readouterr().out
+    assert len(server.requests) == sum(counting.answered.values())
+
+
+def test_resuming_with_another_model_is_refused_and_fresh_starts_over(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=2, n_passages=2)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) == 0
+    before = (out / RESULTS_FILE).read_bytes()
+    calls = len(server.requests)
+    capsys.readouterr()
+
+    other = ["--set", "judge.model=other-judge"]
+    assert main(["run", str(config), str(dataset), "--out", str(out), *other]) == 2
+    err = capsys.readouterr().err
+    assert "different config" in err and "--fresh" in err
+    assert 'judge.model "judge-test" -> "other-judge"' in err
+    assert (out / RESULTS_FILE).read_bytes() == before
+    assert len(server.requests) == calls
+
+    assert main(["run", str(config), str(dataset), "--out", str(out), *other, "--fresh"]) == 0
+    assert len(verdict_labels(out)) == 4
+    models = {r.body["model"] for r in server.requests[calls:]}
+    assert models == {"other-judge"}
+    jqs = read_results(out / RESULTS_FILE)
+    assert len(jqs) == 2 and not any(v.cached for jq in jqs for v in jq.verdicts)
