@@ -62,7 +62,7 @@ class CallStats:
     retries: int = 0
     failures: int = 0  # calls that failed after all retries
     errors: Counter[str] = field(default_factory=Counter)  # by kind, every failed attempt
-    usage: Usage = Usage()
+    usage: Usage = field(default_factory=Usage)
     cost: float = 0.0
 
 
@@ -254,7 +254,7 @@ class Caller:
         once: Callable[[], Awaitable[A]],
         classify: Callable[[BaseException], RetryDecision],
     ) -> CallResult[A]:
-        pass
+        self._check_budget()
         # The decision for the latest failure, classified (and counted) once. Keyed by the
         # exception itself, not id(): a freed exception's id is soon reused by the next one.
         last: list[tuple[BaseException, RetryDecision]] = []

@@ -175,7 +175,8 @@ class Progress:
         elapsed = time.monotonic() - self.started
         rate = self.passages / elapsed if elapsed > 0 else 0.0
         return (
-            f"queries {self.units}/{self.total_units}  passages {self.passages}/{self.total_passages}"
+            f"queries {self.units}/{self.total_units}"
+            f"  passages {self.passages}/{self.total_passages}"
             f"  ({rate:.1f}/s)  cached {s.cache_hits}  retries {s.retries}"
             f"  unparsed {self.status['unparsed']}  errors {self.status['error']}"
             f"  tokens {s.usage.total}  ${s.cost:.4f}"

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from judge.config import RunConfig, load_config
 from judge.datasets import read_results
 from judge.runner import RESULTS_FILE, RunOutcome, load_queries, run_async
@@ -58,7 +56,9 @@ def one_query(n_passages: int) -> list[Query]:
     row = {
         "query_id": "q1",
         "query": "how do solar panels work",
-        "passages": [{"id": f"p{i}", "text": f"Passage number {i} about panels."} for i in range(n_passages)],
+        "passages": [
+            {"id": f"p{i}", "text": f"Passage number {i} about panels."} for i in range(n_passages)
+        ],
     }
     return [Query.model_validate(row)]
 
@@ -90,11 +90,18 @@ def test_faults_end_ok_or_reported_none_lost_or_doubled_and_retries_bounded(
 ) -> None:
     # fault_rate 0.4 over 8 equally likely faults: 20% 429 (Retry-After: 1), 5% each of
     # 500, a hang past the timeout, a dropped connection and malformed JSON.
-    faults = [rate_limit("1")] * 4 + [Fault("status", 500), Fault("hang", seconds=2.0), DROP, MALFORMED]
+    faults = [rate_limit("1")] * 4 + [
+        Fault("status", 500),
+        Fault("hang", seconds=2.0),
+        DROP,
+        MALFORMED,
+    ]
     server = make_server(fault_rate=0.4, faults=faults, seed=3)
     max_attempts = 6
     config = make_config(
-        server, tmp_path, **{"run.timeout_s": 0.5, "run.max_attempts": max_attempts, "run.concurrency": 8}
+        server,
+        tmp_path,
+        **{"run.timeout_s": 0.5, "run.max_attempts": max_attempts, "run.concurrency": 8},
     )
     queries = load_queries(config)
     outcome = run(config, queries, tmp_path / "out")
@@ -156,9 +163,7 @@ def test_requests_per_minute_spreads_requests_after_one_second_burst(
     rpm, n = 600.0, 30
     rate = rpm / 60.0  # 10 per second
     burst = rate * 1.0  # the bucket holds one second's worth
-    config = make_config(
-        server, tmp_path, **{"run.requests_per_minute": rpm, "run.concurrency": n}
-    )
+    config = make_config(server, tmp_path, **{"run.requests_per_minute": rpm, "run.concurrency": n})
     run(config, one_query(n), tmp_path / "out")
 
     times = sorted(responder.times)

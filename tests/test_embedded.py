@@ -170,14 +170,25 @@ def test_custom_model_identity_is_its_content_hash(tmp_path: Path) -> None:
 # ---- the real server (needs judge[embedded] and the fetched model) -------------------------
 
 
+def require_embedded() -> Path:
+    """The fetched model; skip without judge[embedded] or the model — but never in CI,
+    whose setup installs both (a skip there would hide a broken install)."""
+    problem = None
+    path = model_path()
+    if importlib.util.find_spec("llama_cpp") is None:
+        problem = "llama-cpp-python is not installed: pip install 'judge[embedded]'"
+    elif not is_verified(path):
+        problem = f"embedded model not fetched at {path}: run `judge model fetch`"
+    if problem and os.environ.get("CI"):
+        pytest.fail(f"CI must run the embedded tests: {problem}")
+    if problem:
+        pytest.skip(problem)
+    return path
+
+
 @pytest.fixture(scope="module")
 def model_file() -> Path:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed: pip install 'judge[embedded]'")
-    path = model_path()
-    if not is_verified(path):
-        pytest.skip(f"embedded model not fetched at {path}: run `judge model fetch`")
-    return path
+    return require_embedded()
 
 
 def _gone(pid: int) -> bool:

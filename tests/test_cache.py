@@ -1,0 +1,185 @@
+"""The completion cache: shared by many tasks and processes, managed from the CLI, and
+holding only answers that parsed."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from judge.cache import Cache
+from judge.cli import main
+from judge.config import load_config
+from judge.datasets import read_results
+from judge.providers.base import Completion, RerankResult
+from judge.runner import RESULTS_FILE, run_async
+from judge.schema import Passage, Query, Usage
+from tests.servers import Fault, ScriptedServer
+
+PER_PROCESS = 500
+SHARED = 50  # keys both processes write
+
+
+def completion(text: str) -> Completion:
+    return Completion(text=text, model="m", usage=Usage(prompt_tokens=3, completion_tokens=1))
+
+
+def _writer(path: str, name: str, start: Any) -> None:
+    """One process's share: its own keys plus keys the other process writes too."""
+    cache = Cache(path)
+    start.wait()
+    for i in range(PER_PROCESS):
+        cache.put(f"{name}-{i}", completion(f"{name} {i}"), kind="chat", model=name)
+        if i < SHARED:
+            cache.put(f"shared-{i}", completion(f"shared {i}"), kind="chat", model="shared")
+    cache.close()
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "cache.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)  # both begin writing only once both have opened the cache
+    procs = [ctx.Process(target=_writer, args=(path, name, start)) for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    cache = Cache(path)
+    stats = cache.stats()
+    assert stats.entries == 2 * PER_PROCESS + SHARED
+    assert stats.by_model == {"a": PER_PROCESS, "b": PER_PROCESS, "shared": SHARED}
+    for name in ("a", "b"):
+        for i in range(PER_PROCESS):
+            got = cache.get(f"{name}-{i}", Completion)
+            assert got is not None and got.text == f"{name} {i}"
+    cache.close()
+
+
+def test_many_tasks_share_one_cache(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache.sqlite")
+
+    async def task(n: int) -> list[str | None]:
+        seen: list[str | None] = []
+        for i in range(20):
+            key = f"k{(n * 7 + i) % 100}"
+            cache.put(key, completion(key), kind="chat", model="m")
+            got = await asyncio.to_thread(cache.get, key, Completion)
+            seen.append(got.text if got else None)
+        return seen
+
+    async def everyone() -> list[list[str | None]]:
+        return await asyncio.gather(*(task(n) for n in range(50)))
+
+    results = asyncio.run(everyone())
+    assert all(text is not None and text.startswith("k") for seen in results for text in seen)
+    assert cache.stats().entries == 100
+    assert cache.get("k42", Completion) == completion("k42")
+    cache.close()
+
+
+def test_an_entry_that_no_longer_reads_is_a_miss(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache.sqlite")
+    cache.put("k", RerankResult(scores=(0.5,)), kind="rerank", model="r")
+    assert cache.get("k", RerankResult) == RerankResult(scores=(0.5,))
+    assert cache.get("k", Completion) is None
+    cache.close()
+
+
+def test_disabled_cache_stores_nothing(tmp_path: Path) -> None:
+    cache = Cache(None)
+    cache.put("k", completion("x"), kind="chat", model="m")
+    assert not cache.enabled and cache.get("k", Completion) is None
+
+
+def _age(path: Path, days: float, model: str) -> None:
+    """Backdate one model's entries, as if written ``days`` ago."""
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE answers SET created = ? WHERE model = ?", (time.time() - days * 86400, model)
+        )
+    conn.close()
+
+
+def test_cache_stats_prune_and_clear_from_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "cache.sqlite"
+    cache = Cache(path)
+    for i in range(6):
+        cache.put(f"old-{i}", completion("x"), kind="chat", model="old-model")
+    for i in range(4):
+        cache.put(f"new-{i}", completion("y"), kind="chat", model="new-model")
+    cache.close()
+    _age(path, 30, "old-model")
+    where = ["--cache", str(path)]
+
+    assert main(["cache", "stats", *where]) == 0
+    out = capsys.readouterr().out
+    assert "10 answers" in out and "old-model: 6" in out and "new-model: 4" in out
+
+    assert main(["cache", "prune", *where]) == 2
+    assert "--older-than" in capsys.readouterr().err
+
+    assert main(["cache", "prune", "--older-than", "7", *where]) == 0
+    assert "removed 6 answers older than 7.0 days" in capsys.readouterr().out
+    assert main(["cache", "stats", *where]) == 0
+    out = capsys.readouterr().out
+    assert "4 answers" in out and "old-model" not in out
+
+    assert main(["cache", "clear", *where]) == 0
+    assert "removed 4 answers" in capsys.readouterr().out
+    assert main(["cache", "stats", *where]) == 0
+    assert "0 answers" in capsys.readouterr().out
+
+
+def _judge_once(server: ScriptedServer, tmp_path: Path, out: str) -> list[str]:
+    """Judge one passage (fresh run directory, shared cache); its verdict statuses."""
+    config = load_config(
+        None,
+        {
+            "judge.provider": "local",
+            "judge.model": "judge-test",
+            "provider.base_url": server.openai_base_url,
+            "run.cache": str(tmp_path / "cache.sqlite"),
+            "run.backoff_base_s": 0.01,
+            "run.max_attempts": 2,
+        },
+    )
+    query = Query(
+        query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
+    )
+    asyncio.run(run_async(config, [query], tmp_path / out))
+    return [v.status for jq in read_results(tmp_path / out / RESULTS_FILE) for v in jq.verdicts]
+
+
+@pytest.mark.parametrize(
+    ("failure", "status"),
+    [(["not json at all", "still no verdict"], "unparsed"), ([Fault("status", 500)] * 2, "error")],
+    ids=["unparsed", "error"],
+)
+def test_unparsed_and_failed_answers_are_never_cached(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    failure: list[Any],
+    status: str,
+) -> None:
+    server = make_server()
+    server.enqueue(*failure)
+    assert _judge_once(server, tmp_path, "first") == [status]
+    assert len(server.requests) == 2
+    cache = Cache(tmp_path / "cache.sqlite")
+    assert cache.stats().entries == 0
+    cache.close()
+
+    assert _judge_once(server, tmp_path, "second") == ["ok"]
+    assert len(server.requests) == 3  # asked again, and this time the answer is kept
+    assert _judge_once(server, tmp_path, "third") == ["ok"]
+    assert len(server.requests) == 3

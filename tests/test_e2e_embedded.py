@@ -1,0 +1,100 @@
+"""End to end: `judge run` with the embedded judge — real llama.cpp server, real model.
+
+2 queries x 3 passages, logprobs on. Runs in CI (never skipped there: see require_embedded).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from judge.cli import main
+from tests.test_embedded import require_embedded
+
+QUERIES = [
+    {
+        "query_id": "anaemia",
+        "query": "signs of anaemia in puppies",
+        "passages": [
+            {"id": "a1", "text": "Anaemic puppies have pale gums, tire quickly and breathe fast."},
+            {"id": "a2", "text": "Our pet shop sells collars in twelve colours."},
+            {"id": "a3", "text": "Hookworms can cause blood loss and anaemia in young dogs."},
+        ],
+        "labels": {"a1": 3, "a2": 0, "a3": 1},
+    },
+    {
+        "query_id": "battery",
+        "query": "手机电池不耐用怎么办",
+        "passages": [
+            {"id": "b1", "text": "降低屏幕亮度、关闭后台应用刷新可以明显延长手机续航。"},
+            {"id": "b2", "text": "今天的天气晴朗，适合去公园散步。"},
+            {"id": "b3", "text": "电池健康低于 80% 时，更换电池是最直接的办法。"},
+        ],
+        "labels": {"b1": 3, "b2": 0, "b3": 2},
+    },
+]
+
+
+def llama_servers() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"llama_cpp" in cmdline and b"server" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.embedded
+def test_judge_run_with_the_embedded_judge(tmp_path: Path) -> None:
+    require_embedded()
+    before = set(llama_servers())
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in QUERIES), "utf-8")
+    out = tmp_path / "run"
+    config = tmp_path / "e2e.toml"
+    config.write_text(
+        Path("configs/quickstart.toml").read_text(encoding="utf-8")
+        + '\n[thresholds]\nmax_unparsed_rate = 1.0\nmax_error_rate = 0.0\n',
+        encoding="utf-8",
+    )
+    code = main(
+        [
+            "run",
+            str(config),
+            str(data),
+            "--out",
+            str(out),
+            "--sample",
+            "0",
+            "--cache",
+            str(tmp_path / "cache.sqlite"),
+            "--set",
+            f'run.history="{tmp_path / "history.sqlite"}"',
+        ]
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text("utf-8").splitlines()]
+    verdicts = [v for row in rows for v in row["verdicts"]]
+    assert len(rows) == 2 and len(verdicts) == 6
+    ok = [v for v in verdicts if v["status"] == "ok"]
+    assert len(ok) >= 4, [v["raw"] for v in verdicts]
+    assert all(v["status"] != "error" for v in verdicts)
+    # Logprobs were on: every ok verdict has a probability of relevance in [0, 1].
+    assert all(v["probability"] is not None and 0.0 <= v["probability"] <= 1.0 for v in ok)
+    summary = json.loads((out / "summary.json").read_text("utf-8"))
+    means = summary["engines"]["default"]["metrics"]
+    assert means["relevancy_mean"]["mean"] is not None
+    assert 0.0 <= means["relevancy_mean"]["mean"] <= 1.0
+    assert means["rerank_max"]["mean"] is not None
+    report = (out / "report.md").read_text("utf-8")
+    assert "relevancy_mean" in report
+    assert (out / "report.html").stat().st_size > 1000
+    assert (out / "qrels.txt").read_text("utf-8").strip()
+    # The server judge started is gone once the run is over.
+    assert set(llama_servers()) - before == set()
