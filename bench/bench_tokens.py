@@ -1,0 +1,67 @@
+"""Prompt and completion tokens per judged passage, for every shipped template.
+
+Counts with the offline cl100k tokenizer on datasets/sample.jsonl: prompts exactly as they
+would be sent (judge.Judge.first_requests), completions as a typical answer of the template's
+shape (a 25-word reason plus the verdict per passage). Run: python bench/bench_tokens.py
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import product
+
+from judge.datasets import read_queries
+from judge.estimate import count_tokens, _encoder
+from judge.judge import Judge
+from judge.providers.base import ProviderSpec
+
+REASON = " ".join(["relevant"] * 25)
+
+
+def answer_tokens(mode: str, ids: list[str], label: str) -> int:
+    if mode == "pointwise":
+        text = json.dumps({"reason": REASON, "verdict": label}, ensure_ascii=False)
+    else:
+        text = json.dumps(
+            {"verdicts": [{"id": i, "reason": REASON, "verdict": label} for i in ids]},
+            ensure_ascii=False,
+        )
+    return len(_encoder().encode(text))
+
+
+def main() -> None:
+    queries = read_queries("datasets/sample.jsonl").queries
+    spec = ProviderSpec(kind="openai", base_url="http://127.0.0.1:9/v1")
+    print(
+        f"datasets/sample.jsonl: {len(queries)} ranked lists, "
+        f"{sum(len(q.passages) for q in queries)} passages; cl100k tokens per judged passage\n"
+    )
+    print(f"{'template':28} {'prompt':>8} {'completion':>11} {'total':>7} {'calls':>6}")
+    rows: dict[tuple[str, str, str], float] = {}
+    for scale, mode, lang in product(("binary", "graded"), ("pointwise", "listwise"), ("en", "zh")):
+        judge = Judge(spec, "m", scale=scale, mode=mode, language=lang)  # type: ignore[arg-type]
+        label = judge.scale.names[-1]
+        prompt = completion = calls = passages = 0
+        for q in queries:
+            requests = judge.first_requests(q)
+            calls += len(requests)
+            passages += len(q.passages)
+            prompt += sum(count_tokens(r.messages) for r in requests)
+            if mode == "pointwise":
+                completion += len(q.passages) * answer_tokens(mode, ["x"], label)
+            else:
+                completion += answer_tokens(mode, [p.id for p in q.passages], label)
+        rows[(scale, mode, lang)] = prompt / passages
+        name = f"{scale}.{mode}.{lang}"
+        print(
+            f"{name:28} {prompt / passages:8.1f} {completion / passages:11.1f} "
+            f"{(prompt + completion) / passages:7.1f} {calls:6d}"
+        )
+    print()
+    for scale, lang in product(("binary", "graded"), ("en", "zh")):
+        ratio = rows[(scale, "listwise", lang)] / rows[(scale, "pointwise", lang)]
+        print(f"{scale}.{lang}: listwise prompt tokens per passage = {ratio:.0%} of pointwise")
+
+
+if __name__ == "__main__":
+    main()
