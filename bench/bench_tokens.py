@@ -11,7 +11,7 @@ import json
 from itertools import product
 
 from judge.datasets import read_queries
-from judge.estimate import count_tokens, _encoder
+from judge.estimate import _encoder, count_tokens
 from judge.judge import Judge
 from judge.providers.base import ProviderSpec
 

@@ -180,13 +180,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")
     for i, request in enumerate(shown):
         print(
-            f"\n## request {i + 1}: model={request.model} params={request.params.model_dump(exclude_defaults=True)}"
+            f"\n## request {i + 1}: model={request.model} "
+            f"params={request.params.model_dump(exclude_defaults=True)}"
         )
         for m in request.messages:
             print(f"\n--- {m.role} ---\n{m.content}")
     if len(requests) > len(shown):
         print(
-            f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; --all shows them)"
+            f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; "
+            "--all shows them)"
         )
     return EXIT_OK
 

@@ -174,7 +174,8 @@ class RunConfig(Record):
         name = self.dataset.label_scale
         if name is None:
             return self.scale()
-        return self.model_copy(update={"judge": self.judge.model_copy(update={"scale": name})}).scale()
+        judge = self.judge.model_copy(update={"scale": name})
+        return self.model_copy(update={"judge": judge}).scale()
 
     def template_name(self) -> str:
         j = self.judge

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import Literal, TextIO
 from judge.cache import Cache
 from judge.calls import Caller
 from judge.config import RunConfig
-from judge.datasets import append_result, read_queries, read_results, read_trec_run
+from judge.datasets import read_queries, read_results, read_trec_run
 from judge.errors import BudgetExceeded, ConfigError, InputError
 from judge.judge import Judge
 from judge.schema import JudgedQuery, Query, Record
@@ -149,6 +150,54 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     )
 
 
+class ResultsWriter:
+    """Appends judged queries to the results file, fsynced, without stalling the event loop.
+
+    One task writes; lines that arrive while a write + fsync is under way go out together in
+    the next one (group commit), and the fsync runs in a worker thread. A killed run loses at
+    most the lines of the batch being written, whose answers are already in the cache.
+    Open it after :func:`repair_results`, so the file ends on a line boundary.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = open(path, "ab")  # noqa: SIM115 -- closed by aclose()
+        self._pending: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task = asyncio.create_task(self._drain())
+
+    def add(self, jq: JudgedQuery) -> None:
+        if self._task.done():  # the writer failed (disk full, ...): say so now
+            self._task.result()
+        self._pending.append(jq.model_dump_json().encode("utf-8") + b"\n")
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, []
+            if batch:
+                await asyncio.to_thread(self._write, b"".join(batch))
+            if self._closing and not self._pending:
+                return
+
+    def _write(self, data: bytes) -> None:
+        self._fh.write(data)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    async def aclose(self) -> None:
+        """Write what is pending and close the file."""
+        self._closing = True
+        self._wake.set()
+        try:
+            await asyncio.shield(self._task)
+        finally:
+            self._fh.close()
+
+
 @dataclass
 class Progress:
     """Counters shown on a TTY as one refreshed line, elsewhere as periodic log lines."""
@@ -243,7 +292,7 @@ async def run_async(
                 reason = reason or str(exc)
                 stop.set()
                 return
-            append_result(results_path, jq)
+            writer.add(jq)
             progress.update(jq)
             finished = progress.passages
             errors = progress.status["error"]
@@ -255,12 +304,24 @@ async def run_async(
                 stop.set()
 
     n_workers = max(1, min(len(units), config.run.concurrency * 2))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = ResultsWriter(results_path)
+    tasks = [asyncio.create_task(worker()) for _ in range(n_workers)]
     try:
-        await asyncio.gather(*(worker() for _ in range(n_workers)))
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # A failure (or Ctrl-C) in one worker stops the others before the clients close.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     finally:
-        progress.show(final=True)
-        await judge.aclose()
-        cache.close()
+        try:
+            await writer.aclose()
+        finally:
+            progress.show(final=True)
+            await judge.aclose()
+            cache.close()
     s = caller.stats
     finished_now = progress.units
     return RunOutcome(

@@ -40,7 +40,8 @@ def test_validate_reports_every_bad_line(
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
-        '{"query_id": "a", "query": "x", "passages": [{"id": "1", "text": "t"}, {"id": "1", "text": "u"}]}\n'
+        '{"query_id": "a", "query": "x", "passages": '
+        '[{"id": "1", "text": "t"}, {"id": "1", "text": "u"}]}\n'
         '{"query": 3, "passages": []}\n'
         "not json\n",
         encoding="utf-8",

@@ -103,9 +103,8 @@ def garbling_responder(marker: str) -> Callable[[Recorded], Answer | str]:
 
 
 def test_twice_unparsable_is_unparsed_never_a_grade() -> None:
-    with ScriptedServer(responder=garbling_responder("tiredness")) as srv:
-        with make_judge(srv) as j:
-            jq = j.judge(PUPPY, PASSAGES[:2])
+    with ScriptedServer(responder=garbling_responder("tiredness")) as srv, make_judge(srv) as j:
+        jq = j.judge(PUPPY, PASSAGES[:2])
     first = jq.verdicts[0]
     assert first.status == "unparsed"
     assert first.grade is None and first.relevant is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
@@ -129,16 +130,16 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
+    from datetime import datetime
     from email.utils import parsedate_to_datetime
-    from datetime import datetime, timezone
 
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def request_key(identity: str, request: ChatRequest | RerankRequest, repeat: int) -> str:
