@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError
 
 from judge.calls import Limits
 from judge.errors import ConfigError
+from judge.metrics import DEFAULT_METRICS
 from judge.providers.base import SamplingParams
 from judge.schema import BUILTIN_SCALES, Record, Scale, ScaleLabel
 
@@ -114,16 +115,7 @@ class RunSection(Record):
 
 
 class MetricsSection(Record):
-    names: tuple[str, ...] = (
-        "relevancy_mean",
-        "relevancy_max",
-        "ap",
-        "ndcg",
-        "ndcg@5",
-        "precision@5",
-        "hit@5",
-        "mrr",
-    )
+    names: tuple[str, ...] = DEFAULT_METRICS
     gain: Literal["linear", "exponential"] = "linear"
     unjudged: Literal["undefined", "skip"] = "undefined"
     undefined_ap: Literal["nan", "zero"] = "nan"

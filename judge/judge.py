@@ -18,7 +18,7 @@ from judge.cache import Cache
 from judge.calls import Caller, Limits
 from judge.config import RunConfig, user_cache_dir
 from judge.errors import ConfigError
-from judge.metrics import metrics_for_queries
+from judge.metrics import DEFAULT_METRICS, metrics_for_queries
 from judge.prompts import PromptTemplate, json_schema_for, load_template, template_name
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
 from judge.providers.base import (
@@ -33,16 +33,6 @@ from judge.schema import BUILTIN_SCALES, JudgedQuery, Passage, Query, Scale, Usa
 
 T = TypeVar("T")
 PassageLike = Passage | str | Mapping[str, Any]
-DEFAULT_METRIC_NAMES = (
-    "relevancy_mean",
-    "relevancy_max",
-    "ap",
-    "ndcg",
-    "ndcg@5",
-    "precision@5",
-    "mrr",
-    "rerank_max",
-)
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "max": max,
     "mean": statistics.fmean,
@@ -89,7 +79,7 @@ class Judge:
         template: str | None = None,
         template_dir: str | Path | None = None,
         params: SamplingParams | None = None,
-        metrics: Sequence[str] = DEFAULT_METRIC_NAMES,
+        metrics: Sequence[str] = DEFAULT_METRICS,
         rerank: str | ProviderSpec | RerankProvider | None = None,
         rerank_model: str | None = None,
         cache: str | Path | Cache | None = None,

@@ -73,6 +73,7 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "precision@5",
     "hit@5",
     "mrr",
+    "rerank_max",
 )
 _NAME = re.compile(r"^([a-z0-9_.]+?)(?:@(\d+))?$")
 
