@@ -91,7 +91,9 @@ def config_for(base_url: str, work: Path, concurrency: int) -> RunConfig:
     )
 
 
-def timed_run(config: RunConfig, queries: list[Query], out: Path) -> tuple[RunOutcome, float, float]:
+def timed_run(
+    config: RunConfig, queries: list[Query], out: Path
+) -> tuple[RunOutcome, float, float]:
     """The run's outcome, wall seconds and CPU seconds of this (the judge) process."""
     wall, cpu = time.perf_counter(), time.process_time()
     outcome = asyncio.run(run_async(config, queries, out))

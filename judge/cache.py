@@ -12,6 +12,7 @@ run loses only the calls that were in flight.
 from __future__ import annotations
 
 import logging
+import random
 import sqlite3
 import threading
 import time
@@ -25,6 +26,7 @@ from judge.schema import Record
 
 T = TypeVar("T", bound=BaseModel)
 log = logging.getLogger("judge.cache")
+_BUSY_S = 30.0  # how long a writer waits for another process's lock before failing
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS answers (
@@ -47,6 +49,32 @@ class CacheStats(Record):
     newest: float | None
 
 
+def _open(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
+    """A connection in WAL mode with the schema in place.
+
+    Switching a new file to WAL does not wait for a busy lock as other statements do, so two
+    runs starting at once on a fresh cache would fail with "database is locked": retried here.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        conn = sqlite3.connect(path, timeout=wait_s, check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
+        except BaseException:
+            conn.close()
+            raise
+
+
 class Cache:
     """A small key -> JSON record store; ``Cache(None)`` is a disabled cache."""
 
@@ -60,16 +88,9 @@ class Cache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, timeout=30.0, check_same_thread=False, isolation_level=None
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.executescript(_SCHEMA)
+            self._conn = _open(self.path)
         except (sqlite3.Error, OSError) as exc:
             raise CacheError(f"{self.path}: cannot open cache: {exc}") from None
-        self._conn = conn
 
     @property
     def enabled(self) -> bool:

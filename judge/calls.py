@@ -145,6 +145,8 @@ class Caller:
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
         self._inflight: dict[str, asyncio.Future[CallResult[Completion]]] = {}
+        # The providers enforce timeout_s themselves; this backstop catches one that does not.
+        self._hard_timeout_s = self.limits.timeout_s + 5.0
 
     async def complete(
         self,
@@ -212,10 +214,8 @@ class Caller:
             async with self._global, self._per_provider["chat"]:
                 await self._rpm.acquire()
                 await self._tpm.acquire(estimate)
-                answer = await asyncio.wait_for(
-                    provider.complete(request, timeout=self.limits.timeout_s),
-                    self.limits.timeout_s + 5.0,
-                )
+                async with asyncio.timeout(self._hard_timeout_s):
+                    answer = await provider.complete(request, timeout=self.limits.timeout_s)
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer
 
@@ -238,10 +238,8 @@ class Caller:
         async def once() -> RerankResult:
             async with self._global, self._per_provider["rerank"]:
                 await self._rpm.acquire()
-                return await asyncio.wait_for(
-                    provider.rerank(request, timeout=self.limits.timeout_s),
-                    self.limits.timeout_s + 5.0,
-                )
+                async with asyncio.timeout(self._hard_timeout_s):
+                    return await provider.rerank(request, timeout=self.limits.timeout_s)
 
         result = await self._call(once, provider.classify)
         self._account(result.answer.usage)
@@ -269,32 +267,46 @@ class Caller:
                 last[:] = [(exc, decision)]
             return last[0][1]
 
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
+        def delay(failed: int, exc: BaseException | None) -> float:
+            """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if
+            it sent one, else full jitter: uniform(0, min(base * 2^(failed-1), max_backoff))."""
             decision = decide(exc) if exc is not None else None
             if decision is not None and decision.retry_after is not None:
                 return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(0, 0.1)
-            ceiling = self.limits.backoff_base_s * 2 ** (state.attempt_number - 1)
+            ceiling = self.limits.backoff_base_s * 2 ** (failed - 1)
             return random.uniform(0, min(ceiling, self.limits.max_backoff_s))
 
         def before_sleep(_state: RetryCallState) -> None:
             self.stats.retries += 1
 
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.limits.max_attempts),
-            wait=wait,
-            retry=retry_if_exception(lambda e: decide(e).retry),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
         start = time.perf_counter()
         attempts = 0
+
+        async def attempt() -> A:
+            nonlocal attempts
+            attempts += 1
+            self.stats.requests += 1
+            return await once()
+
         try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    self.stats.requests += 1
-                    answer = await once()
+            try:
+                # Most calls succeed at once: only a failure pays for tenacity's machinery.
+                answer = await attempt()
+            except Exception as first:
+                if self.limits.max_attempts <= 1 or not decide(first).retry:
+                    raise
+                self.stats.retries += 1
+                await asyncio.sleep(delay(1, first))
+                retrying = AsyncRetrying(
+                    stop=stop_after_attempt(self.limits.max_attempts - 1),
+                    wait=lambda st: delay(
+                        st.attempt_number + 1, st.outcome.exception() if st.outcome else None
+                    ),
+                    retry=retry_if_exception(lambda e: decide(e).retry),
+                    before_sleep=before_sleep,
+                    reraise=True,
+                )
+                answer = await retrying(attempt)
         except (ProviderError, BudgetExceeded):
             self.stats.failures += 1
             raise

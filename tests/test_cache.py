@@ -32,8 +32,8 @@ def completion(text: str) -> Completion:
 
 def _writer(path: str, name: str, start: Any) -> None:
     """One process's share: its own keys plus keys the other process writes too."""
+    start.wait()  # both open the fresh file at once, then write at once
     cache = Cache(path)
-    start.wait()
     for i in range(PER_PROCESS):
         cache.put(f"{name}-{i}", completion(f"{name} {i}"), kind="chat", model=name)
         if i < SHARED:
@@ -44,12 +44,15 @@ def _writer(path: str, name: str, start: Any) -> None:
 def test_two_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
     path = str(tmp_path / "cache.sqlite")
     ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(2)  # both begin writing only once both have opened the cache
+    start = ctx.Barrier(2, timeout=30)
     procs = [ctx.Process(target=_writer, args=(path, name, start)) for name in ("a", "b")]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
     assert [p.exitcode for p in procs] == [0, 0]
 
     cache = Cache(path)
