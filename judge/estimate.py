@@ -3,7 +3,9 @@
 Prompts are rendered exactly as the run would render them; their tokens are counted with the
 offline cl100k tokenizer (an estimate for non-OpenAI models). Completion tokens are estimated
 from the requested reason length, capped by ``max_tokens``. Calls already in the cache, and
-units already in the run directory, are not counted as to-pay.
+units already in the run directory, are not counted as to-pay; a passage several engines
+returned is counted once per repeat, as the run asks it once. Re-asks and retries are not
+foreseen, so the figures are a floor for a judge that answers badly.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
     )
     units = calls = cached = prompt = completion = passages = 0
+    seen: set[str] = set()
     for repeat in range(config.run.repeats):
         for q in queries:
             if (q.query_id, q.engine, repeat) in done or not q.passages:
@@ -65,8 +68,12 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
             listwise = config.judge.mode == "listwise"
             per_call_answer = answer_tokens * (len(q.passages) if listwise else 1)
             for request in judge.first_requests(q):
+                key = request_key(identity, request, repeat)
+                if key in seen:  # the same passage from another engine: asked once
+                    continue
+                seen.add(key)
                 calls += 1
-                if cache_db.contains(request_key(identity, request, repeat)):
+                if cache_db.contains(key):
                     cached += 1
                     continue
                 prompt += count_tokens(request.messages)

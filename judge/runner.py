@@ -10,6 +10,8 @@ changes the answers is refused rather than silently mixing two judges.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -17,7 +19,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
@@ -34,6 +36,7 @@ log = logging.getLogger("judge.run")
 
 RESULTS_FILE = "verdicts.jsonl"
 RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
 
 
 class RunOutcome(Record):
@@ -250,11 +253,43 @@ async def run_async(
     *,
     fresh: bool = False,
 ) -> RunOutcome:
-    """Judge every (query, repeat) not already in out_dir's results; append as they finish."""
+    """Judge every (query, repeat) not already in out_dir's results; append as they finish.
+
+    A unit whose recorded verdicts include a provider ``error`` is judged again on resume
+    (its good answers come from the cache); the newer line supersedes the older one.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(out_dir):
+        return await _run_locked(config, queries, out_dir, fresh=fresh)
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """One ``judge run`` at a time per run directory (two would interleave their results)."""
+    with open(out_dir / LOCK_FILE, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"{out_dir}: another judge run is writing to this directory; "
+                "wait for it or use another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+async def _run_locked(
+    config: RunConfig, queries: Sequence[Query], out_dir: Path, *, fresh: bool
+) -> RunOutcome:
     check_fingerprint(out_dir, config, fresh=fresh)
     results_path = out_dir / RESULTS_FILE
     repair_results(results_path)
-    done = {jq.key for jq in read_results(results_path)} if results_path.exists() else set()
+    recorded = {jq.key: jq for jq in read_results(results_path)} if results_path.exists() else {}
+    done = {key for key, jq in recorded.items() if all(v.status != "error" for v in jq.verdicts)}
+    if len(done) < len(recorded):
+        log.info("judging %d earlier unit(s) with errors again", len(recorded) - len(done))
     units = [
         (q, r)
         for r in range(config.run.repeats)

@@ -25,7 +25,14 @@ import pytest
 from judge.cli import main
 from judge.datasets import read_results
 from judge.runner import RESULTS_FILE
-from tests.servers import Item, Recorded, ScriptedServer, hashed_responder, random_responder
+from tests.servers import (
+    Fault,
+    Item,
+    Recorded,
+    ScriptedServer,
+    hashed_responder,
+    random_responder,
+)
 
 SAMPLE = Path(__file__).resolve().parent.parent / "datasets" / "sample.jsonl"
 Key = tuple[str, str, int, str]  # (query_id, engine, repeat, passage_id)
@@ -271,7 +278,8 @@ def test_budget_stops_cleanly_and_the_run_resumes_without_duplicates(
 
     assert main(["run", str(config), "--out", str(out), "--dry-run"]) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"78 calls \(0 already cached\)", printed), printed
+    # 78 passages in the lists, 56 distinct: a passage both engines returned is asked once.
+    assert re.search(r"56 calls \(0 already cached\)", printed), printed
     assert re.search(r"prompt \+ ~\d+ completion tokens", printed)
     assert re.search(r"estimated cost \$\d+\.\d{4}", printed)
     assert server.requests == []
@@ -291,7 +299,7 @@ def test_budget_stops_cleanly_and_the_run_resumes_without_duplicates(
 
     capsys.readouterr()
     assert main(["run", str(config), "--out", str(tmp_path / "again"), "--dry-run"]) == 0
-    assert "78 calls (78 already cached)" in capsys.readouterr().out
+    assert "56 calls (56 already cached)" in capsys.readouterr().out
     assert len(server.requests) == sum(counting.answered.values())
 
 
@@ -320,3 +328,48 @@ def test_resuming_with_another_model_is_refused_and_fresh_starts_over(
     assert models == {"other-judge"}
     jqs = read_results(out / RESULTS_FILE)
     assert len(jqs) == 2 and not any(v.cached for jq in jqs for v in jq.verdicts)
+
+
+def test_units_with_errors_are_judged_again_on_resume(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "d.jsonl", n_queries=2, n_passages=2)
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(
+            tmp_path / "c.toml",
+            srv,
+            tmp_path / "cache.sqlite",
+            {"run": {"concurrency": 1, "max_attempts": 1}, "thresholds": {"max_error_rate": 1.0}},
+        )
+        out = tmp_path / "out"
+        srv.enqueue(Fault("status", 503))  # the first call fails and is not retried
+        assert main(["run", str(config), str(data), "--out", str(out)]) == 0
+        first = read_results(out / RESULTS_FILE)
+        assert sum(v.status == "error" for jq in first for v in jq.verdicts) == 1
+        calls_before = len(srv.requests)
+        assert main(["run", str(config), str(data), "--out", str(out)]) == 0
+        # Only the failed passage is asked again; its sibling comes from the cache.
+        assert len(srv.requests) == calls_before + 1
+    latest = {jq.key: jq for jq in read_results(out / RESULTS_FILE)}
+    assert len(latest) == 2
+    assert all(v.status == "ok" for jq in latest.values() for v in jq.verdicts)
+    summary = json.loads((out / "summary.json").read_text("utf-8"))
+    assert summary["counts"]["error"] == 0 and summary["counts"]["verdicts"] == 4
+
+
+def test_a_second_run_into_the_same_directory_is_refused_while_one_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import fcntl
+
+    from judge.runner import LOCK_FILE
+
+    data = write_dataset(tmp_path / "d.jsonl", n_queries=1, n_passages=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(tmp_path / "c.toml", srv, tmp_path / "cache.sqlite")
+        with open(out / LOCK_FILE, "a+") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # what a running `judge run` holds
+            assert main(["run", str(config), str(data), "--out", str(out)]) == 2
+        assert "another judge run" in capsys.readouterr().err
+        assert srv.requests == []
+        assert main(["run", str(config), str(data), "--out", str(out)]) == 0
