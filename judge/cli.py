@@ -86,6 +86,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     write_reports(out_dir, summary, results, history=rows)
     write_qrels(out_dir / "qrels.txt", results)
     c = summary["counts"]
+    if outcome.resumed:
+        print(
+            f"resumed: {outcome.resumed} of {outcome.planned} query-repeats were already in "
+            f"{out_dir} (--fresh starts over)"
+        )
     print(
         f"judged {c['verdicts']} passages of {c['queries']} queries x {c['repeats']} repeat(s): "
         f"{c['ok']} ok, {c['unparsed']} unparsed, {c['error']} error; "

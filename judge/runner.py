@@ -354,7 +354,8 @@ async def _run_locked(
         try:
             await writer.aclose()
         finally:
-            progress.show(final=True)
+            if units:
+                progress.show(final=True)
             await judge.aclose()
             cache.close()
     s = caller.stats
