@@ -247,6 +247,30 @@ def _chart(ident: str, draw: Callable[[], str]) -> Section:
     return Section(ident, title, [Chart(draw, caption)])
 
 
+def _agreement_section(engines: dict[str, Any]) -> Section | None:
+    """Judge vs the rows' human labels: each repeat's verdict counts once."""
+    rows: list[list[Any]] = []
+    blocks: list[Text | Table | Chart] = []
+    for engine, est in engines.items():
+        a = (est.get("agreement") or {}).get("per_judgement")
+        if not a:
+            continue
+        cells = [a["accuracy"], a["relevance_accuracy"], a["kappa"], a["weighted_kappa"], a["auc"]]
+        rows.append([engine, a["n"], *cells])
+        confusion = [
+            [f"human {lab}", *row] for lab, row in zip(a["labels"], a["confusion"], strict=True)
+        ]
+        blocks.append(Text(f"{engine}: human (rows) x judge (columns)"))
+        blocks.append(
+            Table(["", *a["labels"]], confusion, frozenset(range(1, len(a["labels"]) + 1)))
+        )
+    if not rows:
+        return None
+    head = ["engine", "n", "accuracy", "relevance accuracy", "kappa", "weighted kappa", "AUC"]
+    table = Table(head, rows, frozenset(range(1, len(head))))
+    return Section("agreement", "Agreement with human labels", [table, *blocks])
+
+
 def _threshold_section(checks: Sequence[dict[str, Any]]) -> Section:
     keys = ("check", "engine", "value", "limit")
     rows = [
@@ -296,6 +320,9 @@ def sections(
     rows = [[e, *(c.get(k, 0) for k in kinds)] for e, c in counts.items()]
     verdicts.blocks.append(Table(["engine", *kinds], rows, frozenset(range(1, len(kinds) + 1))))
     out += [stability, verdicts]
+    agreement = _agreement_section(ste)
+    if agreement:
+        out.append(agreement)
     if history:
         out.append(_history_section(history, names, engines))
     out.append(_threshold_section(summary["thresholds"]["checks"]))

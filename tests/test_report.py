@@ -278,3 +278,15 @@ def test_cli_report_rebuilds_a_run_directory_with_its_history(
     md = (run / "report.md").read_text(encoding="utf-8")
     assert md.count("\n### ") == 2
     assert "bm25 ndcg@5 fell 0.1000" in md
+
+
+def test_agreement_with_human_labels_is_reported(report: tuple[Path, Path]) -> None:
+    md_path, html_path = report
+    md = md_path.read_text("utf-8")
+    section = md[md.index("## Agreement with human labels") :]
+    section = section[: section.index("\n## ")]
+    assert "| engine | n | accuracy | relevance accuracy | kappa | weighted kappa | AUC |" in section
+    assert "human (rows) x judge (columns)" in section
+    for label in ("unrelated", "related", "partial", "answers"):
+        assert f"human {label}" in section
+    assert "Agreement with human labels" in html_path.read_text("utf-8")
