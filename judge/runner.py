@@ -215,6 +215,7 @@ class Progress:
     status: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
     _last: float = 0.0
+    _logged: str = ""
 
     def update(self, jq: JudgedQuery) -> None:
         self.units += 1
@@ -242,7 +243,10 @@ class Progress:
             self.stream.flush()
             self._last = now
         elif not tty and (final or now - self._last >= self.interval_s):
-            log.info("%s", self.line())
+            line = self.line()
+            if line != self._logged:  # the final line may just have been logged
+                log.info("%s", line)
+                self._logged = line
             self._last = now
 
 
