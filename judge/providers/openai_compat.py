@@ -125,13 +125,13 @@ class OpenAICompatProvider:
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         """One chat completion: one HTTP request, no retries; errors go to :meth:`classify`."""
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        response = await self._client.chat.completions.create(
-            model=request.model,
-            messages=cast(Any, messages),
-            # Every field besides model and messages goes through extra_body: one dict that we
-            # build (and test), with endpoint-specific fields passed verbatim.
-            extra_body=self.request_body(request),
-            timeout=timeout if timeout is not None else openai.NOT_GIVEN,
+        body = {"model": request.model, "messages": messages, **self.request_body(request)}
+        # The SDK's documented way to POST a body we built ourselves: the same request as
+        # chat.completions.create, without re-walking every field through its type
+        # transforms (a third of our CPU per call at high throughput).
+        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        response = await self._client.post(
+            "/chat/completions", body=body, cast_to=ChatCompletion, options=cast(Any, options)
         )
         if not isinstance(response, ChatCompletion):
             raise ResponseError(f"expected a chat completion, got {type(response).__name__}")
