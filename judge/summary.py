@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,14 @@ from judge import __version__
 from judge.config import RunConfig
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery
-from judge.stability import stability_report
+from judge.stability import majority_vote, stability_report
 
 SCHEMA_VERSION = 1
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return sum(defined) / len(defined) if defined else None
 
 
 def _rate(part: int, whole: int) -> float:
@@ -78,9 +83,22 @@ def build_summary(
     names += sorted(present - set(names))
     results = labels_on_scale(results, config)
     report = stability_report(results, names, scale, n_boot=n_boot, seed=config.run.seed)
+    voted = majority_vote(
+        results,
+        names,
+        scale,
+        gain=config.metrics.gain,
+        unjudged=config.metrics.unjudged,
+        undefined_ap=config.metrics.undefined_ap,
+    )
     engines: dict[str, Any] = {}
     for engine, est in report.engines.items():
         engines[engine] = {
+            # Metrics of the majority-vote verdicts across repeats (ties -> the lower grade).
+            "majority_vote": {
+                name: _mean(jq.metrics.get(name) for jq in voted if jq.query.engine == engine)
+                for name in names
+            },
             "n_queries": est.n_queries,
             "n_repeats": est.n_repeats,
             "metrics": {
