@@ -285,7 +285,8 @@ def test_agreement_with_human_labels_is_reported(report: tuple[Path, Path]) -> N
     md = md_path.read_text("utf-8")
     section = md[md.index("## Agreement with human labels") :]
     section = section[: section.index("\n## ")]
-    assert "| engine | n | accuracy | relevance accuracy | kappa | weighted kappa | AUC |" in section
+    header = "| engine | n | accuracy | relevance accuracy | kappa | weighted kappa | AUC |"
+    assert header in section
     assert "human (rows) x judge (columns)" in section
     for label in ("unrelated", "related", "partial", "answers"):
         assert f"human {label}" in section
