@@ -172,6 +172,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     from judge.config import load_config
     from judge.judge import Judge
+    from judge.providers import planning_only
     from judge.runner import load_queries
 
     config = load_config(args.config, _overrides(args))
@@ -179,7 +180,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not 0 <= args.query < len(queries):
         raise ConfigError(f"--query {args.query}: the dataset has queries 0..{len(queries) - 1}")
     query = queries[args.query]
-    judge = Judge.from_config(config)
+    with planning_only():  # nothing is sent: no API key needed to see the prompts
+        judge = Judge.from_config(config)
     requests = judge.first_requests(query)
     shown = requests if args.all else requests[:1]
     print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")

@@ -19,6 +19,7 @@ from judge.cache import Cache
 from judge.config import RunConfig
 from judge.datasets import read_results
 from judge.judge import Judge
+from judge.providers import planning_only
 from judge.providers.base import Message, request_key
 from judge.runner import RESULTS_FILE
 from judge.schema import Query, Record
@@ -52,7 +53,8 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
     done = {jq.key for jq in read_results(results)} if results.exists() else set()
     cache_file = config.cache_path()
     cache_db = Cache(cache_file if cache_file.exists() else None)
-    judge = Judge.from_config(config, cache=Cache(None))
+    with planning_only():
+        judge = Judge.from_config(config, cache=Cache(None))
     identity = judge.caller.chat.identity if judge.caller.chat else ""
     answer_tokens = min(
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words

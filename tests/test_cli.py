@@ -155,3 +155,24 @@ def test_metrics_recomputes_from_results(
     assert main(["metrics", str(results), "--metric", "ap", "--metric", "relevancy_mean"]) == 0
     out = capsys.readouterr().out
     assert "0.7708" in out and "0.6667" in out
+
+
+def test_dry_run_and_render_need_no_api_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        tmp_path,
+        '[judge]\nprovider = "openai"\nmodel = "gpt-4o-mini"\n'
+        '[prices."gpt-4o-mini"]\nprompt = 0.15\ncompletion = 0.6\n',
+    )
+    cache = ["--cache", str(tmp_path / "cache.sqlite")]
+    assert (
+        main(["run", str(config), SAMPLE, "--out", str(tmp_path / "o"), "--dry-run", *cache]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "56 calls (0 already cached)" in out and "estimated cost $" in out
+    assert main(["render", str(config), SAMPLE]) == 0
+    assert "--- user ---" in capsys.readouterr().out
+    # A real run still refuses to start without the key, naming the variable.
+    assert main(["run", str(config), SAMPLE, "--out", str(tmp_path / "o"), *cache]) == 2
+    assert "OPENAI_API_KEY" in capsys.readouterr().err

@@ -17,9 +17,11 @@ Also here, shared by the provider modules: :class:`ProviderStatusError`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, get_args
 
 from pydantic import ValidationError
@@ -132,14 +134,35 @@ def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecisio
     return RetryDecision(retry=False, kind="unexpected")
 
 
+_PLANNING: ContextVar[bool] = ContextVar("judge_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning_only() -> Iterator[None]:
+    """Build providers that will never be called (``--dry-run``, ``judge render``).
+
+    Inside, a missing API key is not an error: the provider gets a placeholder it never sends,
+    so a user can estimate cost or inspect prompts before handing over a key. A provider's
+    identity (and so every cache key) does not depend on the key.
+    """
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
 def read_api_key(spec: ProviderSpec, placeholder: str = "not-needed") -> str:
     """The key from ``spec.api_key_env``; ``placeholder`` when the endpoint needs none.
 
-    Raises ProviderConfigError naming the variable (never a value) when it is unset or empty.
+    Raises ProviderConfigError naming the variable (never a value) when it is unset or empty,
+    except under :func:`planning_only`.
     """
     if spec.api_key_env is None:
         return placeholder
     key = os.environ.get(spec.api_key_env, "").strip()
+    if not key and _PLANNING.get():
+        return "planning-only-never-sent"
     if not key:
         raise ProviderConfigError(
             f"environment variable {spec.api_key_env} is not set; the {spec.kind} provider "
