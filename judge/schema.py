@@ -68,7 +68,13 @@ class ScaleLabel(Record):
     name: str = Field(min_length=1)
     grade: int = Field(ge=0)
     description: str = ""
+    # The description in other prompt languages, e.g. {"zh": "..."}; English is ``description``.
+    descriptions: dict[str, str] = Field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+
+    def describe(self, language: str) -> str:
+        """The description in ``language``, falling back to the English one."""
+        return self.descriptions.get(language, self.description)
 
 
 class Scale(Record):
@@ -149,12 +155,14 @@ class Scale(Record):
                     name="no",
                     grade=0,
                     description="the passage does not help answer the query",
+                    descriptions={"zh": "这段文本对回答查询没有帮助"},
                     aliases=("not relevant", "irrelevant", "false", "否", "不", "不相关", "无关"),
                 ),
                 ScaleLabel(
                     name="yes",
                     grade=1,
                     description="the passage helps answer the query",
+                    descriptions={"zh": "这段文本有助于回答查询"},
                     aliases=("relevant", "true", "是", "相关"),
                 ),
             ),
@@ -170,24 +178,28 @@ class Scale(Record):
                     name="unrelated",
                     grade=0,
                     description="unrelated to the query",
+                    descriptions={"zh": "与查询无关"},
                     aliases=("irrelevant", "不相关", "无关"),
                 ),
                 ScaleLabel(
                     name="related",
                     grade=1,
                     description="on the query's topic but does not answer it",
+                    descriptions={"zh": "与查询主题相关，但没有回答查询"},
                     aliases=("related but does not answer", "相关但未回答"),
                 ),
                 ScaleLabel(
                     name="partial",
                     grade=2,
                     description="answers the query partly or unclearly",
+                    descriptions={"zh": "部分地或不够清楚地回答了查询"},
                     aliases=("partially relevant", "partly", "部分回答"),
                 ),
                 ScaleLabel(
                     name="answers",
                     grade=3,
                     description="dedicated to the query and contains the exact answer",
+                    descriptions={"zh": "专门针对该查询，并包含确切答案"},
                     aliases=("highly relevant", "perfect", "完全回答"),
                 ),
             ),

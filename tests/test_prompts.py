@@ -57,9 +57,14 @@ def test_builtin_renders_labels_query_and_fenced_passages(name: str) -> None:
     messages = render(name)
     assert [m.role for m in messages] == ["system", "user"]
     system, user = messages[0].content, messages[1].content
+    language = name.split(".")[2]
     for label in scale_for(name).labels:
         assert f'"{label.name}"' in system
-        assert label.description in system
+        # Chinese templates describe the labels in Chinese (from the scale, like the names).
+        assert label.describe(language) in system
+        if language == "zh":
+            assert label.describe("zh") != label.description
+            assert label.description not in system
     assert "<query>What is the capital of France?</query>" in user
     shown = PASSAGES[1:2] if ".pointwise." in name else PASSAGES
     assert OPEN.findall(user) == [p.id for p in shown]
