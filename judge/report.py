@@ -13,10 +13,8 @@ their metrics are undefined, never 0.
 
 from __future__ import annotations
 
-import html
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,55 +22,19 @@ from typing import Any
 from judge import charts
 from judge.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
 from judge.history import HistoryRow
+from judge.report_blocks import (
+    Chart,
+    Section,
+    Table,
+    Text,
+    format_value,
+    render_html,
+    render_markdown,
+)
 from judge.schema import JudgedQuery, Scale
 
 EXCERPT_CHARS = 240
 CHART_METRICS = 6
-_CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d232b}
-main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}h1{font-size:24px}
-section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:8px 18px;margin:14px 0}
-h2{font-size:18px;margin:10px 0}h3{font-size:15px;margin:16px 0 4px}blockquote{margin:4px 0}
-table{border-collapse:collapse;margin:6px 0;font-size:13px}th{background:#eef1f4}
-th,td{border:1px solid #d5d9de;padding:3px 7px;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{max-width:520px}
-tr.relevant{background:#edf7ee}tr.failed{background:#fdecea}.muted{color:#667085}
-.bad{color:#b3261e;font-weight:600}.ok{color:#1b6e2f}svg.chart{width:100%;height:auto}"""
-_CSP = "default-src 'none'; style-src 'unsafe-inline'"
-
-
-@dataclass(frozen=True)
-class Text:
-    """A paragraph; ``kind`` is p, h3, quote, muted, ok or bad."""
-
-    text: str
-    kind: str = "p"
-
-
-@dataclass(frozen=True)
-class Table:
-    head: Sequence[str]
-    rows: Sequence[Sequence[Any]]
-    num: frozenset[int] = frozenset()
-    row_css: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A chart drawn only for the HTML page (``draw`` returns an ``<svg>`` element)."""
-
-    draw: Callable[[], str]
-    caption: str
-
-
-@dataclass(frozen=True)
-class Section:
-    ident: str
-    title: str
-    blocks: list[Text | Table | Chart] = field(default_factory=list)
-
-
-def _fmt(value: Any) -> str:
-    return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -147,7 +109,7 @@ def _overview(summary: dict[str, Any]) -> list[Text | Table | Chart]:
         ),
         Text(
             f"Tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; cost "
-            f"{_fmt(u['cost_usd'])} USD. {policy} Created {summary.get('created')}; config "
+            f"{format_value(u['cost_usd'])} USD. {policy} Created {summary.get('created')}; config "
             f"{summary['config'].get('source')}.",
             "muted",
         ),
@@ -156,7 +118,7 @@ def _overview(summary: dict[str, Any]) -> list[Text | Table | Chart]:
 
 def _mean_ci(data: dict[str, Any], name: str) -> str:
     m = data["metrics"].get(name, {})
-    cell = _fmt(m.get("mean"))
+    cell = format_value(m.get("mean"))
     if m.get("ci_low") is not None:
         cell += f" [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
     return cell
@@ -310,7 +272,7 @@ def sections(
     ]
     stability = _chart("stability", partial(charts.stability_lines, per_repeat, repeats))
     stability.blocks[:0] = [
-        Text(f"Krippendorff's alpha ({st['alpha_level']}): {_fmt(st['alpha'])}"),
+        Text(f"Krippendorff's alpha ({st['alpha_level']}): {format_value(st['alpha'])}"),
         Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
     ]
     labels = [lab.name for lab in sorted(scale.labels, key=lambda lab: lab.grade)]
@@ -329,7 +291,7 @@ def sections(
     if names:
         low = worst_queries(results, names[0], worst)
         what = f"{names[0]} {{}} (mean over repeats)"
-        blocks = [b for jq, v in low for b in _query_blocks(jq, what.format(_fmt(v)))]
+        blocks = [b for jq, v in low for b in _query_blocks(jq, what.format(format_value(v)))]
         out.append(Section("worst", f"Lowest {names[0]}", blocks))
     failed = [jq for jq in results if any(v.status != "ok" for v in jq.verdicts)]
     if failed:
@@ -339,70 +301,14 @@ def sections(
     return out
 
 
-def _md(value: Any) -> str:
-    """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes escaped."""
-    return html.escape(" ".join(_fmt(value).split()), quote=False).replace("|", "\\|")
-
-
 def markdown(summary: dict[str, Any], results: Sequence[JudgedQuery], **kwargs: Any) -> str:
     """report.md: the sections without charts."""
-    out = ["# judge report"]
-    prefix = {"h3": "### ", "quote": "> ", "bad": "**", "p": "", "muted": "", "ok": ""}
-    for section in sections(summary, results, **kwargs):
-        if all(isinstance(block, Chart) for block in section.blocks):
-            continue
-        out += ["", f"## {_md(section.title)}"]
-        for block in section.blocks:
-            if isinstance(block, Text):
-                end = "**" if block.kind == "bad" else ""
-                out += ["", f"{prefix[block.kind]}{_md(block.text)}{end}"]
-            elif isinstance(block, Table):
-                out += ["", "| " + " | ".join(_md(h) for h in block.head) + " |"]
-                out.append("|" + "---|" * len(block.head))
-                out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in block.rows]
-    return "\n".join(out) + "\n"
-
-
-def _e(value: Any) -> str:
-    return html.escape(_fmt(value), quote=True)
-
-
-def _html_block(block: Text | Table | Chart) -> str:
-    if isinstance(block, Chart):
-        caption = f'<figcaption class="muted">{_e(block.caption)}</figcaption>'
-        return f"<figure>{block.draw()}{caption}</figure>"
-    if isinstance(block, Text):
-        tag = {"h3": "h3", "quote": "blockquote"}.get(block.kind, "p")
-        return f'<{tag} class="{block.kind}">{_e(block.text)}</{tag}>'
-    head = "".join(f"<th>{_e(h)}</th>" for h in block.head)
-    css = list(block.row_css) or [""] * len(block.rows)
-    body = "".join(
-        f'<tr class="{c}">'
-        + "".join(
-            f'<td class="{"num" if i in block.num else "text" if h == "text" else ""}">{_e(v)}</td>'
-            for i, (h, v) in enumerate(zip(block.head, row, strict=True))
-        )
-        + "</tr>"
-        for c, row in zip(css, block.rows, strict=True)
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return render_markdown(sections(summary, results, **kwargs))
 
 
 def html_report(summary: dict[str, Any], results: Sequence[JudgedQuery], **kwargs: Any) -> str:
     """report.html: one page, no script, nothing loaded from anywhere."""
-    body = "\n".join(
-        f'<section id="{s.ident}"><h2>{_e(s.title)}</h2>'
-        + "".join(_html_block(b) for b in s.blocks)
-        + "</section>"
-        for s in sections(summary, results, **kwargs)
-    )
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
-        '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>judge report</title><style>{_CSS}</style></head>"
-        f"<body><main><h1>judge report</h1>\n{body}\n</main></body></html>\n"
-    )
+    return render_html(sections(summary, results, **kwargs))
 
 
 def write_reports(
