@@ -335,7 +335,16 @@ async def _run_locked(
             progress.update(jq)
             finished = progress.passages
             errors = progress.status["error"]
-            if finished >= 20 and errors / finished > config.run.abort_error_rate:
+            stats = caller.stats
+            if stats.errors["client"] >= 3 and stats.successes == 0:
+                # A bad key, model name or endpoint: every call is refused, none retried.
+                example = next((v.error for v in jq.verdicts if v.error), "")
+                reason = reason or (
+                    "the provider refuses every request (not retried; check the API key, "
+                    f"model name and base_url): {example}"
+                )
+                stop.set()
+            elif finished >= 20 and errors / finished > config.run.abort_error_rate:
                 reason = reason or (
                     f"too many errors: {errors} of {finished} passages failed "
                     f"(abort_error_rate {config.run.abort_error_rate}); see verdicts.jsonl"

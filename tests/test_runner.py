@@ -373,3 +373,19 @@ def test_a_second_run_into_the_same_directory_is_refused_while_one_runs(
         assert "another judge run" in capsys.readouterr().err
         assert srv.requests == []
         assert main(["run", str(config), str(data), "--out", str(out)]) == 0
+
+
+def test_a_provider_refusing_every_request_stops_the_run_early(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with ScriptedServer(responder=lambda _r: Fault("status", 401)) as srv:
+        config = write_config(
+            tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": {"concurrency": 1}}
+        )
+        code = main(["run", str(config), "--out", str(tmp_path / "out")])
+        asked = len(srv.requests)
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "refuses every request" in err and "401" in err
+    # Stopped after the first few refusals, not after judging all 56 distinct passages.
+    assert 3 <= asked < 20
