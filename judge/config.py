@@ -25,13 +25,17 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from judge.calls import Limits
 from judge.errors import ConfigError
 from judge.metrics import DEFAULT_METRICS
 from judge.providers.base import SamplingParams
 from judge.schema import BUILTIN_SCALES, Record, Scale, ScaleLabel
+
+# What judge asks for unless a config says otherwise: deterministic, with logprobs (for the
+# probability of relevance) where the endpoint supports them.
+DEFAULT_PARAMS = SamplingParams(temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5)
 
 
 class JudgeSection(Record):
@@ -47,9 +51,15 @@ class JudgeSection(Record):
     max_reason_words: int = Field(default=30, ge=1)
     # One re-ask carrying the validation error when an answer does not parse.
     reask: bool = True
-    params: SamplingParams = SamplingParams(
-        temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5
-    )
+    params: SamplingParams = DEFAULT_PARAMS
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        """A partial [judge.params] table changes only the keys it names."""
+        if isinstance(value, dict):
+            return {**DEFAULT_PARAMS.model_dump(exclude_defaults=True), **value}
+        return value
 
 
 class ProviderSection(Record):

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 from judge.asking import Asker
 from judge.cache import Cache
 from judge.calls import Caller, Limits
-from judge.config import RunConfig, user_cache_dir
+from judge.config import DEFAULT_PARAMS, RunConfig, user_cache_dir
 from judge.errors import ConfigError
 from judge.metrics import DEFAULT_METRICS, metrics_for_queries
 from judge.prompts import PromptTemplate, json_schema_for, load_template, template_name
@@ -120,9 +120,7 @@ class Judge:
             )
         chat = self._chat_provider(provider, provider_overrides)
         self.spec = provider if isinstance(provider, ProviderSpec) else None
-        params = params or SamplingParams(
-            temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5
-        )
+        params = params or DEFAULT_PARAMS
         self.params = self._fit_params(params, chat)
         reranker: RerankProvider | None = None
         if rerank is not None:

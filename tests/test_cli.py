@@ -176,3 +176,12 @@ def test_dry_run_and_render_need_no_api_key(
     # A real run still refuses to start without the key, naming the variable.
     assert main(["run", str(config), SAMPLE, "--out", str(tmp_path / "o"), *cache]) == 2
     assert "OPENAI_API_KEY" in capsys.readouterr().err
+
+
+def test_a_partial_params_table_keeps_the_other_defaults() -> None:
+    from judge.config import DEFAULT_PARAMS, load_config
+
+    config = load_config(None, {"judge.params.omit": ["temperature"]})
+    assert config.judge.params.omit == ("temperature",)
+    assert config.judge.params.logprobs is DEFAULT_PARAMS.logprobs is True
+    assert config.judge.params.top_logprobs == DEFAULT_PARAMS.top_logprobs == 5

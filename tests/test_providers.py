@@ -194,6 +194,23 @@ def test_openai_sends_every_sampling_param_and_merged_extra_body(
     }
 
 
+def test_omitted_params_are_not_sent_for_reasoning_models(
+    server: ScriptedServer, fake_key: str
+) -> None:
+    spec = chat_spec(server, api_key_env="OPENAI_API_KEY")
+    params = FULL_PARAMS.model_copy(
+        update={
+            "omit": ("temperature", "max_tokens", "logprobs", "top_logprobs"),
+            "extra_body": {"max_completion_tokens": 256},
+        }
+    )
+    complete(make_chat_provider(spec), CHAT.model_copy(update={"params": params}))
+    body = server.bodies()[0]
+    for gone in ("temperature", "max_tokens", "logprobs", "top_logprobs"):
+        assert gone not in body
+    assert body["max_completion_tokens"] == 256 and body["seed"] == 7
+
+
 def test_dashscope_compatible_preset_turns_thinking_off(
     server: ScriptedServer, fake_key: str
 ) -> None:

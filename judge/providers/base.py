@@ -17,6 +17,16 @@ from pydantic import Field
 from judge.schema import Record, Usage
 
 Role = Literal["system", "user", "assistant"]
+OmittableParam = Literal[
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+]
 
 
 class Message(Record):
@@ -39,6 +49,9 @@ class SamplingParams(Record):
     stop: tuple[str, ...] | None = None
     # Provider-specific body fields (e.g. {"enable_thinking": false}); passed through verbatim.
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    # Request fields never to send, e.g. ["temperature", "max_tokens"] for reasoning models
+    # that accept only their defaults (put "max_completion_tokens" in extra_body instead).
+    omit: tuple[OmittableParam, ...] = ()
 
 
 class ChatRequest(Record):

@@ -211,6 +211,7 @@ class DashScopeProvider(_DashScopeBase):
                 found["top_logprobs"] = params.top_logprobs
         if spec.supports_json_mode and (fmt := response_format(params)) is not None:
             found["response_format"] = fmt
+        found = {k: v for k, v in found.items() if k not in params.omit}
         return {**found, **spec.extra_body, **params.extra_body}
 
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:

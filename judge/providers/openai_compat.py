@@ -120,6 +120,7 @@ class OpenAICompatProvider:
                 body["top_logprobs"] = params.top_logprobs
         if spec.supports_json_mode and (fmt := response_format(params)) is not None:
             body["response_format"] = fmt
+        body = {k: v for k, v in body.items() if k not in params.omit}
         return {**body, **spec.extra_body, **params.extra_body}
 
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
