@@ -171,6 +171,28 @@ def read_api_key(spec: ProviderSpec, placeholder: str = "not-needed") -> str:
     return key
 
 
+def sampling_fields(params: SamplingParams, spec: ProviderSpec) -> dict[str, Any]:
+    """The request fields both chat protocols share (OpenAI body, DashScope parameters).
+
+    Fields left unset are not sent; logprobs and response_format only where the endpoint
+    supports them; ``params.omit`` removes fields; extra_body (spec, then request) goes last.
+    """
+    fields: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "seed": params.seed,
+        "stop": list(params.stop) if params.stop else None,
+    }
+    if spec.supports_logprobs and params.logprobs:
+        fields["logprobs"] = True
+        fields["top_logprobs"] = params.top_logprobs
+    if spec.supports_json_mode:
+        fields["response_format"] = response_format(params)
+    sent = {k: v for k, v in fields.items() if v is not None and k not in params.omit}
+    return {**sent, **spec.extra_body, **params.extra_body}
+
+
 def response_format(params: SamplingParams) -> dict[str, Any] | None:
     """The ``response_format`` request field for ``params`` (None: plain text), as both the
     OpenAI and the DashScope protocols spell it.

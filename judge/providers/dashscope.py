@@ -34,7 +34,7 @@ from judge.providers import (
     ProviderStatusError,
     classify_by_type,
     read_api_key,
-    response_format,
+    sampling_fields,
 )
 from judge.providers.base import (
     ChatRequest,
@@ -196,23 +196,7 @@ class DashScopeProvider(_DashScopeBase):
 
     def parameters(self, request: ChatRequest) -> dict[str, Any]:
         """The SDK keyword arguments (request parameters) that ``request`` sends."""
-        params, spec = request.params, self._spec
-        optional = {
-            "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
-            "seed": params.seed,
-            "stop": list(params.stop) if params.stop else None,
-        }
-        found = {"temperature": params.temperature, "result_format": "message"}
-        found.update({name: value for name, value in optional.items() if value is not None})
-        if spec.supports_logprobs and params.logprobs:
-            found["logprobs"] = True
-            if params.top_logprobs is not None:
-                found["top_logprobs"] = params.top_logprobs
-        if spec.supports_json_mode and (fmt := response_format(params)) is not None:
-            found["response_format"] = fmt
-        found = {k: v for k, v in found.items() if k not in params.omit}
-        return {**found, **spec.extra_body, **params.extra_body}
+        return {"result_format": "message", **sampling_fields(request.params, self._spec)}
 
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         """One generation call: one HTTP request, no retries; errors go to :meth:`classify`."""

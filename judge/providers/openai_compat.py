@@ -19,7 +19,7 @@ from judge.providers import (
     ErrorTable,
     classify_by_type,
     read_api_key,
-    response_format,
+    sampling_fields,
     status_decision,
 )
 from judge.providers.base import (
@@ -105,23 +105,7 @@ class OpenAICompatProvider:
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON fields besides model and messages that ``request`` sends to this endpoint."""
-        params, spec = request.params, self._spec
-        body: dict[str, Any] = {"temperature": params.temperature}
-        optional = {
-            "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
-            "seed": params.seed,
-            "stop": list(params.stop) if params.stop else None,
-        }
-        body.update({name: value for name, value in optional.items() if value is not None})
-        if spec.supports_logprobs and params.logprobs:
-            body["logprobs"] = True
-            if params.top_logprobs is not None:
-                body["top_logprobs"] = params.top_logprobs
-        if spec.supports_json_mode and (fmt := response_format(params)) is not None:
-            body["response_format"] = fmt
-        body = {k: v for k, v in body.items() if k not in params.omit}
-        return {**body, **spec.extra_body, **params.extra_body}
+        return sampling_fields(request.params, self._spec)
 
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         """One chat completion: one HTTP request, no retries; errors go to :meth:`classify`."""
