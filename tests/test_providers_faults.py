@@ -1,0 +1,184 @@
+"""Provider faults and secrets over real HTTP: each fault classified after exactly one
+request, and the API key kept out of every error, traceback and log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+
+import httpx
+import httpx2
+import pytest
+
+from judge.errors import ProviderConfigError, ResponseError
+from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
+from judge.providers.base import RetryDecision
+from judge.providers.openai_compat import OpenAICompatProvider
+from judge.providers.rerank import HTTPRerankProvider
+from tests.provider_harness import CHAT, PROTOCOLS, RERANK, call_once, chat_spec, complete, run
+from tests.servers import (
+    CUT,
+    DROP,
+    EMPTY,
+    MALFORMED,
+    SERVER_ERROR,
+    TRUNCATED,
+    WRONG_SHAPE,
+    Fault,
+    ScriptedServer,
+    rate_limit,
+)
+
+# --- faults: classified, and exactly one request each ----------------------------------
+
+FAULT_CASES = [
+    pytest.param(
+        rate_limit("7"), RetryDecision(retry=True, kind="rate_limit", retry_after=7.0), id="429"
+    ),
+    pytest.param(SERVER_ERROR, RetryDecision(retry=True, kind="server"), id="500"),
+    pytest.param(
+        Fault("status", 503, retry_after="2"),
+        RetryDecision(retry=True, kind="server", retry_after=2.0),
+        id="503",
+    ),
+    pytest.param(Fault("status", 408), RetryDecision(retry=True, kind="server"), id="408"),
+    pytest.param(Fault("status", 409), RetryDecision(retry=True, kind="server"), id="409"),
+    *(
+        pytest.param(Fault("status", code), RetryDecision(retry=False, kind="client"), id=str(code))
+        for code in (400, 401, 403, 404, 422)
+    ),
+    pytest.param(DROP, RetryDecision(retry=True, kind="connection"), id="drop"),
+    pytest.param(CUT, RetryDecision(retry=True, kind="connection"), id="cut"),
+    pytest.param(MALFORMED, RetryDecision(retry=True, kind="protocol"), id="malformed"),
+    pytest.param(TRUNCATED, RetryDecision(retry=True, kind="protocol"), id="truncated"),
+    pytest.param(WRONG_SHAPE, RetryDecision(retry=True, kind="protocol"), id="wrong-shape"),
+    pytest.param(Fault("hang", seconds=5), RetryDecision(retry=True, kind="timeout"), id="hang"),
+]
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize(("fault", "expected"), FAULT_CASES)
+def test_fault_is_classified_after_exactly_one_request(
+    server: ScriptedServer, fake_key: str, protocol: str, fault: Fault, expected: RetryDecision
+) -> None:
+    server.enqueue(fault)
+    result, exc, provider = run(call_once(PROTOCOLS[protocol], server, timeout=0.3))
+    assert result is None and exc is not None
+    assert provider.classify(exc) == expected
+    assert len(server.requests) == 1  # no SDK-level retry, no hidden resend
+
+
+@pytest.mark.parametrize(
+    ("protocol", "message"),
+    [
+        (
+            "dashscope",
+            "HTTP 429: Throttling.RateQuota: scripted failure 429 (request_id req-scripted)",
+        ),
+        (
+            "dashscope-rerank",
+            "HTTP 429: Throttling.RateQuota: scripted failure 429 (request_id req-scripted)",
+        ),
+        ("cohere", "HTTP 429: scripted failure 429"),
+    ],
+)
+def test_status_error_says_what_the_server_said(
+    server: ScriptedServer, fake_key: str, protocol: str, message: str
+) -> None:
+    server.enqueue(rate_limit("3"))
+    _, exc, _ = run(call_once(PROTOCOLS[protocol], server))
+    assert str(exc) == message
+
+
+@pytest.mark.parametrize("protocol", ["dashscope-rerank", "cohere"])
+def test_rerank_without_results_is_a_protocol_error(
+    server: ScriptedServer, fake_key: str, protocol: str
+) -> None:
+    server.enqueue(EMPTY)
+    _, exc, provider = run(call_once(PROTOCOLS[protocol], server))
+    assert isinstance(exc, ResponseError)
+    assert provider.classify(exc) == RetryDecision(retry=True, kind="protocol")
+
+
+def test_random_faults_follow_the_rate(make_server: Callable[..., ScriptedServer]) -> None:
+    server = make_server(fault_rate=0.5, faults=(SERVER_ERROR,), seed=3)
+
+    async def twenty() -> list[BaseException | None]:
+        provider = make_chat_provider(chat_spec(server))
+        outcomes: list[BaseException | None] = []
+        for _ in range(20):
+            try:
+                await provider.complete(CHAT, timeout=5)
+                outcomes.append(None)
+            except Exception as exc:
+                outcomes.append(exc)
+        await provider.aclose()
+        return outcomes
+
+    failures = sum(exc is not None for exc in run(twenty()))
+    assert 0 < failures < 20
+    assert server.outcomes == {"status_500": failures, "ok": 20 - failures}
+
+
+# --- secrets ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_api_key_never_in_errors_or_logs(
+    server: ScriptedServer, fake_key: str, protocol: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    texts = []
+    for fault in (rate_limit(), Fault("status", 401), DROP, MALFORMED, Fault("hang", seconds=5)):
+        server.enqueue(fault)
+        _, exc, provider = run(call_once(PROTOCOLS[protocol], server, timeout=0.3))
+        assert exc is not None
+        texts += [str(exc), repr(exc), "".join(traceback.format_exception(exc))]
+        texts.append(repr(provider.classify(exc)))
+    assert all(r.headers["authorization"] == f"Bearer {fake_key}" for r in server.requests)
+    assert not [text for text in texts if fake_key in text]
+    assert fake_key not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("preset", "variable"),
+    [
+        ("openai", "OPENAI_API_KEY"),
+        ("dashscope-compatible", "DASHSCOPE_API_KEY"),
+        ("dashscope", "DASHSCOPE_API_KEY"),
+        ("cohere", "CO_API_KEY"),
+    ],
+)
+def test_missing_key_variable_is_named(preset: str, variable: str) -> None:
+    spec = resolve_spec(preset, {})
+    make = make_rerank_provider if spec.kind == "rerank" else make_chat_provider
+    with pytest.raises(ProviderConfigError, match=variable):
+        make(spec)
+
+
+def test_local_endpoint_needs_no_key(server: ScriptedServer) -> None:
+    provider = make_chat_provider(resolve_spec("local", {"base_url": server.openai_base_url}))
+    complete(provider, CHAT)
+    assert server.requests[0].headers["authorization"] == "Bearer not-needed"
+
+
+def test_injected_http_clients_are_used_and_left_open(server: ScriptedServer) -> None:
+    async def go() -> tuple[bool, bool]:
+        async with (
+            httpx2.AsyncClient(headers={"x-probe": "chat"}) as chat_client,
+            httpx.AsyncClient(headers={"x-probe": "rerank"}) as rerank_client,
+        ):
+            chat = OpenAICompatProvider(chat_spec(server), http_client=chat_client)
+            reranker = HTTPRerankProvider(
+                resolve_spec("rerank", {"base_url": server.url}), http_client=rerank_client
+            )
+            await chat.complete(CHAT, timeout=5)
+            await reranker.rerank(RERANK, timeout=5)
+            await chat.aclose()
+            await reranker.aclose()
+            return chat_client.is_closed, rerank_client.is_closed
+
+    assert run(go()) == (False, False)
+    assert [r.headers["x-probe"] for r in server.requests] == ["chat", "rerank"]
