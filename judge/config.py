@@ -179,13 +179,6 @@ class RunConfig(Record):
         judge = self.judge.model_copy(update={"scale": name})
         return self.model_copy(update={"judge": judge}).scale()
 
-    def template_name(self) -> str:
-        j = self.judge
-        return (
-            j.template
-            or f"{j.scale if j.scale in BUILTIN_SCALES else 'graded'}.{j.mode}.{j.language}"
-        )
-
     def price(self) -> Price | None:
         return self.prices.get(self.judge.model)
 

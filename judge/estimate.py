@@ -17,11 +17,10 @@ from typing import Any
 
 from judge.cache import Cache
 from judge.config import RunConfig
-from judge.datasets import read_results
 from judge.judge import Judge
 from judge.providers import planning_only
 from judge.providers.base import Message, request_key
-from judge.runner import RESULTS_FILE
+from judge.runner import RESULTS_FILE, finished_units
 from judge.schema import Query, Record
 
 
@@ -49,8 +48,7 @@ def count_tokens(messages: Sequence[Message]) -> int:
 
 
 def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Estimate:
-    results = out_dir / RESULTS_FILE
-    done = {jq.key for jq in read_results(results)} if results.exists() else set()
+    done = finished_units(out_dir / RESULTS_FILE)
     cache_file = config.cache_path()
     cache_db = Cache(cache_file if cache_file.exists() else None)
     with planning_only():
@@ -61,15 +59,17 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
     )
     units = calls = cached = prompt = completion = passages = 0
     seen: set[str] = set()
+    listwise = config.judge.mode == "listwise"
+    # Rendered once per query; only the repeat index (part of the key) differs per repeat.
+    rendered = [(q, judge.first_requests(q)) for q in queries if q.passages]
     for repeat in range(config.run.repeats):
-        for q in queries:
-            if (q.query_id, q.engine, repeat) in done or not q.passages:
+        for q, requests in rendered:
+            if (q.query_id, q.engine, repeat) in done:
                 continue
             units += 1
             passages += len(q.passages)
-            listwise = config.judge.mode == "listwise"
             per_call_answer = answer_tokens * (len(q.passages) if listwise else 1)
-            for request in judge.first_requests(q):
+            for request in requests:
                 key = request_key(identity, request, repeat)
                 if key in seen:  # the same passage from another engine: asked once
                     continue

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 from judge.asking import Asker
 from judge.cache import Cache
 from judge.calls import Caller, Limits
-from judge.config import DEFAULT_PARAMS, RunConfig, user_cache_dir
+from judge.config import DEFAULT_PARAMS, RunConfig
 from judge.errors import ConfigError
 from judge.metrics import DEFAULT_METRICS, metrics_for_queries
 from judge.prompts import PromptTemplate, json_schema_for, load_template, template_name
@@ -99,11 +99,7 @@ class Judge:
         self.scale = scale
         self.model = model
         self.mode = mode
-        self.language = language
         self.metric_names = tuple(metrics)
-        self.verdict_first = verdict_first
-        self.max_reason_words = max_reason_words
-        self.reask = reask
         self.gain = gain
         self.unjudged = unjudged
         self.undefined_ap = undefined_ap
@@ -113,15 +109,16 @@ class Judge:
         tdir = Path(template_dir) if template_dir else None
         self.template: PromptTemplate = load_template(name, template_dir=tdir)
         # Listwise falls back to pointwise for passages the list answer never covered.
-        self.pointwise_template = self.template
+        pointwise_template = self.template
         if self.template.mode == "listwise":
-            self.pointwise_template = load_template(
+            pointwise_template = load_template(
                 name.replace(".listwise.", ".pointwise."), template_dir=tdir
             )
         chat = self._chat_provider(provider, provider_overrides)
-        self.spec = provider if isinstance(provider, ProviderSpec) else None
-        params = params or DEFAULT_PARAMS
-        self.params = self._fit_params(params, chat)
+        self.params = params or DEFAULT_PARAMS
+        if self.params.response_format == "json_schema" and self.params.json_schema is None:
+            schema = json_schema_for(scale, mode, verdict_first=verdict_first)
+            self.params = self.params.model_copy(update={"json_schema": schema})
         reranker: RerankProvider | None = None
         if rerank is not None:
             if rerank_model is None:
@@ -147,7 +144,7 @@ class Judge:
             scale=scale,
             mode=mode,
             template=self.template,
-            pointwise_template=self.pointwise_template,
+            pointwise_template=pointwise_template,
             language=language,
             verdict_first=verdict_first,
             max_reason_words=max_reason_words,
@@ -168,18 +165,6 @@ class Judge:
             return make_chat_provider(provider)
         return provider
 
-    def _fit_params(self, params: SamplingParams, chat: ChatProvider) -> SamplingParams:
-        """Ask for JSON schema output only with a schema, and only where supported."""
-        if params.response_format == "json_schema" and params.json_schema is None:
-            params = params.model_copy(
-                update={
-                    "json_schema": json_schema_for(
-                        self.scale, self.mode, verdict_first=self.verdict_first
-                    )
-                }
-            )
-        return params
-
     @classmethod
     def from_config(
         cls, config: RunConfig, *, cache: Cache | None = None, limits: Limits | None = None
@@ -197,7 +182,7 @@ class Judge:
             scale=config.scale(),
             mode=j.mode,
             language=j.language,
-            template=config.template_name(),
+            template=j.template,
             template_dir=j.template_dir,
             params=j.params,
             metrics=config.metrics.names,
@@ -360,7 +345,3 @@ class Judge:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def default_cache_path() -> Path:
-    return user_cache_dir() / "cache.sqlite"

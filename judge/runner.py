@@ -90,6 +90,21 @@ def sample_queries(queries: Sequence[Query], n: int, seed: int) -> list[Query]:
     return [q for q in queries if q.query_id in chosen]
 
 
+def finished_units(results_path: Path) -> set[tuple[str, str, int]]:
+    """(query_id, engine, repeat) units a rerun skips: recorded, with no provider ``error``.
+
+    A unit whose last recorded line has an error verdict is judged again (its good answers
+    come from the cache); the newer line supersedes the older one.
+    """
+    if not results_path.exists():
+        return set()
+    recorded = {jq.key: jq for jq in read_results(results_path)}
+    done = {key for key, jq in recorded.items() if all(v.status != "error" for v in jq.verdicts)}
+    if len(done) < len(recorded):
+        log.info("%d earlier unit(s) with errors will be judged again", len(recorded) - len(done))
+    return done
+
+
 def repair_results(path: Path) -> None:
     """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
     if not path.exists() or path.stat().st_size == 0:
@@ -290,10 +305,7 @@ async def _run_locked(
     check_fingerprint(out_dir, config, fresh=fresh)
     results_path = out_dir / RESULTS_FILE
     repair_results(results_path)
-    recorded = {jq.key: jq for jq in read_results(results_path)} if results_path.exists() else {}
-    done = {key for key, jq in recorded.items() if all(v.status != "error" for v in jq.verdicts)}
-    if len(done) < len(recorded):
-        log.info("judging %d earlier unit(s) with errors again", len(recorded) - len(done))
+    done = finished_units(results_path)
     units = [
         (q, r)
         for r in range(config.run.repeats)
