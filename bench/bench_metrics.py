@@ -18,7 +18,7 @@ import ir_measures
 import numpy as np
 from ir_measures import AP, RR, P, nDCG
 
-from judge.metrics import compute_label_free, pad
+from judge.metrics.compute import compute_label_free, pad
 
 DEPTH = 10
 SUBSET = 50_000

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from judge.cache import Cache
+from judge.calling.cache import open_cache
 from judge.config import RunConfig, load_config
-from judge.judge import Judge
+from judge.judging.judge import Judge
 from judge.providers.base import Completion, request_key
-from judge.runner import RunOutcome, run_async
+from judge.run.runner import RunOutcome, run_async
 from judge.schema import Passage, Query, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +140,7 @@ def fill_cache(config: RunConfig, queries: list[Query]) -> float:
         model="bench-judge",
         usage=Usage(prompt_tokens=60, completion_tokens=9),
     )
-    cache = Cache(config.cache_path())
+    cache = open_cache(config)
     for query in queries:
         for request in judge.first_requests(query):
             cache.put(request_key(identity, request, 0), answer, kind="chat", model="bench-judge")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from itertools import product
 
-from judge.datasets import read_queries
-from judge.estimate import _encoder, count_tokens
-from judge.judge import Judge
+from judge.data.datasets import read_queries
+from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec
+from judge.run.estimate import _encoder, count_tokens
 
 REASON = " ".join(["relevant"] * 25)
 

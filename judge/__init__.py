@@ -1,20 +1,124 @@
 """judge: an LLM-as-judge contextual-relevancy evaluator.
 
-Public API only; everything else is private and may change.
+Public API only; everything else is private and may change::
+
+    from judge import Judge, load_config
+    with Judge(provider="local", model="qwen2.5") as j:
+        jq = j.judge("what is rust?", ["Rust is a systems language.", "Bananas are yellow."])
+
+Names are imported on first use, so ``import judge.errors`` (what every module does) stays
+cheap and ``import judge`` does not pull in the providers' SDKs.
 """
 
-from judge.errors import JudgeError
-from judge.schema import JudgedQuery, Passage, Query, Scale, ScaleLabel, Usage, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from judge.version import __version__
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Judge": "judge.judging.judge",
+    "load_config": "judge.config",
+    "RunConfig": "judge.config",
+    "Price": "judge.config",
+    "Limits": "judge.calling.limits",
+    "finish_run": "judge.report.finish",
+    "run_async": "judge.run.runner",
+    "RunOutcome": "judge.run.runner",
+    "Summary": "judge.report.summary",
+    "JudgedQuery": "judge.schema",
+    "MetricPolicy": "judge.schema",
+    "Passage": "judge.schema",
+    "Query": "judge.schema",
+    "SamplingParams": "judge.schema",
+    "Scale": "judge.schema",
+    "ScaleLabel": "judge.schema",
+    "Usage": "judge.schema",
+    "Verdict": "judge.schema",
+    "JudgeError": "judge.errors",
+    "InputError": "judge.errors",
+    "ConfigError": "judge.errors",
+    "TemplateError": "judge.errors",
+    "ProviderError": "judge.errors",
+    "ProviderConfigError": "judge.errors",
+    "ResponseError": "judge.errors",
+    "ParseError": "judge.errors",
+    "CacheError": "judge.errors",
+    "ModelError": "judge.errors",
+    "BudgetExceeded": "judge.errors",
+}
 
 __all__ = [
+    "BudgetExceeded",
+    "CacheError",
+    "ConfigError",
+    "InputError",
+    "Judge",
     "JudgeError",
     "JudgedQuery",
+    "Limits",
+    "MetricPolicy",
+    "ModelError",
+    "ParseError",
     "Passage",
+    "Price",
+    "ProviderConfigError",
+    "ProviderError",
     "Query",
+    "ResponseError",
+    "RunConfig",
+    "RunOutcome",
+    "SamplingParams",
     "Scale",
     "ScaleLabel",
+    "Summary",
+    "TemplateError",
     "Usage",
     "Verdict",
+    "__version__",
+    "finish_run",
+    "load_config",
+    "run_async",
 ]
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from judge.calling.limits import Limits
+    from judge.config import Price, RunConfig, load_config
+    from judge.errors import (
+        BudgetExceeded,
+        CacheError,
+        ConfigError,
+        InputError,
+        JudgeError,
+        ModelError,
+        ParseError,
+        ProviderConfigError,
+        ProviderError,
+        ResponseError,
+        TemplateError,
+    )
+    from judge.judging.judge import Judge
+    from judge.report.finish import finish_run
+    from judge.report.summary import Summary
+    from judge.run.runner import RunOutcome, run_async
+    from judge.schema import (
+        JudgedQuery,
+        MetricPolicy,
+        Passage,
+        Query,
+        SamplingParams,
+        Scale,
+        ScaleLabel,
+        Usage,
+        Verdict,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'judge' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -21,17 +21,23 @@ Sections::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from judge.calls import Limits
 from judge.errors import ConfigError
-from judge.metrics import DEFAULT_METRICS
-from judge.providers.base import SamplingParams
-from judge.schema import BUILTIN_SCALES, Record, Scale, ScaleLabel
+from judge.schema import (
+    BUILTIN_SCALES,
+    MetricPolicy,
+    Record,
+    SamplingParams,
+    Scale,
+    ScaleLabel,
+    Usage,
+)
 
 # What judge asks for unless a config says otherwise: deterministic, with logprobs (for the
 # probability of relevance) where the endpoint supports them.
@@ -72,7 +78,7 @@ class ProviderSection(Record):
     supports_logprobs: bool | None = None
     extra_body: dict[str, Any] | None = None
     options: dict[str, Any] | None = None
-    # Per-provider cap on calls in flight (0 = only the global [run] concurrency applies).
+    # Calls in flight to this provider (0 = [run] concurrency).
     concurrency: int = Field(default=0, ge=0)
 
     def overrides(self) -> dict[str, Any]:
@@ -122,13 +128,9 @@ class RunSection(Record):
     cache: str | None = None  # default: <user cache dir>/judge/cache.sqlite
     history: str | None = None  # default: <user cache dir>/judge/history.sqlite
     progress_interval_s: float = Field(default=10.0, gt=0)
-
-
-class MetricsSection(Record):
-    names: tuple[str, ...] = DEFAULT_METRICS
-    gain: Literal["linear", "exponential"] = "linear"
-    unjudged: Literal["undefined", "skip"] = "undefined"
-    undefined_ap: Literal["nan", "zero"] = "nan"
+    # After SIGINT/SIGTERM/SIGHUP, seconds the calls in flight get to finish before they are
+    # cancelled (their units stay unfinished and resume on the next run).
+    grace_s: float = Field(default=10.0, ge=0)
 
 
 class ThresholdsSection(Record):
@@ -136,13 +138,16 @@ class ThresholdsSection(Record):
     max_drop: dict[str, float] = Field(default_factory=dict)
     baseline: str | None = None
     # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
-    max_error_rate: float = Field(default=0.1, ge=0, le=1)
     max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
 
 
 class Price(Record):
     prompt: float = Field(ge=0)  # USD per 1M prompt tokens
     completion: float = Field(ge=0)  # USD per 1M completion tokens
+
+    def cost(self, usage: Usage) -> float:
+        """USD for ``usage`` at this price: the one place a cost is computed."""
+        return (usage.prompt_tokens * self.prompt + usage.completion_tokens * self.completion) / 1e6
 
 
 class RunConfig(Record):
@@ -152,7 +157,7 @@ class RunConfig(Record):
     scales: dict[str, ScaleSection] = Field(default_factory=dict)
     dataset: DatasetSection = DatasetSection()
     run: RunSection = RunSection()
-    metrics: MetricsSection = MetricsSection()
+    metrics: MetricPolicy = MetricPolicy()
     thresholds: ThresholdsSection = ThresholdsSection()
     prices: dict[str, Price] = Field(default_factory=dict)
     # Where the config came from (for messages); not part of any fingerprint.
@@ -167,7 +172,7 @@ class RunConfig(Record):
             except ValidationError as exc:
                 raise ConfigError(f"{self.source}: [scales.{name}]: {_first_error(exc)}") from None
         if name in BUILTIN_SCALES:
-            return BUILTIN_SCALES[name]()
+            return Scale.named(name)
         known = sorted({*BUILTIN_SCALES, *self.scales})
         raise ConfigError(f"{self.source}: judge.scale '{name}' is not one of {known}")
 
@@ -181,25 +186,6 @@ class RunConfig(Record):
 
     def price(self) -> Price | None:
         return self.prices.get(self.judge.model)
-
-    def limits(self) -> Limits:
-        """The call layer's limits from [run], [provider] and the model's price."""
-        r = self.run
-        price = self.price()
-        return Limits(
-            concurrency=r.concurrency,
-            provider_concurrency=self.provider.concurrency,
-            timeout_s=r.timeout_s,
-            max_attempts=r.max_attempts,
-            backoff_base_s=r.backoff_base_s,
-            max_backoff_s=r.max_backoff_s,
-            requests_per_minute=r.requests_per_minute,
-            tokens_per_minute=r.tokens_per_minute,
-            max_cost=r.max_cost,
-            max_tokens=r.max_tokens,
-            price_prompt=price.prompt if price else 0.0,
-            price_completion=price.completion if price else 0.0,
-        )
 
     def cache_path(self) -> Path:
         return Path(self.run.cache) if self.run.cache else user_cache_dir() / "cache.sqlite"
@@ -230,13 +216,30 @@ def _first_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     more = len(exc.errors()) - len(parts)
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
+# key=value, where the key may hold quoted parts containing "=" or ".".
+_OVERRIDE = re.compile(r"""^((?:[^="']|"[^"]*"|'[^']*')+)=(.*)$""", re.S)
+
+
+def _key_path(dotted: str) -> list[str]:
+    """A TOML dotted key as its parts: ``prices."gpt-4.1".prompt`` -> prices, gpt-4.1, prompt."""
+    try:
+        node: Any = tomllib.loads(f"{dotted} = 0")
+    except tomllib.TOMLDecodeError:
+        raise ConfigError(f"override '{dotted}': not a TOML key (quote parts with dots)") from None
+    parts = []
+    while isinstance(node, dict):
+        (key, node), *_ = node.items()
+        parts.append(key)
+    return parts
+
+
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
+    keys = _key_path(dotted)
     node = data
     for key in keys[:-1]:
         child = node.setdefault(key, {})
@@ -247,15 +250,21 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``section.key=value`` with the value read as TOML (falls back to a bare string)."""
-    if "=" not in text:
+    """``section.key=value`` with the value read as TOML (falls back to a bare string).
+
+    The key is a TOML dotted key, so quoted parts keep dots and ``=``:
+    ``prices."gpt-4.1"={prompt=2, completion=8}``.
+    """
+    split = _OVERRIDE.match(text)
+    if split is None:
         raise ConfigError(f"override '{text}' must look like section.key=value")
-    key, raw = text.split("=", 1)
+    key, raw = split.group(1).strip(), split.group(2)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    return key.strip(), value
+    _key_path(key)  # a malformed key is named now, not as a missing table later
+    return key, value
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -271,6 +280,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"{path}: config file not found") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # undecodable bytes, absurd nesting
+            raise ConfigError(f"{path}: not a readable TOML file: {type(exc).__name__}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     for key, value in (overrides or {}).items():

@@ -16,7 +16,7 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── ParseError                  a judge completion is not a valid verdict (before reask)
     ├── CacheError                  the completion cache cannot be opened or written
     ├── ModelError                  the embedded model cannot be fetched, verified or started
-    └── BudgetExceeded              --max-cost / --max-tokens reached (exit 3, resumable)
+    └── BudgetExceeded              --max-cost / --max-tokens reached (exit 4, resumable)
 """
 
 from __future__ import annotations
@@ -94,4 +94,4 @@ class ModelError(JudgeError):
 class BudgetExceeded(JudgeError):
     """A cost or token budget was reached; the run stopped cleanly and can resume."""
 
-    exit_code = 3
+    exit_code = 4

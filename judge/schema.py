@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from judge.errors import ConfigError
+
 VerdictStatus = Literal["ok", "unparsed", "error"]
+OmittableParam = Literal[
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+]
 
 # Characters stripped around a label before matching ("Yes.", "**yes**", "「是」").
 _LABEL_STRIP = " \t\r\n.,;:!?。，；：！？\"'`*_()[]{}<>「」『』“”‘’"
@@ -146,6 +158,16 @@ class Scale(Record):
         return grade / self.max_grade
 
     @classmethod
+    def named(cls, name: str) -> Scale:
+        """A built-in scale by name (a config's custom scales: ``RunConfig.scale()``)."""
+        if name not in BUILTIN_SCALES:
+            raise ConfigError(
+                f"scale '{name}' is not a built-in scale ({', '.join(sorted(BUILTIN_SCALES))}); "
+                "a custom scale needs the config that defines it under [scales]"
+            )
+        return BUILTIN_SCALES[name]()
+
+    @classmethod
     def binary(cls) -> Scale:
         return cls(
             name="binary",
@@ -273,3 +295,55 @@ class JudgedQuery(Record):
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.query.query_id, self.query.engine, self.repeat)
+
+
+class SamplingParams(Record):
+    """Everything besides the messages that changes the answer (all part of the cache key)."""
+
+    temperature: float = 0.0
+    top_p: float | None = None
+    max_tokens: int | None = 512
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # "json_object", "json_schema" or None (plain text).
+    response_format: Literal["json_object", "json_schema"] | None = None
+    json_schema: dict[str, Any] | None = None
+    stop: tuple[str, ...] | None = None
+    # Provider-specific body fields (e.g. {"enable_thinking": false}); passed through verbatim.
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    # Request fields never to send, e.g. ["temperature", "max_tokens"] for reasoning models
+    # that accept only their defaults (put "max_completion_tokens" in extra_body instead).
+    omit: tuple[OmittableParam, ...] = ()
+
+
+Gain = Literal["linear", "exponential"]
+Unjudged = Literal["undefined", "skip"]
+UndefinedAP = Literal["nan", "zero"]
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "relevancy_mean",
+    "relevancy_max",
+    "ap",
+    "ndcg",
+    "ndcg@5",
+    "precision@5",
+    "hit@5",
+    "mrr",
+    "rerank_max",
+)
+
+
+class MetricPolicy(Record):
+    """How verdicts become metrics: the ``[metrics]`` table, passed whole to every stage.
+
+    ``gain``: NDCG gain, linear ``rel`` or exponential ``2^rel - 1``. ``unjudged``: a query
+    with an unparsed or error verdict has undefined metrics (``undefined``) or is scored on
+    its judged passages only (``skip``). ``undefined_ap``: AP when nothing relevant was
+    retrieved is undefined (``nan``) or 0 (``zero``).
+    """
+
+    names: tuple[str, ...] = DEFAULT_METRICS
+    gain: Gain = "linear"
+    unjudged: Unjudged = "undefined"
+    undefined_ap: UndefinedAP = "nan"

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from judge.providers.embedded.weights import model_path
 from tests.servers import ScriptedServer
+
+# The embedded model as the README's setup fetched it, resolved before any test moves HOME;
+# tests see it through a link in their own cache directory and never write beside it.
+REAL_MODELS = model_path().parent
 
 # Variables that could point a test at a real, paid endpoint.
 PROVIDER_ENV = (
@@ -18,6 +24,20 @@ PROVIDER_ENV = (
     "CO_API_KEY",
 )
 FAKE_KEY = "sk-test-SECRET123"
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME and XDG_CACHE_HOME point into a temporary directory: no test reads or writes the
+    user's cache, history or config. The fetched model is linked in, read-only by use."""
+    home = tmp_path_factory.mktemp("home")
+    cache = home / ".cache"
+    (cache / "judge").mkdir(parents=True)
+    if REAL_MODELS.is_dir():
+        os.symlink(REAL_MODELS, cache / "judge" / "models")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("JUDGE_CACHE_DIR", raising=False)
 
 
 @pytest.fixture(autouse=True)

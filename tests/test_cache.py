@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from judge.cache import Cache
-from judge.cli import main
+from judge.calling.cache import Cache
+from judge.cli.main import main
 from judge.config import load_config
-from judge.datasets import read_results
+from judge.data.datasets import read_results
+from judge.data.results import RESULTS_FILE
 from judge.providers.base import Completion, RerankResult
-from judge.runner import RESULTS_FILE, run_async
+from judge.run.runner import run_async
 from judge.schema import Passage, Query, Usage
 from tests.servers import Fault, ScriptedServer
 

@@ -17,13 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from judge.cache import Cache
-from judge.calls import Caller
+from judge.calling.cache import Cache
+from judge.calling.caller import Caller
 from judge.config import RunConfig, load_config
-from judge.datasets import read_results
+from judge.data.datasets import read_results
+from judge.data.results import RESULTS_FILE
 from judge.providers import make_chat_provider, resolve_spec
-from judge.providers.base import ChatRequest, Message, SamplingParams
-from judge.runner import RESULTS_FILE, RunOutcome, load_queries, run_async
+from judge.providers.base import ChatRequest, Completion, Message, SamplingParams
+from judge.run.queries import load_queries
+from judge.run.runner import RunOutcome, run_async
 from judge.schema import Query
 from tests.servers import (
     DROP,
@@ -214,6 +216,10 @@ def test_same_request_from_two_engines_is_sent_once(
     assert body.count("Passage number 0") == 1
 
 
+def text_of(completion: Completion) -> str:
+    return completion.text
+
+
 def test_a_cancelled_request_does_not_fail_its_twin_waiting_for_it(
     make_server: Callable[..., ScriptedServer],
 ) -> None:
@@ -227,13 +233,17 @@ def test_a_cancelled_request_does_not_fail_its_twin_waiting_for_it(
 
     async def scenario() -> str:
         caller = Caller(provider, cache=Cache(None))
-        first = asyncio.create_task(caller.complete(request, 0))
+        first = asyncio.create_task(caller.complete(request, 0, text_of))
         await asyncio.sleep(0.1)
-        twin = asyncio.create_task(caller.complete(request, 0))  # waits for `first`'s answer
+        twin = asyncio.create_task(
+            caller.complete(request, 0, text_of)
+        )  # waits for `first`'s answer
         await asyncio.sleep(0.05)
         first.cancel()
         try:
-            return (await twin).answer.text
+            answer = await twin
+            assert answer.value == answer.call.answer.text  # parsed once, value returned
+            return answer.call.answer.text
         finally:
             await provider.aclose()
 

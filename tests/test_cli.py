@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from judge.cli import main
-from judge.datasets import append_result
+from judge.cli.main import main
+from judge.data.results import append_result
 from judge.schema import JudgedQuery, Passage, Query, Verdict
+from tests.servers import ScriptedServer
 
 SAMPLE = "datasets/sample.jsonl"
 
 
 def write_config(tmp_path: Path, body: str) -> Path:
+    """The config ``body``; the sample's human labels are on the 0-3 scale, said here."""
+    if "[dataset]" not in body:
+        body += '\n[dataset]\nlabel_scale = "graded"\n'
     path = tmp_path / "c.toml"
     path.write_text(body, encoding="utf-8")
     return path
@@ -185,3 +191,46 @@ def test_a_partial_params_table_keeps_the_other_defaults() -> None:
     assert config.judge.params.omit == ("temperature",)
     assert config.judge.params.logprobs is DEFAULT_PARAMS.logprobs is True
     assert config.judge.params.top_logprobs == DEFAULT_PARAMS.top_logprobs == 5
+
+
+def test_run_exits_1_naming_each_breached_threshold(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from judge.run import runner
+    from tests.test_runner import write_config as server_config
+
+    # Progress's default stream is the sys.stderr of whichever test first imported it (here
+    # an earlier test's capture, closed by now): show progress on this test's stderr.
+    monkeypatch.setattr(runner, "Progress", partial(runner.Progress, stream=sys.stderr))
+
+    history = tmp_path / "history.sqlite"
+    config = server_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"run": {"history": str(history)}, "thresholds.min": {"ap": 1.5}},
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "judged 78 passages of 14 queries x 1 repeat(s): 78 ok" in captured.out
+    assert re.search(r"^  bm25: relevancy_mean \d\.\d{4}", captured.out, re.M)
+    breaches = [line for line in captured.err.splitlines() if "threshold breached" in line]
+    assert sorted(breaches) == [
+        f"judge: threshold breached: min ap ({engine}): {mean} vs 1.5"
+        for engine, mean in sorted(read_means(out, "ap").items())
+    ]
+    for name in ("summary.json", "report.md", "report.html", "qrels.txt"):
+        assert (out / name).exists(), name
+    assert history.exists()
+
+
+def read_means(out: Path, metric: str) -> dict[str, float | None]:
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["schema_version"] == 2 and "policy" in summary and "gain" not in summary
+    return {e: d["metrics"][metric]["mean"] for e, d in summary["engines"].items()}

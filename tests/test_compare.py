@@ -11,18 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from judge.cli_reports import add_commands, format_table, load_engines
-from judge.compare import (
+from judge.analysis.compare import (
     bootstrap_mean_ci,
     compare,
     per_query_values,
     pooled_metrics,
     sign_flip_p,
 )
-from judge.datasets import append_result, read_queries
+from judge.cli.reports import add_commands, format_table, load_engines
+from judge.data.datasets import append_result, read_queries
 from judge.errors import ConfigError, InputError
-from judge.metrics import DEFAULT_METRICS, metrics_for_queries
-from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
+from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
+from judge.schema import JudgedQuery, MetricPolicy, Passage, Query, Scale, Verdict
 
 GRADED = Scale.graded()
 SAMPLE = Path(__file__).resolve().parent.parent / "datasets" / "sample.jsonl"
@@ -221,7 +221,7 @@ def test_pooled_metrics_are_undefined_without_anything_relevant_or_with_failed_v
     assert nothing == [{"pooled_ndcg": None}]
     failed = judged("q", "a", [GOOD, BAD], [3, "unparsed"])
     assert pooled_metrics([failed], ["pooled_ndcg"], GRADED) == [{"pooled_ndcg": None}]
-    skip = pooled_metrics([failed], ["pooled_ndcg"], GRADED, unjudged="skip")
+    skip = pooled_metrics([failed], ["pooled_ndcg"], GRADED, MetricPolicy(unjudged="skip"))
     assert skip == [{"pooled_ndcg": 1.0}]
 
 
@@ -242,7 +242,7 @@ def test_pool_is_per_repeat() -> None:
 def test_exponential_gain_changes_the_pooled_ideal() -> None:
     a = judged("q", "a", [GOOD, BAD], [3, 0])
     b = judged("q", "b", [OTHER], [2])
-    (pa, _) = pooled_metrics([a, b], ["pooled_ndcg"], GRADED, gain="exponential")
+    (pa, _) = pooled_metrics([a, b], ["pooled_ndcg"], GRADED, MetricPolicy(gain="exponential"))
     assert pa["pooled_ndcg"] == pytest.approx(7 / (7 + 3 / math.log2(3)))
 
 

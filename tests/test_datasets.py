@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from judge.datasets import TRUNCATION_MARKER, read_queries, read_trec_run, truncate, validate
+from judge.data.datasets import TRUNCATION_MARKER, read_queries, read_trec_run, truncate, validate
 from judge.errors import ConfigError, InputError
 from judge.schema import Query
 

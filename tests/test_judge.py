@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from judge.calls import Limits
-from judge.judge import Judge
+from judge.calling.limits import Limits
+from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec, SamplingParams
-from judge.schema import Passage, Query
+from judge.schema import MetricPolicy, Passage, Query
 from tests.servers import (
     Answer,
     Fault,
@@ -117,7 +117,7 @@ def test_twice_unparsable_is_unparsed_never_a_grade() -> None:
 
 def test_unparsed_can_be_skipped_by_configuration() -> None:
     with ScriptedServer(responder=garbling_responder("tiredness")) as srv:
-        with make_judge(srv, unjudged="skip") as j:
+        with make_judge(srv, metrics=MetricPolicy(unjudged="skip")) as j:
             jq = j.judge(PUPPY, PASSAGES)
     assert jq.verdicts[0].status == "unparsed"
     # Judged passages only: [no, yes] -> AP = (1/2) / 1

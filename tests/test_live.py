@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from judge.judge import Judge
+from judge.judging.judge import Judge
 
 QUERY = "what are the signs of anaemia in puppies?"
 PASSAGES = [

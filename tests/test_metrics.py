@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ir_measures import AP, RR, P, nDCG
 
 from judge.errors import ConfigError
-from judge.metrics import (
+from judge.metrics.compute import (
     DEFAULT_METRICS,
     LABEL_BASED,
     LABEL_FREE,
@@ -28,7 +28,7 @@ from judge.metrics import (
     pad,
     parse_metric_name,
 )
-from judge.schema import Passage, Query, Scale, Verdict
+from judge.schema import MetricPolicy, Passage, Query, Scale, Verdict
 
 BINARY = Scale.binary()
 GRADED = Scale.graded()
@@ -82,9 +82,7 @@ def one(
         names,
         [(q, verdicts(grades, scale))],
         scale,
-        gain=gain,
-        unjudged=unjudged,
-        undefined_ap=undefined_ap,
+        MetricPolicy(gain=gain, unjudged=unjudged, undefined_ap=undefined_ap),
     )[0]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from judge.errors import TemplateError
-from judge.prompts import (
+from judge.judging.prompts import (
     fence,
     json_schema_for,
     list_templates,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from judge.reliability import bootstrap_ci, cohen_kappa, krippendorff_alpha, roc_auc
+from judge.analysis.reliability import bootstrap_ci, cohen_kappa, krippendorff_alpha, roc_auc
 
 NAN = math.nan
 

@@ -3,6 +3,7 @@ real headless browser (Debian's chromium, installed by the session fixture when 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,11 +16,12 @@ import pytest
 from matplotlib import image
 
 from judge.config import load_config
-from judge.history import history_rows_for_report, record_run
-from judge.metrics import DEFAULT_METRICS, metrics_for_queries
-from judge.report import write_reports
+from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
+from judge.report.document import write_reports
+from judge.report.finish import finish_run
+from judge.report.history import history_rows_for_report, list_runs, record_run
+from judge.report.summary import EngineSummary, build_summary, load_summary
 from judge.schema import JudgedQuery, Passage
-from judge.summary import build_summary
 from tests.test_compare import GRADED, run_cli, sample_results, verdict, write_run
 
 EVIL = '<script>alert("pwned")</script></td></table><img src=x onerror=alert(1)>'
@@ -51,6 +53,14 @@ def hostile(results: list[JudgedQuery]) -> list[JudgedQuery]:
     return out
 
 
+def shifted(engine: EngineSummary, by: float) -> EngineSummary:
+    """The engine's metric means moved by ``by`` (an undefined mean taken as 0)."""
+    metrics = {
+        m: v.model_copy(update={"mean": (v.mean or 0.0) + by}) for m, v in engine.metrics.items()
+    }
+    return engine.model_copy(update={"metrics": metrics})
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """report.md and report.html of a 2-engine, 3-repeat run with 4 nights of history."""
@@ -60,21 +70,15 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     summary = build_summary(config, results, n_boot=200)
     history = out / "history.sqlite"
     for night, shift in enumerate([0.0, 0.01, -0.2, 0.0]):
-        past = {
-            **summary,
-            "created": f"2026-01-0{night + 1}T02:00:00+00:00",
-            "engines": {
-                e: {
-                    "metrics": {
-                        m: {"mean": (v["mean"] or 0) + shift} for m, v in d["metrics"].items()
-                    }
-                }
-                for e, d in summary["engines"].items()
-            },
-        }
+        past = summary.model_copy(
+            update={
+                "created": f"2026-01-0{night + 1}T02:00:00+00:00",
+                "engines": {e: shifted(d, shift) for e, d in summary.engines.items()},
+            }
+        )
         record_run(history, past, str(out))
     rows = history_rows_for_report(
-        history, list(summary["engines"]), summary["metric_names"], max_drop={"ndcg@5": 0.05}
+        history, list(summary.engines), summary.metric_names, max_drop={"ndcg@5": 0.05}
     )
     md, page = write_reports(out, summary, results, history=rows)
     return md, page
@@ -268,9 +272,11 @@ def test_cli_report_rebuilds_a_run_directory_with_its_history(
         '[thresholds]\nmax_drop = {"ndcg@5" = 0.01}\n'
     )
     built = build_summary(load_config(config), sample_results(repeats=2), n_boot=50)
+    bm25 = built.engines["bm25"]
+    ndcg = bm25.metrics["ndcg@5"].model_copy(update={"mean": 0.8})
     for shift in (0.0, -0.1):
-        night = {**built, "engines": {"bm25": {"metrics": {"ndcg@5": {"mean": 0.8 + shift}}}}}
-        record_run(history, night, str(run))
+        night = {"bm25": shifted(bm25.model_copy(update={"metrics": {"ndcg@5": ndcg}}), shift)}
+        record_run(history, built.model_copy(update={"engines": night}), str(run))
     assert run_cli(["report", str(run), "--config", str(config), "--worst", "2"]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == [str(run / "report.md"), str(run / "report.html")]
@@ -278,6 +284,40 @@ def test_cli_report_rebuilds_a_run_directory_with_its_history(
     md = (run / "report.md").read_text(encoding="utf-8")
     assert md.count("\n### ") == 2
     assert "bm25 ndcg@5 fell 0.1000" in md
+
+
+def test_finish_run_from_python_writes_everything_a_run_leaves(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", sample_results(repeats=2))
+    history = tmp_path / "history.sqlite"
+    config = load_config(None, {"judge.scale": "graded", "run.history": str(history)})
+    summary = finish_run(config, run, None)
+    for name in ("summary.json", "report.md", "report.html", "qrels.txt"):
+        assert (run / name).stat().st_size > 0, name
+    assert load_summary(run / "summary.json") == summary
+    assert summary.run is None and set(summary.engines) == {"bm25", "dense"}
+    assert summary.counts.repeats == 2 and summary.policy == config.metrics
+    assert [r.out_dir for r in list_runs(history)] == [str(run)]
+    qrels = (run / "qrels.txt").read_text(encoding="utf-8").splitlines()
+    assert qrels and all(len(line.split()) == 4 for line in qrels)
+    assert "## Metrics (mean, 95% CI)" in (run / "report.md").read_text(encoding="utf-8")
+
+
+def test_cli_report_renders_a_version_1_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory finished by an older judge (summary.json schema 1) still reports."""
+    results = sample_results(repeats=2)
+    run = write_run(tmp_path / "run", results)
+    config = load_config(None, {"judge.scale": "graded", "metrics.gain": "exponential"})
+    v1 = build_summary(config, results, n_boot=50).model_dump(mode="json")
+    policy = v1.pop("policy")
+    v1 |= {"schema_version": 1, "gain": policy["gain"], "unjudged_policy": "skip", "run": {}}
+    (run / "summary.json").write_text(json.dumps(v1), encoding="utf-8")
+    assert run_cli(["report", str(run)]) == 0
+    assert capsys.readouterr().out.split() == [str(run / "report.md"), str(run / "report.html")]
+    md = (run / "report.md").read_text(encoding="utf-8")
+    assert "scored on their judged passages only" in md  # unjudged_policy "skip" was read
+    assert json.loads((run / "summary.json").read_text(encoding="utf-8")) == v1  # not rewritten
 
 
 def test_agreement_with_human_labels_is_reported(report: tuple[Path, Path]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import ir_measures
 import pytest
 
-from judge.datasets import append_result, read_qrels, read_results, write_qrels
+from judge.data.datasets import append_result, read_qrels, read_results, write_qrels
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery, Query, Verdict
 

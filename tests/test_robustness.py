@@ -13,11 +13,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from judge.datasets import read_queries
+from judge.data.datasets import read_queries
 from judge.errors import InputError, ParseError
+from judge.judging.verdicts import parse_listwise, parse_pointwise
 from judge.providers.base import Completion
 from judge.schema import Scale
-from judge.verdicts import parse_listwise, parse_pointwise
 
 SCALES = (Scale.binary(), Scale.graded())
 LABELS = ["yes", "no", "Yes.", "是", "不相关", "answers", "partial", "3", "maybe", ""]

@@ -8,9 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
-from judge.errors import InputError
-from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict, VerdictStatus
-from judge.stability import (
+from judge.analysis.stability import (
     StabilityReport,
     by_engine,
     human_agreement,
@@ -20,6 +18,8 @@ from judge.stability import (
     passage_flips,
     stability_report,
 )
+from judge.errors import InputError
+from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict, VerdictStatus
 
 BINARY = Scale.binary()
 GRADED = Scale.graded()

@@ -12,10 +12,10 @@ import ir_measures
 import pytest
 from ir_measures import AP, Measure, P, R, nDCG
 
-from judge.cli_reports import borrow_verdicts
-from judge.compare import compare, pooled_metrics
-from judge.datasets import read_trec_run, write_qrels
-from judge.metrics import metrics_for_queries
+from judge.analysis.compare import compare, pooled_metrics
+from judge.cli.reports import borrow_verdicts
+from judge.data.datasets import read_trec_run, write_qrels
+from judge.metrics.compute import metrics_for_queries
 from judge.schema import JudgedQuery, Scale
 from tests.test_compare import judged, run_cli, sample_results, write_run
 

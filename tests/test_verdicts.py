@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from judge.errors import ConfigError, ParseError
+from judge.judging.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
 from judge.providers.base import Completion, Message, TokenLogprob, TopLogprob
 from judge.schema import Scale
-from judge.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
 
 BINARY = Scale.binary()
 GRADED = Scale.graded()

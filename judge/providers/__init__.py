@@ -10,42 +10,32 @@ An OpenAI-compatible endpoint is a preset (or a ``kind="openai"`` spec with a ``
 never new code. Provider modules are imported on first use: the openai and dashscope SDKs
 each take about half a second to import, and a run needs at most one of them.
 
-Also here, shared by the provider modules: :class:`ProviderStatusError`,
-:func:`status_decision` (HTTP status -> RetryDecision), :func:`classify_by_type`,
-:func:`read_api_key` and :func:`response_format`.
+What the adapters share (error classification, API keys, sampling fields) lives in
+:mod:`judge.providers.base`, the only module an adapter imports from this package.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from judge.errors import ProviderConfigError, ProviderError, ResponseError
+from judge.errors import ProviderConfigError
 from judge.providers.base import (
     ChatProvider,
     ProviderSpec,
     RerankProvider,
-    RetryDecision,
-    SamplingParams,
+    planning_only,
 )
 
 __all__ = [
     "KINDS",
     "PRESETS",
-    "ProviderStatusError",
-    "classify_by_type",
     "make_chat_provider",
     "make_rerank_provider",
-    "read_api_key",
+    "planning_only",
     "resolve_spec",
-    "response_format",
-    "status_decision",
 ]
 
 _DASHSCOPE = "https://dashscope.aliyuncs.com"
@@ -85,133 +75,6 @@ KINDS: tuple[str, ...] = get_args(ProviderSpec.model_fields["kind"].annotation)
 _MERGED_FIELDS = ("extra_body", "options")
 
 
-class ProviderStatusError(ProviderError):
-    """The provider answered with an HTTP error status (the message is the provider's)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int,
-        retry_after: float | None = None,
-        request_id: str | None = None,
-    ) -> None:
-        self.status = status
-        self.retry_after = retry_after
-        self.request_id = request_id
-        suffix = f" (request_id {request_id})" if request_id else ""
-        super().__init__(f"HTTP {status}: {message}{suffix}")
-
-
-def status_decision(status: int, retry_after: float | None = None) -> RetryDecision:
-    """429 -> rate_limit; 408, 409 and 5xx -> server; any other status -> client (final)."""
-    if status == 429:
-        return RetryDecision(retry=True, kind="rate_limit", retry_after=retry_after)
-    if status in (408, 409) or status >= 500:
-        return RetryDecision(retry=True, kind="server", retry_after=retry_after)
-    return RetryDecision(retry=False, kind="client")
-
-
-ErrorTable = Sequence[tuple[type[BaseException] | tuple[type[BaseException], ...], RetryDecision]]
-
-_COMMON: ErrorTable = (
-    (ProviderConfigError, RetryDecision(retry=False, kind="config")),
-    (TimeoutError, RetryDecision(retry=True, kind="timeout")),
-    (ConnectionError, RetryDecision(retry=True, kind="connection")),
-    ((ResponseError, json.JSONDecodeError), RetryDecision(retry=True, kind="protocol")),
-)
-
-
-def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecision:
-    """An HTTP status decides via :func:`status_decision`; otherwise the first matching
-    entry of ``table``, then of the common table (timeouts, dropped connections, bodies
-    that are not the protocol's JSON); anything else is "unexpected" and final."""
-    if isinstance(exc, ProviderStatusError):
-        return status_decision(exc.status, exc.retry_after)
-    for types, decision in (*table, *_COMMON):
-        if isinstance(exc, types):
-            return decision
-    return RetryDecision(retry=False, kind="unexpected")
-
-
-_PLANNING: ContextVar[bool] = ContextVar("judge_planning", default=False)
-
-
-@contextlib.contextmanager
-def planning_only() -> Iterator[None]:
-    """Build providers that will never be called (``--dry-run``, ``judge render``).
-
-    Inside, a missing API key is not an error: the provider gets a placeholder it never sends,
-    so a user can estimate cost or inspect prompts before handing over a key. A provider's
-    identity (and so every cache key) does not depend on the key.
-    """
-    token = _PLANNING.set(True)
-    try:
-        yield
-    finally:
-        _PLANNING.reset(token)
-
-
-def read_api_key(spec: ProviderSpec, placeholder: str = "not-needed") -> str:
-    """The key from ``spec.api_key_env``; ``placeholder`` when the endpoint needs none.
-
-    Raises ProviderConfigError naming the variable (never a value) when it is unset or empty,
-    except under :func:`planning_only`.
-    """
-    if spec.api_key_env is None:
-        return placeholder
-    key = os.environ.get(spec.api_key_env, "").strip()
-    if not key and _PLANNING.get():
-        return "planning-only-never-sent"
-    if not key:
-        raise ProviderConfigError(
-            f"environment variable {spec.api_key_env} is not set; the {spec.kind} provider "
-            f"at {spec.base_url or 'its default URL'} needs an API key from it"
-        )
-    return key
-
-
-def sampling_fields(params: SamplingParams, spec: ProviderSpec) -> dict[str, Any]:
-    """The request fields both chat protocols share (OpenAI body, DashScope parameters).
-
-    Fields left unset are not sent; logprobs and response_format only where the endpoint
-    supports them; ``params.omit`` removes fields; extra_body (spec, then request) goes last.
-    """
-    fields: dict[str, Any] = {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "max_tokens": params.max_tokens,
-        "seed": params.seed,
-        "stop": list(params.stop) if params.stop else None,
-    }
-    if spec.supports_logprobs and params.logprobs:
-        fields["logprobs"] = True
-        fields["top_logprobs"] = params.top_logprobs
-    if spec.supports_json_mode:
-        fields["response_format"] = response_format(params)
-    sent = {k: v for k, v in fields.items() if v is not None and k not in params.omit}
-    return {**sent, **spec.extra_body, **params.extra_body}
-
-
-def response_format(params: SamplingParams) -> dict[str, Any] | None:
-    """The ``response_format`` request field for ``params`` (None: plain text), as both the
-    OpenAI and the DashScope protocols spell it.
-
-    ``json_schema`` takes a bare JSON schema or OpenAI's ``{"name", "schema"}`` wrapper;
-    without a schema it degrades to ``json_object``.
-    """
-    if params.response_format == "json_schema" and params.json_schema is not None:
-        schema = params.json_schema
-        named = {"name", "schema"} <= schema.keys()
-        return {
-            "type": "json_schema",
-            "json_schema": schema if named else {"name": "verdict", "schema": schema},
-        }
-    if params.response_format is not None:
-        return {"type": "json_object"}
-    return None
-
-
 def resolve_spec(name_or_kind: str, overrides: Mapping[str, Any]) -> ProviderSpec:
     """The preset (or bare kind) named, with a config's overrides applied.
 
@@ -242,7 +105,8 @@ def resolve_spec(name_or_kind: str, overrides: Mapping[str, Any]) -> ProviderSpe
         return ProviderSpec.model_validate(merged)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
         )
         raise ProviderConfigError(f"provider '{name_or_kind}': {problems}") from None
 
@@ -260,7 +124,7 @@ def _dashscope_chat(spec: ProviderSpec) -> ChatProvider:
 
 
 def _embedded_chat(spec: ProviderSpec) -> ChatProvider:
-    from judge.providers.embedded import make_embedded_chat_provider
+    from judge.providers.embedded.provider import make_embedded_chat_provider
 
     return make_embedded_chat_provider(spec)
 

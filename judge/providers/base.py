@@ -7,51 +7,27 @@ the one retry authority (DESIGN rule 2). A provider only *classifies* what went 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from datetime import UTC
 from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from judge.schema import Record, Usage
+from judge.errors import ProviderConfigError, ProviderError, ResponseError
+from judge.schema import Record, SamplingParams, Usage
 
 Role = Literal["system", "user", "assistant"]
-OmittableParam = Literal[
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "seed",
-    "stop",
-    "logprobs",
-    "top_logprobs",
-    "response_format",
-]
 
 
 class Message(Record):
     role: Role
     content: str
-
-
-class SamplingParams(Record):
-    """Everything besides the messages that changes the answer (all part of the cache key)."""
-
-    temperature: float = 0.0
-    top_p: float | None = None
-    max_tokens: int | None = 512
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    # "json_object", "json_schema" or None (plain text).
-    response_format: Literal["json_object", "json_schema"] | None = None
-    json_schema: dict[str, Any] | None = None
-    stop: tuple[str, ...] | None = None
-    # Provider-specific body fields (e.g. {"enable_thinking": false}); passed through verbatim.
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    # Request fields never to send, e.g. ["temperature", "max_tokens"] for reasoning models
-    # that accept only their defaults (put "max_completion_tokens" in extra_body instead).
-    omit: tuple[OmittableParam, ...] = ()
 
 
 class ChatRequest(Record):
@@ -186,3 +162,145 @@ class ProviderSpec(Record):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # For kind="embedded": extra llama.cpp server options.
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host: a typo here is a config error, not a network fault."""
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"'{value}' is not an http(s) URL with a host")
+        try:
+            parts.port  # noqa: B018 -- raises ValueError for a port out of range or not a number
+        except ValueError:
+            raise ValueError(f"'{value}' has an invalid port") from None
+        return value
+
+
+class ProviderStatusError(ProviderError):
+    """The provider answered with an HTTP error status (the message is the provider's)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        retry_after: float | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.status = status
+        self.retry_after = retry_after
+        self.request_id = request_id
+        suffix = f" (request_id {request_id})" if request_id else ""
+        super().__init__(f"HTTP {status}: {message}{suffix}")
+
+
+def status_decision(status: int, retry_after: float | None = None) -> RetryDecision:
+    """429 -> rate_limit; 408, 409 and 5xx -> server; any other status -> client (final)."""
+    if status == 429:
+        return RetryDecision(retry=True, kind="rate_limit", retry_after=retry_after)
+    if status in (408, 409) or status >= 500:
+        return RetryDecision(retry=True, kind="server", retry_after=retry_after)
+    return RetryDecision(retry=False, kind="client")
+
+
+ErrorTable = Sequence[tuple[type[BaseException] | tuple[type[BaseException], ...], RetryDecision]]
+
+_COMMON: ErrorTable = (
+    (ProviderConfigError, RetryDecision(retry=False, kind="config")),
+    (TimeoutError, RetryDecision(retry=True, kind="timeout")),
+    (ConnectionError, RetryDecision(retry=True, kind="connection")),
+    ((ResponseError, json.JSONDecodeError), RetryDecision(retry=True, kind="protocol")),
+)
+
+
+def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecision:
+    """An HTTP status decides via :func:`status_decision`; otherwise the first matching
+    entry of ``table``, then of the common table (timeouts, dropped connections, bodies
+    that are not the protocol's JSON); anything else is "unexpected" and final."""
+    if isinstance(exc, ProviderStatusError):
+        return status_decision(exc.status, exc.retry_after)
+    for types, decision in (*table, *_COMMON):
+        if isinstance(exc, types):
+            return decision
+    return RetryDecision(retry=False, kind="unexpected")
+
+
+_PLANNING: ContextVar[bool] = ContextVar("judge_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning_only() -> Iterator[None]:
+    """Build providers that will never be called (``--dry-run``, ``judge render``).
+
+    Inside, a missing API key is not an error: the provider gets a placeholder it never sends,
+    so a user can estimate cost or inspect prompts before handing over a key. A provider's
+    identity (and so every cache key) does not depend on the key.
+    """
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def read_api_key(spec: ProviderSpec, placeholder: str = "not-needed") -> str:
+    """The key from ``spec.api_key_env``; ``placeholder`` when the endpoint needs none.
+
+    Raises ProviderConfigError naming the variable (never a value) when it is unset or empty,
+    except under :func:`planning_only`.
+    """
+    if spec.api_key_env is None:
+        return placeholder
+    key = os.environ.get(spec.api_key_env, "").strip()
+    if not key and _PLANNING.get():
+        return "planning-only-never-sent"
+    if not key:
+        raise ProviderConfigError(
+            f"environment variable {spec.api_key_env} is not set; the {spec.kind} provider "
+            f"at {spec.base_url or 'its default URL'} needs an API key from it"
+        )
+    return key
+
+
+def sampling_fields(params: SamplingParams, spec: ProviderSpec) -> dict[str, Any]:
+    """The request fields both chat protocols share (OpenAI body, DashScope parameters).
+
+    Fields left unset are not sent; logprobs and response_format only where the endpoint
+    supports them; ``params.omit`` removes fields; extra_body (spec, then request) goes last.
+    """
+    fields: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "seed": params.seed,
+        "stop": list(params.stop) if params.stop else None,
+    }
+    if spec.supports_logprobs and params.logprobs:
+        fields["logprobs"] = True
+        fields["top_logprobs"] = params.top_logprobs
+    if spec.supports_json_mode:
+        fields["response_format"] = response_format(params)
+    sent = {k: v for k, v in fields.items() if v is not None and k not in params.omit}
+    return {**sent, **spec.extra_body, **params.extra_body}
+
+
+def response_format(params: SamplingParams) -> dict[str, Any] | None:
+    """The ``response_format`` request field for ``params`` (None: plain text), as both the
+    OpenAI and the DashScope protocols spell it.
+
+    ``json_schema`` takes a bare JSON schema or OpenAI's ``{"name", "schema"}`` wrapper;
+    without a schema it degrades to ``json_object``.
+    """
+    if params.response_format == "json_schema" and params.json_schema is not None:
+        schema = params.json_schema
+        named = {"name", "schema"} <= schema.keys()
+        return {
+            "type": "json_schema",
+            "json_schema": schema if named else {"name": "verdict", "schema": schema},
+        }
+    if params.response_format is not None:
+        return {"type": "json_object"}
+    return None

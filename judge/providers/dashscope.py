@@ -29,23 +29,21 @@ import certifi
 import dashscope
 
 from judge.errors import ResponseError
-from judge.providers import (
-    ErrorTable,
-    ProviderStatusError,
-    classify_by_type,
-    read_api_key,
-    sampling_fields,
-)
 from judge.providers.base import (
     ChatRequest,
     Completion,
+    ErrorTable,
     ProviderSpec,
+    ProviderStatusError,
     RerankRequest,
     RerankResult,
     RetryDecision,
     TokenLogprob,
     TopLogprob,
+    classify_by_type,
     parse_retry_after,
+    read_api_key,
+    sampling_fields,
 )
 from judge.providers.rerank import scores_in_input_order
 from judge.schema import Usage

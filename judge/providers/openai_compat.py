@@ -15,21 +15,19 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from judge.errors import ResponseError
-from judge.providers import (
-    ErrorTable,
-    classify_by_type,
-    read_api_key,
-    sampling_fields,
-    status_decision,
-)
 from judge.providers.base import (
     ChatRequest,
     Completion,
+    ErrorTable,
     ProviderSpec,
     RetryDecision,
     TokenLogprob,
     TopLogprob,
+    classify_by_type,
     parse_retry_after,
+    read_api_key,
+    sampling_fields,
+    status_decision,
 )
 from judge.schema import Usage
 

@@ -21,13 +21,16 @@ from typing import Any
 import httpx
 
 from judge.errors import ProviderConfigError, ResponseError
-from judge.providers import ErrorTable, ProviderStatusError, classify_by_type, read_api_key
 from judge.providers.base import (
+    ErrorTable,
     ProviderSpec,
+    ProviderStatusError,
     RerankRequest,
     RerankResult,
     RetryDecision,
+    classify_by_type,
     parse_retry_after,
+    read_api_key,
 )
 from judge.schema import Usage
 

@@ -1,0 +1,201 @@
+"""How hard the call layer may push providers, and what it may spend.
+
+:class:`Limits` is read from a config once (:meth:`Limits.from_config`); none of it is part
+of a cache key. :class:`RateLimiter` paces requests and tokens per minute; :class:`Budget`
+counts what was spent and refuses a call the budget no longer allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from judge.config import Price, RunConfig
+from judge.errors import BudgetExceeded, ConfigError
+from judge.schema import Record, Usage
+
+
+class Limits(Record):
+    """Concurrency, timeouts, retries, rates and budget for one Caller."""
+
+    # Calls in flight per provider (chat and rerank each): [provider] / [rerank] concurrency,
+    # else [run] concurrency. One limit per provider; nothing nests.
+    concurrency: int = 8
+    rerank_concurrency: int = 8
+    timeout_s: float = 60.0
+    max_attempts: int = 6
+    backoff_base_s: float = 0.5
+    max_backoff_s: float = 60.0
+    requests_per_minute: float = 0.0
+    tokens_per_minute: float = 0.0
+    max_cost: float = 0.0  # USD; 0 = no budget
+    max_tokens: int = 0  # 0 = no budget
+    price: Price | None = None  # the judge model's price; None = unknown (cost counted as 0)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Limits:
+        """The limits [run], [provider], [rerank] and the model's [prices] entry set."""
+        r = config.run
+        if r.max_cost > 0 and config.price() is None:
+            raise ConfigError(
+                f"{config.source}: run.max_cost is set but [prices] has no entry for the model "
+                f"'{config.judge.model}': add [prices.\"{config.judge.model}\"] prompt and "
+                "completion (USD per 1M tokens), or cap tokens with run.max_tokens instead"
+            )
+        rerank = config.rerank.concurrency if config.rerank else 0
+        return cls(
+            concurrency=config.provider.concurrency or r.concurrency,
+            rerank_concurrency=rerank or r.concurrency,
+            timeout_s=r.timeout_s,
+            max_attempts=r.max_attempts,
+            backoff_base_s=r.backoff_base_s,
+            max_backoff_s=r.max_backoff_s,
+            requests_per_minute=r.requests_per_minute,
+            tokens_per_minute=r.tokens_per_minute,
+            max_cost=r.max_cost,
+            max_tokens=r.max_tokens,
+            price=config.price(),
+        )
+
+
+class RateLimiter:
+    """Token bucket for ``per_minute`` units per minute; 0 disables it.
+
+    The level L refills at r = per_minute / 60 units per second up to the capacity
+    C = max(r * burst_s, 1): L(t) = min(C, L(t0) + r * (t - t0)). A request for n units waits
+    until L >= min(n, C), then takes all n, so L may go negative and a request larger than the
+    bucket is paid for by later waits: over any span T at most C + r * T units pass.
+
+    The burst is one second's worth, not a minute's: providers enforce per-minute limits over
+    shorter windows, and a full minute of requests fired at once would meet 429s.
+    """
+
+    def __init__(self, per_minute: float, *, burst_s: float = 1.0) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = max(self.rate * burst_s, 1.0)
+        self.level = self.capacity
+        self.stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, amount: float = 1.0) -> None:
+        if self.rate <= 0:
+            return
+        need = min(amount, self.capacity)
+        async with self._lock:  # FIFO: a waiter is not overtaken by later small requests
+            while True:
+                self._refill()
+                if self.level >= need:
+                    self.level -= amount
+                    return
+                await asyncio.sleep((need - self.level) / self.rate)
+
+    def refund(self, amount: float) -> None:
+        """Give back units taken but not used (a token estimate above the real usage)."""
+        if self.rate > 0 and amount > 0:
+            self._refill()
+            self.level = min(self.capacity, self.level + amount)
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+
+# Completion tokens reserved for a request that sets no max_tokens (a reasoning model's
+# omitted limit): a generous bound, so a budget is never passed by an unbounded answer.
+UNBOUNDED_COMPLETION = 8192
+# Framing tokens a chat protocol adds per message and per request (role markers, priming).
+PER_MESSAGE, PER_REQUEST = 8, 16
+
+
+def worst_case_prompt_tokens(texts: list[str]) -> int:
+    """An upper bound on the prompt tokens of these message texts, for any tokenizer we meet.
+
+    Byte-level BPE tokenizers (OpenAI, Qwen, Llama) never give a token less than one byte, so
+    the UTF-8 length bounds the count; framing adds a few tokens per message. It overestimates
+    English about fourfold, which only matters for requests in flight at once: a reservation
+    is settled to the real usage the moment its answer arrives.
+    """
+    return sum(len(t.encode("utf-8")) + PER_MESSAGE for t in texts) + PER_REQUEST
+
+
+@dataclass(frozen=True)
+class Reservation:
+    usage: Usage
+    cost: float
+
+
+class Budget:
+    """A hard cap on cost and tokens: reserve each request's worst case, settle it after.
+
+    No request starts while spent + reserved + its own worst case would pass a cap; it waits
+    for requests in flight to settle (their real usage is usually far below the reservation).
+    When nothing is in flight and it still does not fit, the budget is reached:
+    BudgetExceeded, stating what was truly spent.
+    """
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.usage = Usage()  # spent: what answers reported (and worst cases of lost ones)
+        self.cost = 0.0
+        self._reserved_tokens = 0
+        self._reserved_cost = 0.0
+        self._in_flight = 0
+        self._settled = asyncio.Event()
+
+    @property
+    def capped(self) -> bool:
+        return self.limits.max_cost > 0 or self.limits.max_tokens > 0
+
+    def _cost(self, usage: Usage) -> float:
+        return self.limits.price.cost(usage) if self.limits.price is not None else 0.0
+
+    def _fits(self, usage: Usage, cost: float) -> bool:
+        lim = self.limits
+        if lim.max_cost > 0 and self.cost + self._reserved_cost + cost > lim.max_cost:
+            return False
+        tokens = self.usage.total + self._reserved_tokens + usage.total
+        return not (lim.max_tokens > 0 and tokens > lim.max_tokens)
+
+    async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
+        """Hold a request's worst case, waiting while requests in flight may free room."""
+        completion = UNBOUNDED_COMPLETION if completion_tokens is None else completion_tokens
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion)
+        cost = self._cost(usage)
+        while not self._fits(usage, cost):
+            if self._in_flight == 0:
+                raise BudgetExceeded(self.reached_message(usage.total, cost))
+            self._settled.clear()
+            await self._settled.wait()
+        self._reserved_tokens += usage.total
+        self._reserved_cost += cost
+        self._in_flight += 1
+        return Reservation(usage, cost)
+
+    def settle(self, reservation: Reservation, spent: Usage) -> None:
+        """Release a reservation and count what the request really used (synchronous, so it
+        also runs while a cancelled task unwinds)."""
+        self._reserved_tokens -= reservation.usage.total
+        self._reserved_cost -= reservation.cost
+        self._in_flight -= 1
+        self.spend(spent)
+        self._settled.set()
+
+    def spend(self, usage: Usage) -> None:
+        self.usage = self.usage + usage
+        self.cost += self._cost(usage)
+
+    def reached_message(self, next_tokens: int = 0, next_cost: float = 0.0) -> str:
+        lim = self.limits
+        if lim.max_cost > 0 and self.cost + next_cost > lim.max_cost:
+            what = (
+                f"cost budget reached: spent ${self.cost:.4f} of ${lim.max_cost:.4f} "
+                f"(the next request could cost up to ${next_cost:.4f})"
+            )
+        else:
+            what = (
+                f"token budget reached: spent {self.usage.total} of {lim.max_tokens} tokens "
+                f"(the next request could use up to {next_tokens})"
+            )
+        return what + "; rerun with a larger budget to resume"

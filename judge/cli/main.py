@@ -1,0 +1,335 @@
+"""The ``judge`` command. A JudgeError prints as one line and exits with its code (2 for bad
+input or config, 3 for an incomplete run); a breached threshold exits 1.
+
+Exit codes of ``judge run``: 0 ok; 1 a threshold breached; 2 bad config or input;
+3 run incomplete (budget reached, too many errors, interrupted) — rerun to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from judge.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_BUDGET,
+    EXIT_CODES,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_THRESHOLD,
+    overrides,
+)
+from judge.errors import ConfigError, JudgeError
+from judge.version import __version__
+
+if TYPE_CHECKING:
+    from judge.report.summary import Summary
+    from judge.run.estimate import Estimate
+    from judge.run.runner import RunOutcome
+
+log = logging.getLogger(__name__)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Judge, then :func:`judge.report.finish.finish_run`; print the outcome, pick the exit code."""
+    from judge.config import load_config
+    from judge.providers import planning_only
+    from judge.report.finish import finish_run
+    from judge.run.estimate import estimate
+    from judge.run.preflight import preflight
+    from judge.run.queries import load_queries, sample_queries
+    from judge.run.runner import run_async
+
+    config = load_config(args.config, overrides(args))
+    queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
+    out_dir = Path(args.out or config.run.out)
+    # A dry run sends nothing, so it needs no API key; every other check is the same.
+    with planning_only() if args.dry_run else contextlib.nullcontext():
+        preflight(config, queries, out_dir, first_night=args.first_night)
+    if args.dry_run:
+        return _dry_run(estimate(config, queries, out_dir))
+    redo = frozenset(args.redo or ())
+    outcome = asyncio.run(run_async(config, queries, out_dir, fresh=args.fresh, redo=redo))
+    summary = finish_run(config, out_dir, outcome)
+    _print_outcome(outcome, summary, out_dir)
+    if outcome.stopped_by == "budget":
+        print(f"judge: {outcome.reason}", file=sys.stderr)
+        return EXIT_BUDGET
+    if outcome.status != "complete":
+        print(
+            f"judge: run incomplete: {outcome.reason or 'stopped'}; rerun to resume",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    for b in summary.thresholds.breaches:
+        where = f" ({b.engine})" if b.engine else ""
+        print(
+            f"judge: threshold breached: {b.check}{where}: {b.value} vs {b.limit}",
+            file=sys.stderr,
+        )
+    return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
+
+
+def _dry_run(est: Estimate) -> int:
+    cost = f"${est.cost_usd:.4f}" if est.cost_usd is not None else "unknown (no [prices] entry)"
+    print(
+        f"dry run: {est.units} query-repeats to judge, {est.calls} calls "
+        f"({est.cached_calls} already cached), ~{est.prompt_tokens} prompt + "
+        f"~{est.completion_tokens} completion tokens "
+        f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
+    )
+    return EXIT_OK
+
+
+def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None:
+    c = summary.counts
+    if outcome.resumed:
+        print(
+            f"resumed: {outcome.resumed} of {outcome.planned} query-repeats were already in "
+            f"{out_dir} (--fresh starts over)"
+        )
+    print(
+        f"judged {c.verdicts} passages of {c.queries} queries x {c.repeats} repeat(s): "
+        f"{c.ok} ok, {c.unparsed} unparsed, {c.error} error; "
+        f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
+    )
+    for engine, data in summary.engines.items():
+        shown = ", ".join(
+            f"{name} {m.mean:.4f}" if m.mean is not None else f"{name} —"
+            for name, m in list(data.metrics.items())[:6]
+        )
+        print(f"  {engine}: {shown}")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``judge validate [CONFIG] DATASET``: the dataset's counts and problems; with a config,
+    every check ``judge run`` makes before its first call, and nothing is sent."""
+    from judge.config import load_config
+    from judge.data.datasets import validate
+    from judge.run.preflight import preflight
+    from judge.run.queries import load_queries
+
+    config_path, dataset = _validate_paths(args.paths)
+    config = load_config(config_path, overrides(args)) if config_path else None
+    ds = config.dataset if config else None
+    dataset = dataset or (ds.path if ds else None)
+    if dataset is None:
+        raise ConfigError(f"{config_path}: no dataset: give one or set [dataset] path")
+    result = validate(
+        dataset,
+        columns=(ds.columns or None) if ds else None,
+        max_passage_chars=ds.max_passage_chars if ds else args.max_passage_chars,
+    )
+    print(
+        f"{result.path}: {result.n_queries} rows ({result.n_query_ids} query ids, "
+        f"engines: {', '.join(result.engines) or '—'}), {result.n_passages} passages, "
+        f"{result.n_labelled} rows with human labels, {result.n_truncated} truncated, "
+        f"{result.n_empty} empty"
+    )
+    for problem in result.problems:
+        print(f"note: {problem}")
+    for error in result.errors:
+        print(f"error: {error}", file=sys.stderr)
+    if result.errors:
+        print(f"judge: {len(result.errors)} error(s) in {result.path}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if config is not None:
+        out_dir = Path(args.out or config.run.out)
+        preflight(config, load_queries(config, dataset), out_dir, first_night=args.first_night)
+        print(f"{config_path}: ready to run; no problems found")
+    return EXIT_OK
+
+
+def _validate_paths(paths: Sequence[str]) -> tuple[str | None, str | None]:
+    """(config, dataset) from ``validate``'s one or two paths; a lone .toml is a config."""
+    if len(paths) == 2:
+        return paths[0], paths[1]
+    if len(paths) == 1:
+        return (paths[0], None) if paths[0].endswith(".toml") else (None, paths[0])
+    raise ConfigError("judge validate takes DATASET, CONFIG, or CONFIG DATASET")
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from judge.config import load_config
+    from judge.data.results import read_results, resolve_scale
+    from judge.metrics.compute import metrics_for_queries
+    from judge.schema import MetricPolicy
+
+    config = load_config(args.config) if args.config else None
+    results = read_results(args.results)
+    if not results:
+        raise ConfigError(f"{args.results}: no results")
+    scale = resolve_scale(results, config)
+    policy = config.metrics if config else MetricPolicy()
+    names = args.metric or (list(policy.names) if config else list(results[0].metrics))
+    rows = metrics_for_queries(names, [(jq.query, jq.verdicts) for jq in results], scale, policy)
+    by_engine: dict[str, list[dict[str, float | None]]] = {}
+    for jq, row in zip(results, rows, strict=True):
+        by_engine.setdefault(jq.query.engine, []).append(row)
+    print("engine\tn\t" + "\t".join(names))
+    for engine, engine_rows in sorted(by_engine.items()):
+        cells = []
+        for name in names:
+            values = [v for r in engine_rows if (v := r.get(name)) is not None]
+            cells.append(f"{sum(values) / len(values):.4f}" if values else "—")
+        print(f"{engine}\t{len(engine_rows)}\t" + "\t".join(cells))
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from judge.config import load_config
+    from judge.judging.judge import Judge
+    from judge.providers import planning_only
+    from judge.run.queries import load_queries
+
+    config = load_config(args.config, overrides(args))
+    queries = load_queries(config, args.dataset)
+    if not 0 <= args.query < len(queries):
+        raise ConfigError(f"--query {args.query}: the dataset has queries 0..{len(queries) - 1}")
+    query = queries[args.query]
+    with planning_only():  # nothing is sent: no API key needed to see the prompts
+        judge = Judge.from_config(config)
+    requests = judge.first_requests(query)
+    shown = requests if args.all else requests[:1]
+    print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")
+    for i, request in enumerate(shown):
+        print(
+            f"\n## request {i + 1}: model={request.model} "
+            f"params={request.params.model_dump(exclude_defaults=True)}"
+        )
+        for m in request.messages:
+            print(f"\n--- {m.role} ---\n{m.content}")
+    if len(requests) > len(shown):
+        print(
+            f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; "
+            "--all shows them)"
+        )
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``judge`` argument parser.
+
+    Long because it is one flat list of argparse declarations, read top to bottom like the
+    command's help; splitting it per command would scatter the CLI's shape.
+    """
+    p = argparse.ArgumentParser(
+        prog="judge",
+        description="LLM-as-judge contextual relevancy: judge retrieved passages, "
+        "compute label-free ranking metrics, measure their stability.",
+    )
+    p.add_argument("--version", action="version", version=f"judge {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. run.repeats=3",
+        )
+
+    r = sub.add_parser(
+        "run",
+        help="judge a dataset and write verdicts, summary, report and qrels",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("config", help="TOML run config (see configs/)")
+    r.add_argument(
+        "dataset", nargs="?", help="dataset JSONL (default: the config's [dataset] path)"
+    )
+    r.add_argument("--out", help="run directory (default: the config's run.out)")
+    r.add_argument("--repeats", type=int)
+    r.add_argument("--sample", type=int, help="judge a reproducible sample of N query ids")
+    r.add_argument("--seed", type=int)
+    r.add_argument("--concurrency", type=int)
+    r.add_argument("--max-cost", type=float, help="stop cleanly at this spend (USD); rerun resumes")
+    r.add_argument("--max-tokens", type=int, help="stop cleanly at this many tokens; rerun resumes")
+    r.add_argument("--cache", help="cache file (default: ~/.cache/judge/cache.sqlite)")
+    r.add_argument(
+        "--dry-run", action="store_true", help="estimate calls, tokens and cost; call nothing"
+    )
+    r.add_argument(
+        "--fresh", action="store_true", help="discard the run directory's earlier results"
+    )
+    r.add_argument(
+        "--redo",
+        action="append",
+        choices=["unparsed", "error"],
+        help="ask units with these verdicts again (error units always are); repeatable",
+    )
+    r.add_argument(
+        "--first-night",
+        action="store_true",
+        help="no baseline summary yet: skip the drop checks instead of refusing to run",
+    )
+    common(r)
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser(
+        "validate",
+        help="check a dataset (and, with a config, everything judge run checks before paying)",
+    )
+    v.add_argument("paths", nargs="+", metavar="[CONFIG] DATASET")
+    v.add_argument("--max-passage-chars", type=int, default=8000)
+    v.add_argument("--out", help="run directory to check (default: the config's run.out)")
+    v.add_argument(
+        "--first-night", action="store_true", help="no baseline yet: skip the drop checks"
+    )
+    common(v)
+    v.set_defaults(func=cmd_validate)
+
+    m = sub.add_parser("metrics", help="recompute metrics from a results (verdicts.jsonl) file")
+    m.add_argument("results")
+    m.add_argument("--config", help="config giving the scale and metric names")
+    m.add_argument("--metric", action="append", help="metric name (repeatable), e.g. ndcg@10")
+    m.set_defaults(func=cmd_metrics)
+
+    rd = sub.add_parser("render", help="print the exact messages that would be sent for one query")
+    rd.add_argument("config")
+    rd.add_argument("dataset", nargs="?")
+    rd.add_argument("--query", type=int, default=0, help="query index in the dataset (0-based)")
+    rd.add_argument("--all", action="store_true", help="every request, not just the first")
+    common(rd)
+    rd.set_defaults(func=cmd_render)
+
+    from judge.cli.admin import add_commands as add_admin
+    from judge.cli.reports import add_commands
+
+    add_admin(sub, common)
+
+    add_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="judge: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("httpx", "httpx2", "openai", "dashscope"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        code: int = args.func(args)
+    except JudgeError as exc:
+        print(f"judge: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("judge: interrupted; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Line-by-line reading of user files, collecting every error so one run shows them all.
+
+:class:`Sink` gathers errors (each an InputError naming ``file:line`` and field) and non-fatal
+notes; :class:`Row` checks the fields of one line into a sink; :func:`text_lines` and
+:func:`json_lines` read a file's non-blank lines (UTF-8, a BOM skipped). Shared by the dataset,
+TREC run, results and qrels readers.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from judge.errors import InputError
+
+__all__ = [
+    "MAX_ERRORS_SHOWN",
+    "MISSING",
+    "Row",
+    "Sink",
+    "json_lines",
+    "kind",
+    "read_bytes",
+    "text_lines",
+]
+
+MAX_ERRORS_SHOWN = 20
+MISSING: Any = object()  # a field absent from the line (None would be JSON null)
+_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+_KINDS |= {list: "a list", dict: "an object", type(None): "null"}
+
+
+class Sink:
+    """Collects every error and note of one read, so the user sees them all at once."""
+
+    def __init__(self) -> None:
+        self.errors: list[InputError] = []
+        self.problems: list[str] = []
+
+    def error(self, message: str, file: str, line: int | None, field: str | None = None) -> None:
+        self.errors.append(InputError(message, file=file, line=line, field=field))
+
+    def note(self, message: str, file: str, line: int | None = None) -> None:
+        self.problems.append(f"{file}:{line}: {message}" if line else f"{file}: {message}")
+
+    def raise_if_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            n = len(self.errors)
+            shown = f" (first {MAX_ERRORS_SHOWN} shown)" if n > MAX_ERRORS_SHOWN else ""
+            lines = "".join(f"\n  {e}" for e in self.errors[:MAX_ERRORS_SHOWN])
+            files = {e.file for e in self.errors}
+            file = files.pop() if len(files) == 1 else None
+            raise InputError(f"{n} input errors{shown}:{lines}", file=file)
+
+
+def kind(value: Any) -> str:
+    """What a JSON value is, for messages: "a string", "a list", "null", ..."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({exc.strerror or exc})", file=str(path)) from None
+
+
+def text_lines(path: Path, sink: Sink) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line; undecodable lines go to the sink."""
+    data = read_bytes(path).removeprefix(codecs.BOM_UTF8)
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            text = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as exc:
+            sink.error(f"invalid UTF-8 (byte {exc.start + 1} of the line)", str(path), n)
+            continue
+        if text.strip():
+            yield n, text
+
+
+def json_lines(path: Path, sink: Sink) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line; what is not one JSON value per line
+    goes to the sink: invalid JSON, nesting or numbers too large to read, lone surrogates, and
+    a whole file that is one JSON array (JSON, not JSON Lines) as a single error."""
+    lines = text_lines(path, sink)
+    for n, text in lines:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if n == 1 and text.lstrip().startswith("[") and _array_file(path, sink):
+                return
+            sink.error(f"invalid JSON ({exc.msg} at column {exc.colno})", str(path), n)
+            continue
+        except RecursionError:
+            sink.error("invalid JSON (nested too deeply to read)", str(path), n)
+            continue
+        except ValueError as exc:  # e.g. an integer beyond Python's 4300-digit limit
+            sink.error(f"invalid JSON ({str(exc).split(';')[0]})", str(path), n)
+            continue
+        if _SURROGATE.search(text) and (where := _lone_surrogate(value)) is not None:
+            sink.error("contains a lone UTF-16 surrogate (not valid text)", str(path), n, where)
+            continue
+        if n == 1 and isinstance(value, list) and value and isinstance(value[0], dict):
+            sink.error(_ARRAY_HINT, str(path), n)
+            return
+        yield n, value
+
+
+_ARRAY_HINT = (
+    "the file is one JSON array, not JSON Lines (one JSON object per line); "
+    "convert it with: jq -c '.[]' FILE > FILE.jsonl"
+)
+# A \u escape in the surrogate range; json.loads pairs valid ones, so only a lone one is left.
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _array_file(path: Path, sink: Sink) -> bool:
+    """Whether the whole file is one (pretty-printed) JSON array; if so, say it once."""
+    try:
+        whole = json.loads(read_bytes(path).removeprefix(codecs.BOM_UTF8))
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(whole, list):
+        return False
+    sink.error(_ARRAY_HINT, str(path), 1)
+    return True
+
+
+def _lone_surrogate(value: Any, at: str = "") -> str | None:
+    """The dotted field holding a string that is not valid Unicode text, if any."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return at or "(value)"
+        return None
+    if not isinstance(value, dict | list):
+        return None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        key_bad = isinstance(key, str) and _lone_surrogate(key) is not None
+        name = f"{at}.{key}" if at else str(key)
+        found = name if key_bad else _lone_surrogate(item, name)
+        if found is not None:
+            return found
+    return None
+
+
+class Row:
+    """Checks the fields of one line; each problem goes to the sink with file:line and field."""
+
+    def __init__(self, sink: Sink, file: str, line: int) -> None:
+        self.sink, self.file, self.line, self.errors = sink, file, line, 0
+
+    @property
+    def ok(self) -> bool:
+        return self.errors == 0
+
+    def bad(self, field: str | None, message: str) -> None:
+        self.sink.error(message, self.file, self.line, field)
+        self.errors += 1
+
+    def note(self, message: str) -> None:
+        self.sink.note(message, self.file, self.line)
+
+    def string(self, value: Any, field: str, *, required: bool = True) -> str | None:
+        if value is MISSING or (value is None and not required):
+            if required:
+                self.bad(field, "missing")
+            return None
+        if not isinstance(value, str):
+            self.bad(field, f"expected a string, got {kind(value)}")
+            return None
+        return value
+
+    def nonblank(self, value: Any, field: str) -> str | None:
+        text = self.string(value, field)
+        if text is not None and not text.strip():
+            self.bad(field, "is empty")
+            return None
+        return text
+
+    def ident(self, value: Any, field: str) -> str | None:
+        if value is MISSING:
+            self.bad(field, "missing")
+        elif isinstance(value, bool) or not isinstance(value, str | int):
+            self.bad(field, f"expected a string or integer id, got {kind(value)}")
+        elif not str(value).strip():
+            self.bad(field, "is empty")
+        else:
+            return str(value)
+        return None
+
+    def number(self, value: Any, field: str) -> float | None:
+        if value is None or value is MISSING:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.bad(field, f"expected a number, got {kind(value)}")
+            return None
+        return float(value)
+
+    def listed(
+        self, value: Any, field: str, item: Callable[[Any, str], str | None]
+    ) -> list[str] | None:
+        """A list checked item by item; None when absent or invalid (``ok`` tells which)."""
+        if value is None or value is MISSING:
+            return None
+        if not isinstance(value, list):
+            self.bad(field, f"expected a list, got {kind(value)}")
+            return None
+        out = [item(v, f"{field}[{i}]") for i, v in enumerate(value)]
+        return None if None in out else [v for v in out if v is not None]
+
+    def rename(self, obj: dict[str, Any], renames: Mapping[str, str], at: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            name = renames.get(key, key)
+            if name in out:
+                self.bad(at + name, f"given twice ('{key}' also maps to it; see columns)")
+            out[name] = value
+        return out

@@ -1,0 +1,289 @@
+"""Results JSONL (one judged query per line) and TREC qrels files: writing and reading.
+
+Results: :func:`append_result` writes one JSON line per judged query and fsyncs it;
+:func:`read_results` drops an incomplete last line left by a killed writer and reports it.
+Qrels: :func:`write_qrels` pools every ``ok`` verdict for a (query_id, passage id) across
+engines and repeats into one grade (``majority``: most frequent, ties to the lower grade).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import IO
+
+from pydantic import ValidationError
+
+from judge.config import RunConfig
+from judge.data.lines import Row, Sink, read_bytes, text_lines
+from judge.errors import ConfigError, InputError
+from judge.schema import JudgedQuery, Scale
+
+__all__ = [
+    "REPEAT_POLICIES",
+    "RESULTS_FILE",
+    "append_result",
+    "compact_results",
+    "load_engines",
+    "load_results",
+    "read_qrels",
+    "read_results",
+    "resolve_scale",
+    "write_qrels",
+]
+
+log = logging.getLogger(__name__)
+
+# The results file inside a run directory.
+RESULTS_FILE = "verdicts.jsonl"
+
+
+def append_result(path: str | Path, jq: JudgedQuery) -> None:
+    """Append one judged query as a JSON line, flushed and fsynced: a kill loses nothing done.
+
+    An incomplete last line left by a killed writer is cut first (``read_results`` would drop
+    it anyway), so the new line never fuses with it.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "r+b") as fh:
+        _end_last_line(fh, target)
+        fh.seek(0, os.SEEK_END)
+        fh.write(jq.model_dump_json().encode("utf-8") + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _end_last_line(fh: IO[bytes], path: Path) -> None:
+    """Make the file end in a newline: end a complete last line, cut an incomplete one."""
+    end = fh.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    fh.seek(end - 1)
+    if fh.read(1) == b"\n":
+        return
+    start = end
+    while start > 0:
+        step = min(start, 1 << 16)
+        start -= step
+        fh.seek(start)
+        newline = fh.read(step).rfind(b"\n")
+        if newline >= 0:
+            start += newline + 1
+            break
+    fh.seek(start)
+    try:
+        JudgedQuery.model_validate_json(fh.read())
+    except ValidationError:
+        log.warning(
+            "%s: cut an incomplete last line (%d bytes) before appending", path, end - start
+        )
+        fh.truncate(start)
+    else:
+        fh.seek(end)
+        fh.write(b"\n")
+
+
+def compact_results(path: Path) -> list[JudgedQuery]:
+    """Keep one line per (query, engine, repeat), the last written, and return those rows.
+
+    A resumed unit appends a newer line; at the end of a run the file is rewritten without
+    the superseded ones, through a temporary file and a rename, so a reader sees the old file
+    or the new one, never half of either.
+    """
+    rows = read_results(path)
+    latest = {jq.key: jq for jq in rows}
+    if len(latest) < len(rows):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.writelines(jq.model_dump_json().encode() + b"\n" for jq in latest.values())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, path.stat().st_mode & 0o777)  # mkstemp's 0600 is not the file's mode
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return list(latest.values())
+
+
+def _first_error(exc: ValidationError) -> tuple[str | None, str]:
+    err = exc.errors()[0]
+    field = ".".join(str(part) for part in err["loc"]) or None
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return field, f"not a judged result: {err['msg']}{more}"
+
+
+def read_results(path: str | Path, *, problems: list[str] | None = None) -> list[JudgedQuery]:
+    """Every judged query in a results JSONL, in file order.
+
+    An incomplete last line (no newline after it, and unreadable: a killed writer) is dropped,
+    logged and added to ``problems``; any other bad line is an InputError naming file:line.
+    """
+    name = str(path)
+    lines = read_bytes(Path(path)).split(b"\n")
+    sink = Sink()
+    out: list[JudgedQuery] = []
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(JudgedQuery.model_validate_json(raw))
+        except ValidationError as exc:
+            if n == len(lines):
+                sink.note(
+                    "incomplete last line (the writer was stopped mid-line); dropped", name, n
+                )
+            else:
+                field, message = _first_error(exc)
+                sink.error(message, name, n, field)
+    sink.raise_if_any()
+    for note in sink.problems:
+        log.warning("%s", note)
+    if problems is not None:
+        problems.extend(sink.problems)
+    return out
+
+
+def _majority(grades: Sequence[int]) -> int:
+    """The most frequent grade; a tie goes to the lower grade (the cautious call)."""
+    counts = Counter(grades)
+    top = max(counts.values())
+    return min(grade for grade, count in counts.items() if count == top)
+
+
+REPEAT_POLICIES: dict[str, Callable[[Sequence[int]], int]] = {
+    "majority": _majority,
+    "max": lambda grades: max(grades),
+    "min": lambda grades: min(grades),
+}
+
+
+def write_qrels(
+    path: str | Path, judged: Iterable[JudgedQuery], *, repeat_policy: str = "majority"
+) -> int:
+    """Write TREC qrels (``qid 0 docid grade``) from the judge's verdicts; return the line count.
+
+    Qrels are per query: every ``ok`` grade for a (query_id, passage id), from any engine and
+    any repeat, is pooled and reduced by ``repeat_policy``. Unparsed and error verdicts are
+    left out. Lines are sorted by query id, then passage id; the file is replaced atomically.
+    """
+    if repeat_policy not in REPEAT_POLICIES:
+        raise ConfigError(
+            f"repeat_policy must be one of {sorted(REPEAT_POLICIES)}, got '{repeat_policy}'"
+        )
+    reduce = REPEAT_POLICIES[repeat_policy]
+    votes: dict[str, dict[str, list[int]]] = {}
+    for jq in judged:
+        for v in jq.verdicts:
+            if v.status != "ok" or v.grade is None:
+                continue
+            for field, value in (("query_id", jq.query.query_id), ("passage_id", v.passage_id)):
+                if value.split() != [value]:
+                    raise InputError(
+                        f"'{value}' has whitespace, which TREC qrels cannot hold",
+                        file=jq.query.source,
+                        field=field,
+                    )
+            votes.setdefault(jq.query.query_id, {}).setdefault(v.passage_id, []).append(v.grade)
+    lines = [
+        f"{qid} 0 {pid} {reduce(votes[qid][pid])}\n"
+        for qid in sorted(votes)
+        for pid in sorted(votes[qid])
+    ]
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    os.replace(tmp, target)
+    return len(lines)
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """TREC qrels (``qid iter docid grade``) as {qid: {docid: grade}}; bad lines raise."""
+    name = str(path)
+    sink = Sink()
+    qrels: dict[str, dict[str, int]] = {}
+    for n, line in text_lines(Path(path), sink):
+        row = Row(sink, name, n)
+        cols = line.split()
+        if len(cols) != 4:
+            row.bad(None, f"expected 4 columns (qid iter docid grade), got {len(cols)}")
+        elif not cols[3].lstrip("-").isdigit():
+            row.bad("grade", f"not an integer: '{cols[3]}'")
+        elif cols[2] in qrels.get(cols[0], {}):
+            row.bad("docid", f"passage '{cols[2]}' graded twice for query '{cols[0]}'")
+        else:
+            qrels.setdefault(cols[0], {})[cols[2]] = int(cols[3])
+    sink.raise_if_any()
+    return qrels
+
+
+def load_results(path: Path) -> list[JudgedQuery]:
+    """A run directory's or results file's rows, one per (query, engine, repeat), last wins."""
+    if path.is_dir():
+        path = path / RESULTS_FILE
+        if not path.exists():
+            raise InputError("no results yet", file=str(path))
+    if not path.exists():
+        raise InputError("no such run directory or results file", file=str(path))
+    rows = {jq.key: jq for jq in read_results(path)}
+    return sorted(rows.values(), key=lambda jq: (jq.query.query_id, jq.query.engine, jq.repeat))
+
+
+def _rename(jq: JudgedQuery, engine: str) -> JudgedQuery:
+    return jq.model_copy(update={"query": jq.query.model_copy(update={"engine": engine})})
+
+
+def load_engines(sources: Sequence[str]) -> list[JudgedQuery]:
+    """Results from one or more sources (``PATH`` or ``NAME=PATH``).
+
+    One unnamed source keeps its engines. With several, each source is an engine: its one
+    engine name is kept when every source has one distinct, non-default engine; otherwise it
+    is named NAME, or the directory / file name, suffixed ``/engine`` when it holds several.
+    """
+    loaded: list[tuple[str | None, Path, list[JudgedQuery]]] = []
+    for source in sources:
+        name, path = None, Path(source)
+        if "=" in source and not path.exists():
+            name, raw = source.split("=", 1)
+            path = Path(raw)
+        loaded.append((name, path, load_results(path)))
+    if len(loaded) == 1 and loaded[0][0] is None:
+        return loaded[0][2]
+    singles = [sorted({jq.query.engine for jq in rows}) for _, _, rows in loaded]
+    keep = all(len(e) == 1 and e[0] != "default" for e in singles) and len(
+        {e[0] for e in singles}
+    ) == len(singles)
+    out: list[JudgedQuery] = []
+    owner: dict[str, str] = {}
+    for (name, path, rows), engines in zip(loaded, singles, strict=True):
+        label = name or (path.name if path.is_dir() or path.suffix != ".jsonl" else path.stem)
+        if len(engines) > 1:
+            names = {e: f"{label}/{e}" for e in engines}
+        else:
+            names = {e: e if keep and name is None else label for e in engines}
+        for new in names.values():
+            if owner.setdefault(new, str(path)) != str(path):
+                raise InputError(
+                    f"engine name '{new}' would come from both {owner[new]} and {path}; "
+                    "name the sources as NAME=PATH"
+                )
+        out += [_rename(jq, names[jq.query.engine]) for jq in rows]
+    return out
+
+
+def resolve_scale(results: Sequence[JudgedQuery], config: RunConfig | None) -> Scale:
+    """The config's scale, else the built-in scale the results name."""
+    if config is not None:
+        return config.scale()
+    names = sorted({jq.scale for jq in results})
+    if len(names) != 1:
+        raise InputError(f"results were judged on different scales {names}; compare one scale")
+    return Scale.named(names[0])

@@ -1,0 +1,357 @@
+"""One query's passages -> verdicts -> label-free metrics (the per-query Python API).
+
+Async core (:meth:`Judge.ajudge`), one sync wrapper at the edge (:meth:`Judge.judge`, which
+runs the core on an event loop the Judge owns, so its HTTP clients survive between calls).
+How verdicts are asked for (pointwise, listwise, re-asks) lives in :mod:`judge.asking`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from judge.calling.cache import Cache, open_cache
+from judge.calling.caller import Caller
+from judge.calling.limits import Limits
+from judge.config import DEFAULT_PARAMS, RunConfig
+from judge.errors import ConfigError
+from judge.judging.asker import Asker
+from judge.judging.prompts import (
+    Mode,
+    PromptTemplate,
+    json_schema_for,
+    load_template,
+    template_name,
+)
+from judge.metrics.compute import metrics_for_queries
+from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
+from judge.providers.base import (
+    ChatProvider,
+    ChatRequest,
+    ProviderSpec,
+    RerankProvider,
+    RerankRequest,
+)
+from judge.schema import (
+    BUILTIN_SCALES,
+    JudgedQuery,
+    MetricPolicy,
+    Passage,
+    Query,
+    SamplingParams,
+    Scale,
+    Usage,
+    Verdict,
+)
+
+T = TypeVar("T")
+PassageLike = Passage | str | Mapping[str, Any]
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "mean": statistics.fmean,
+    "median": statistics.median,
+}
+
+
+def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
+    """Accept plain strings (ids "1".."n"), dicts or Passage records."""
+    out: list[Passage] = []
+    for i, item in enumerate(passages, start=1):
+        if isinstance(item, Passage):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(Passage(id=str(i), text=item))
+        else:
+            data = dict(item)
+            data.setdefault("id", str(i))
+            data["id"] = str(data["id"])
+            out.append(Passage.model_validate(data))
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise ConfigError(f"duplicate passage ids: {dupes}")
+    return tuple(out)
+
+
+def _templates(name: str, template_dir: str | Path | None) -> tuple[PromptTemplate, PromptTemplate]:
+    """The named template, and the pointwise one listwise falls back to for passages the list
+    answer never covered (the template itself when it is pointwise)."""
+    tdir = Path(template_dir) if template_dir else None
+    template = load_template(name, template_dir=tdir)
+    if template.mode != "listwise":
+        return template, template
+    return template, load_template(name.replace(".listwise.", ".pointwise."), template_dir=tdir)
+
+
+def _with_schema(
+    params: SamplingParams, scale: Scale, mode: Mode, verdict_first: bool
+) -> SamplingParams:
+    """``response_format = "json_schema"`` without a schema gets the one the scale implies."""
+    if params.response_format != "json_schema" or params.json_schema is not None:
+        return params
+    schema = json_schema_for(scale, mode, verdict_first=verdict_first)
+    return params.model_copy(update={"json_schema": schema})
+
+
+def _reranker(
+    rerank: str | ProviderSpec | RerankProvider | None, model: str | None
+) -> RerankProvider | None:
+    if rerank is None:
+        return None
+    if model is None:
+        raise ConfigError("rerank_model is required with a rerank provider")
+    if isinstance(rerank, ProviderSpec):
+        return make_rerank_provider(rerank)
+    if isinstance(rerank, str):
+        return make_rerank_provider(resolve_spec(rerank, {}))
+    return rerank
+
+
+class Judge:
+    """Judge passages for a query with an LLM.
+
+    >>> j = Judge(provider="local", model="qwen2.5", scale="binary")   # doctest: +SKIP
+    >>> jq = j.judge("what is rust?", ["Rust is a systems language.", "Bananas are yellow."])
+    >>> [v.label for v in jq.verdicts], jq.metrics["ap"]
+    """
+
+    def __init__(
+        self,
+        provider: str | ProviderSpec | ChatProvider = "openai",
+        model: str = "gpt-4o-mini",
+        *,
+        scale: str | Scale = "binary",
+        mode: Literal["pointwise", "listwise"] = "pointwise",
+        language: Literal["en", "zh"] = "en",
+        template: str | None = None,
+        template_dir: str | Path | None = None,
+        params: SamplingParams | None = None,
+        metrics: Sequence[str] | MetricPolicy = MetricPolicy(),
+        rerank: str | ProviderSpec | RerankProvider | None = None,
+        rerank_model: str | None = None,
+        cache: str | Path | Cache | None = None,
+        limits: Limits | None = None,
+        verdict_first: bool = False,
+        max_reason_words: int = 30,
+        reask: bool = True,
+        **provider_overrides: Any,
+    ) -> None:
+        """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
+        (None: none). Other keyword arguments override the provider preset (``base_url``)."""
+        if isinstance(scale, str):
+            scale = Scale.named(scale)
+        self.scale = scale
+        self.model = model
+        self.mode = mode
+        if not isinstance(metrics, MetricPolicy):
+            metrics = MetricPolicy(names=tuple(metrics))
+        self.policy = metrics
+        name = template or template_name(
+            scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
+        )
+        self.template, pointwise_template = _templates(name, template_dir)
+        chat = self._chat_provider(provider, provider_overrides)
+        self.params = _with_schema(params or DEFAULT_PARAMS, scale, mode, verdict_first)
+        reranker = _reranker(rerank, rerank_model)
+        self.rerank_model = rerank_model
+        if isinstance(cache, str | Path):
+            cache = open_cache(cache)
+        self._cache = cache
+        self._chat = chat
+        self._reranker = reranker
+        self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.asker = Asker(
+            caller=self.caller,
+            model=model,
+            params=self.params,
+            scale=scale,
+            mode=mode,
+            template=self.template,
+            pointwise_template=pointwise_template,
+            language=language,
+            verdict_first=verdict_first,
+            max_reason_words=max_reason_words,
+            reask=reask,
+        )
+
+    def first_requests(self, query: Query) -> list[ChatRequest]:
+        """The first-round requests a query needs, exactly as they would be sent."""
+        return self.asker.first_requests(query)
+
+    @staticmethod
+    def _chat_provider(
+        provider: str | ProviderSpec | ChatProvider, overrides: Mapping[str, Any]
+    ) -> ChatProvider:
+        if isinstance(provider, str):
+            return make_chat_provider(resolve_spec(provider, overrides))
+        if isinstance(provider, ProviderSpec):
+            return make_chat_provider(provider)
+        return provider
+
+    @classmethod
+    def from_config(
+        cls, config: RunConfig, *, cache: Cache | None = None, limits: Limits | None = None
+    ) -> Judge:
+        j = config.judge
+        spec = resolve_spec(j.provider, config.provider.overrides())
+        rerank_spec = (
+            resolve_spec(config.rerank.provider, config.rerank.overrides())
+            if config.rerank
+            else None
+        )
+        return cls(
+            spec,
+            j.model,
+            scale=config.scale(),
+            mode=j.mode,
+            language=j.language,
+            template=j.template,
+            template_dir=j.template_dir,
+            params=j.params,
+            metrics=config.metrics,
+            rerank=rerank_spec,
+            rerank_model=config.rerank.model if config.rerank else None,
+            cache=cache,
+            limits=limits,
+            verdict_first=j.verdict_first,
+            max_reason_words=j.max_reason_words,
+            reask=j.reask,
+        )
+
+    # ---- async core -------------------------------------------------------------------
+
+    async def ajudge(
+        self,
+        query: str | Query,
+        passages: Sequence[PassageLike] | None = None,
+        *,
+        repeat: int = 0,
+    ) -> JudgedQuery:
+        """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
+        if isinstance(query, str):
+            query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
+        elif passages is not None:
+            query = query.model_copy(update={"passages": as_passages(passages)})
+        verdicts = await self.asker.verdicts(query, repeat)
+        rerank_scores = None
+        if self._reranker is not None and query.passages:
+            rerank_scores = await self._rerank_scores(query, repeat)
+        return self.finish(query, repeat, verdicts, rerank_scores)
+
+    def finish(
+        self,
+        query: Query,
+        repeat: int,
+        verdicts: Sequence[Verdict],
+        rerank_scores: dict[str, float] | None = None,
+    ) -> JudgedQuery:
+        """Attach metrics to a query's verdicts (rerank_* from reranker scores when given)."""
+        scored = verdicts
+        if rerank_scores is not None:
+            scored = [
+                v.model_copy(update={"probability": rerank_scores.get(v.passage_id)})
+                for v in verdicts
+            ]
+        metrics = metrics_for_queries(
+            self.policy.names, [(query, scored)], self.scale, self.policy
+        )[0]
+        usage = Usage()
+        for v in verdicts:
+            usage = usage + v.usage
+        return JudgedQuery(
+            query=query,
+            repeat=repeat,
+            scale=self.scale.name,
+            verdicts=tuple(verdicts),
+            metrics=metrics,
+            usage=usage,
+            rerank_scores=rerank_scores,
+        )
+
+    async def arerank_relevancy(
+        self,
+        query: str | Query,
+        passages: Sequence[PassageLike] | None = None,
+        *,
+        agg: Literal["max", "mean", "median"] = "max",
+    ) -> float | None:
+        """Cohere-style rerank relevancy: per-passage scores in [0, 1], aggregated.
+
+        Scores come from the rerank provider when one is configured, else from the judge's
+        own probability of relevance (which needs logprobs). None when no score is known.
+        """
+        if agg not in _AGGREGATES:
+            raise ConfigError(f"agg must be one of {sorted(_AGGREGATES)}")
+        if isinstance(query, str):
+            query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
+        elif passages is not None:
+            query = query.model_copy(update={"passages": as_passages(passages)})
+        if self._reranker is not None:
+            scores = list((await self._rerank_scores(query, 0)).values())
+        else:
+            jq = await self.ajudge(query)
+            scores = [v.probability for v in jq.verdicts if v.probability is not None]
+        return float(_AGGREGATES[agg](scores)) if scores else None
+
+    async def _rerank_scores(self, query: Query, repeat: int) -> dict[str, float]:
+        assert self.rerank_model is not None
+        request = RerankRequest(
+            model=self.rerank_model,
+            query=query.query,
+            documents=tuple(p.text for p in query.passages),
+            top_n=len(query.passages),
+        )
+        result = await self.caller.rerank(request, repeat)
+        return {p.id: s for p, s in zip(query.passages, result.answer.scores, strict=True)}
+
+    # ---- sync edge --------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise RuntimeError("Judge.judge() cannot run inside an event loop; use ajudge()")
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)
+
+    def judge(
+        self, query: str | Query, passages: Sequence[PassageLike] | None = None, *, repeat: int = 0
+    ) -> JudgedQuery:
+        """Sync wrapper of :meth:`ajudge`."""
+        return self._run(self.ajudge(query, passages, repeat=repeat))
+
+    def rerank_relevancy(
+        self,
+        query: str | Query,
+        passages: Sequence[PassageLike] | None = None,
+        *,
+        agg: Literal["max", "mean", "median"] = "max",
+    ) -> float | None:
+        """Sync wrapper of :meth:`arerank_relevancy`."""
+        return self._run(self.arerank_relevancy(query, passages, agg=agg))
+
+    async def aclose(self) -> None:
+        await self._chat.aclose()
+        if self._reranker is not None:
+            await self._reranker.aclose()
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self.aclose())
+            self._loop.close()
+        if self._cache is not None:
+            self._cache.close()
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""What happens after a run: the nightly chain summary -> history -> report -> qrels.
+
+:func:`finish_run` reads the latest result per (query, engine, repeat) from a run directory,
+builds its :class:`~judge.report.summary.Summary` and writes it to summary.json, records the
+run in the config's history, writes report.md and report.html (with the history trend and
+regression flags) and qrels.txt, and returns the Summary. ``judge run`` calls it after
+judging; Python users can call it on any finished (or partly finished) run directory::
+
+    outcome = asyncio.run(run_async(config, queries, out_dir))
+    summary = finish_run(config, out_dir, outcome)
+    if summary.thresholds.breached: ...
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from judge.config import RunConfig
+from judge.data.results import load_results, write_qrels
+from judge.report.document import write_reports
+from judge.report.history import history_rows_for_report, record_run, source_key
+from judge.report.summary import SUMMARY_FILE, Summary, build_summary, write_summary
+from judge.run.runner import RunOutcome
+
+log = logging.getLogger(__name__)
+
+QRELS_FILE = "qrels.txt"
+# Past runs the report's history section shows.
+HISTORY_SHOWN = 10
+
+
+def finish_run(config: RunConfig, out_dir: Path, outcome: RunOutcome | None = None) -> Summary:
+    """Summarise ``out_dir``'s results and write summary.json, history, reports and qrels.
+
+    ``outcome`` is what :func:`judge.run.runner.run_async` returned (None when the run was
+    judged elsewhere or earlier); it is kept in the summary as ``run``. Raises
+    :class:`~judge.errors.InputError` when the directory has no results yet.
+    """
+    out_dir = Path(out_dir)
+    results = load_results(out_dir)
+    summary = build_summary(config, results, run=outcome)
+    write_summary(out_dir / SUMMARY_FILE, summary)
+    history = config.history_path()
+    run_id = record_run(history, summary, out_dir)
+    rows = history_rows_for_report(
+        history,
+        list(summary.engines),
+        summary.metric_names,
+        HISTORY_SHOWN,
+        max_drop=config.thresholds.max_drop,
+        source=source_key(config.source),
+    )
+    written = write_reports(out_dir, summary, results, history=rows)
+    write_qrels(out_dir / QRELS_FILE, results)
+    log.debug(
+        "run %d recorded in %s; wrote %s, %s and %s",
+        run_id,
+        history,
+        SUMMARY_FILE,
+        ", ".join(p.name for p in written),
+        QRELS_FILE,
+    )
+    return summary

@@ -1,0 +1,398 @@
+"""summary.json: the machine-readable result of a run, and the threshold checks on it.
+
+``summary.model_dump_json(indent=2)`` of a :class:`Summary` is what summary.json holds:
+counts (ok / unparsed / error — never folded into "not relevant"), usage and cost, per-engine
+metric means with repeat stability and bootstrap CIs, label flips, alpha, agreement with
+human labels, and the threshold checks. ``SCHEMA_VERSION`` is bumped whenever a field changes
+meaning or moves (2: "gain" / "unjudged_policy" became ``policy``); version 1 still loads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from judge.analysis.stability import StabilityReport, majority_vote, stability_report
+from judge.config import RunConfig
+from judge.errors import ConfigError, InputError
+from judge.run.runner import RunOutcome
+from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Record, Scale, Usage
+from judge.version import __version__
+
+SCHEMA_VERSION = 2
+SUMMARY_FILE = "summary.json"
+
+
+class Counts(Record):
+    """What was judged: (query, engine) pairs, verdicts by status, and their rates."""
+
+    queries: int
+    query_ids: int
+    engines: tuple[str, ...]
+    repeats: int
+    judged_units: int
+    verdicts: int
+    ok: int
+    unparsed: int
+    error: int
+    error_rate: float
+    unparsed_rate: float
+    empty_queries: int
+    cached_verdicts: int
+
+
+class UsageSummary(Record):
+    """Tokens of the results and their list-price cost (None without a [prices] entry)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_per_passage: float
+    completion_tokens_per_passage: float
+    cost_usd: float | None
+
+
+class SummaryConfig(Record):
+    """Where the config came from and its fingerprint (what changes the answers)."""
+
+    source: str | None
+    judge: dict[str, Any]
+    provider: dict[str, Any]
+    rerank: dict[str, Any] | None
+    scale: Scale
+    repeats: int
+
+
+class MetricSummary(Record):
+    """One metric of one engine: mean over repeats, its bootstrap CI and repeat spread."""
+
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+    std_across_repeats: float | None
+    max_rel_diff: float | None
+    per_repeat: tuple[float | None, ...]
+    n_defined: int
+    n_undefined: int
+
+
+class EngineSummary(Record):
+    """One engine's metrics; ``majority_vote`` holds them recomputed from the voted verdicts."""
+
+    majority_vote: dict[str, float | None]
+    n_queries: int
+    n_repeats: int
+    metrics: dict[str, MetricSummary]
+
+    def mean(self, metric: str) -> float | None:
+        found = self.metrics.get(metric)
+        return found.mean if found else None
+
+
+class Check(Record):
+    """One threshold check; ``ok`` False is a breach (``judge run`` exits 1)."""
+
+    check: str
+    value: float | None
+    limit: float | None
+    ok: bool
+    engine: str | None = None
+    baseline: float | None = None
+    current: float | None = None
+    note: str | None = None
+
+
+class ThresholdResult(Record):
+    checks: tuple[Check, ...]
+    breached: int
+    breaches: tuple[Check, ...]
+
+    @classmethod
+    def of(cls, checks: Sequence[Check]) -> ThresholdResult:
+        breaches = tuple(c for c in checks if not c.ok)
+        return cls(checks=tuple(checks), breached=len(breaches), breaches=breaches)
+
+
+class Summary(Record):
+    """Everything summary.json says about a run."""
+
+    schema_version: int
+    judge_version: str
+    created: str
+    config: SummaryConfig
+    dataset: str | None
+    policy: MetricPolicy
+    metric_names: tuple[str, ...]
+    counts: Counts
+    usage: UsageSummary
+    run: RunOutcome | None
+    engines: dict[str, EngineSummary]
+    stability: StabilityReport
+    thresholds: ThresholdResult
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return sum(defined) / len(defined) if defined else None
+
+
+def _rate(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def counts(results: Sequence[JudgedQuery]) -> Counts:
+    status: Counter[str] = Counter(v.status for jq in results for v in jq.verdicts)
+    total = sum(status.values())
+    return Counts(
+        queries=len({(jq.query.query_id, jq.query.engine) for jq in results}),
+        query_ids=len({jq.query.query_id for jq in results}),
+        engines=tuple(sorted({jq.query.engine for jq in results})),
+        repeats=len({jq.repeat for jq in results}),
+        judged_units=len(results),
+        verdicts=total,
+        ok=status["ok"],
+        unparsed=status["unparsed"],
+        error=status["error"],
+        error_rate=_rate(status["error"], total),
+        unparsed_rate=_rate(status["unparsed"], total),
+        empty_queries=sum(1 for jq in results if not jq.verdicts),
+        cached_verdicts=sum(1 for jq in results for v in jq.verdicts if v.cached),
+    )
+
+
+def usage(results: Sequence[JudgedQuery], config: RunConfig) -> UsageSummary:
+    total = sum((jq.usage for jq in results), Usage())
+    n = sum(len(jq.verdicts) for jq in results)
+    price = config.price()
+    return UsageSummary(
+        prompt_tokens=total.prompt_tokens,
+        completion_tokens=total.completion_tokens,
+        prompt_tokens_per_passage=_rate(total.prompt_tokens, n),
+        completion_tokens_per_passage=_rate(total.completion_tokens, n),
+        # What these results cost at list price, cached answers included (what a cold run pays).
+        cost_usd=price.cost(total) if price else None,
+    )
+
+
+# MetricStability fields a summary keeps as they are (``std`` becomes std_across_repeats).
+_KEPT = {"mean", "ci_low", "ci_high", "max_rel_diff", "per_repeat", "n_defined", "n_undefined"}
+
+
+def _engines(
+    results: Sequence[JudgedQuery], names: Sequence[str], report: StabilityReport, config: RunConfig
+) -> dict[str, EngineSummary]:
+    # Metrics of the majority-vote verdicts across repeats (ties -> the lower grade).
+    voted = majority_vote(results, names, config.scale(), config.metrics)
+    return {
+        engine: EngineSummary(
+            majority_vote={
+                name: _mean(jq.metrics.get(name) for jq in voted if jq.query.engine == engine)
+                for name in names
+            },
+            n_queries=est.n_queries,
+            n_repeats=est.n_repeats,
+            metrics={
+                name: MetricSummary(std_across_repeats=ms.std, **ms.model_dump(include=_KEPT))
+                for name, ms in est.metrics.items()
+            },
+        )
+        for engine, est in report.engines.items()
+    }
+
+
+def build_summary(
+    config: RunConfig,
+    results: Sequence[JudgedQuery],
+    *,
+    run: RunOutcome | None = None,
+    n_boot: int = 2000,
+) -> Summary:
+    """The summary of ``results`` (one row per query, engine and repeat) under ``config``."""
+    names = list(config.metrics.names)
+    present = {name for jq in results for name in jq.metrics}
+    names += sorted(present - set(names))
+    results = labels_on_scale(results, config)
+    report = stability_report(results, names, config.scale(), n_boot=n_boot, seed=config.run.seed)
+    summary = Summary(
+        schema_version=SCHEMA_VERSION,
+        judge_version=__version__,
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        config=SummaryConfig.model_validate({"source": config.source, **config.fingerprint()}),
+        dataset=config.dataset.path or config.dataset.trec_run,
+        policy=config.metrics,
+        metric_names=tuple(names),
+        counts=counts(results),
+        usage=usage(results, config),
+        run=run,
+        engines=_engines(results, names, report, config),
+        stability=report,
+        thresholds=ThresholdResult.of(()),
+    )
+    return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
+
+
+def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[JudgedQuery]:
+    """Human labels expressed on the judge's scale.
+
+    Labels on another scale are mapped through relevance: a binary judge compares with
+    ``label >= label_scale.threshold``. A graded judge cannot be compared with coarser labels.
+    """
+    scale, label_scale = config.scale(), config.label_scale()
+    if label_scale == scale:
+        return list(results)
+    if not scale.is_binary:
+        raise ConfigError(
+            f"{config.source}: labels on scale '{label_scale.name}' cannot be compared with "
+            f"the {scale.name} judge; only a binary judge maps other labels through relevance"
+        )
+    out = []
+    for jq in results:
+        labels = jq.query.labels
+        if labels:
+            mapped = {pid: int(label_scale.relevant(g)) for pid, g in labels.items()}
+            jq = jq.model_copy(update={"query": jq.query.model_copy(update={"labels": mapped})})
+        out.append(jq)
+    return out
+
+
+def write_summary(path: str | Path, summary: Summary) -> Path:
+    """Write ``summary`` as JSON (what :func:`load_summary` reads); return the path."""
+    Path(path).write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    return Path(path)
+
+
+def load_summary(path: str | Path) -> Summary:
+    """A summary.json of this schema or of version 1; anything else is an InputError."""
+    name = str(path)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not a JSON summary: {exc}", file=name) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the summary: {exc.strerror}", file=name) from None
+    if not isinstance(data, dict) or "engines" not in data:
+        raise InputError("not a judge summary.json (no 'engines')", file=name)
+    version = data.get("schema_version", 1)
+    if version not in (1, SCHEMA_VERSION):
+        msg = f"summary schema version {version!r}; this judge reads 1 and {SCHEMA_VERSION}"
+        raise InputError(msg, file=name)
+    try:
+        return Summary.model_validate(_from_v1(data) if version == 1 else data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = f"{err['msg']}{more}: not a valid judge summary"
+        raise InputError(msg, file=name, field=where or None) from None
+    except (ValueError, TypeError, AttributeError) as exc:  # a v1 table of the wrong type
+        raise InputError(f"not a version-1 judge summary: {exc}", file=name) from None
+
+
+_V1_COUNTS: dict[str, Any] = dict.fromkeys(Counts.model_fields, 0) | {"engines": []}
+_V1_USAGE: dict[str, Any] = dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None}
+_V1_ENGINE: dict[str, Any] = {"majority_vote": {}, "n_queries": 0, "n_repeats": 0}
+_V1_METRIC: dict[str, Any] = dict.fromkeys(MetricSummary.model_fields)
+_V1_METRIC |= {"per_repeat": [], "n_defined": 0, "n_undefined": 0}
+
+
+def _table(data: dict[str, Any], key: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"'{key}' is not a table")
+    return {**defaults, **value}
+
+
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 summary in this schema's shape, for old files kept as baselines.
+
+    Version 1 kept the policy as top-level "gain" and "unjudged_policy" (its "undefined_ap"
+    was not recorded: the default is assumed) and wrote ``"run": {}`` for no run outcome;
+    early writers left out "dataset", "gain" and each engine's "majority_vote". What a file
+    does not say (a hand-written baseline may give only engine means) is filled with empty
+    values: zero counts and tokens, no stability per engine, no checks.
+    """
+    config = _table(data, "config", {"source": None, "judge": {}, "provider": {}, "rerank": None})
+    if config.get("scale") is None:  # the built-in scale the stability names, else binary
+        named = str(_table(data, "stability", {}).get("scale"))
+        config["scale"] = BUILTIN_SCALES.get(named, Scale.binary)()
+    scale = Scale.model_validate(config["scale"])
+    counts = _table(data, "counts", _V1_COUNTS)
+    config.setdefault("repeats", counts["repeats"] or 1)
+    engines = _table(data, "engines", {})
+    engines = {engine: _table(engines, engine, _V1_ENGINE) for engine in engines}
+    for body in engines.values():
+        body["metrics"] = {m: _V1_METRIC | v for m, v in _table(body, "metrics", {}).items()}
+    names = data.get("metric_names") or sorted({m for b in engines.values() for m in b["metrics"]})
+    gain, unjudged = data.get("gain", "linear"), data.get("unjudged_policy", "undefined")
+    policy = {"names": names, "gain": gain, "unjudged": unjudged}
+    level = "nominal" if scale.is_binary else "ordinal"
+    stability = {"scale": scale.name, "alpha_level": level, "alpha": None, "n_boot": 2000}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "judge_version": data.get("judge_version", "unknown"),
+        "created": data.get("created", ""),
+        "config": config,
+        "dataset": data.get("dataset"),
+        "policy": policy,
+        "metric_names": names,
+        "counts": counts,
+        "usage": _table(data, "usage", _V1_USAGE),
+        "run": data.get("run") or None,
+        "engines": engines,
+        "stability": _table(data, "stability", stability | {"seed": 0, "engines": {}}),
+        "thresholds": _table(data, "thresholds", {"checks": [], "breached": 0, "breaches": []}),
+    }
+
+
+def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
+    """Compare the summary with [thresholds]; a breach makes ``judge run`` exit 1."""
+    th, c = config.thresholds, summary.counts
+    checks = [
+        _at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate),
+    ]
+    for engine, data in summary.engines.items():
+        for metric, minimum in th.min.items():
+            mean = data.mean(metric)
+            ok = mean is not None and mean >= minimum
+            check = Check(check=f"min {metric}", value=mean, limit=minimum, ok=ok, engine=engine)
+            checks.append(check)
+    if th.baseline and th.max_drop and not Path(th.baseline).exists():
+        # The first night has no baseline yet: say so in the report instead of failing.
+        note = f"{th.baseline} not found: drop checks skipped"
+        checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
+    elif th.baseline and th.max_drop:
+        checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
+    return ThresholdResult.of(checks)
+
+
+def _at_most(name: str, value: float, limit: float) -> Check:
+    return Check(check=name, value=value, limit=limit, ok=value <= limit)
+
+
+def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
+    """Each engine's fall against the baseline, per metric the baseline has a mean for."""
+    checks = []
+    for engine, data in summary.engines.items():
+        for metric, limit in max_drop.items():
+            before = base.engines[engine].mean(metric) if engine in base.engines else None
+            if before is None:
+                continue
+            now = data.mean(metric)
+            drop = before - now if now is not None else None
+            checks.append(
+                Check(
+                    check=f"drop {metric}",
+                    value=drop,
+                    limit=limit,
+                    ok=drop is not None and drop <= limit,
+                    engine=engine,
+                    baseline=before,
+                    current=now,
+                )
+            )
+    return checks

@@ -1,0 +1,165 @@
+"""Everything that can be checked before the first paid call, in one pass.
+
+``judge run`` calls :func:`preflight` after reading the dataset and before building a provider
+or sending anything; ``judge validate CONFIG DATASET`` calls the same function. Each problem is
+one line naming file, line and field; all of them are reported together (exit 2), so a user
+fixes a file once, not once per problem.
+
+Checked: the dataset (read strictly by :mod:`judge.data.datasets`), human labels against the
+scale they are on, ids the outputs must carry (TREC files split on whitespace), the provider
+URLs and the price a dollar budget needs, template and output paths, and the regression
+baseline when drop thresholds are set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from judge.calling.limits import Limits
+from judge.config import RunConfig
+from judge.errors import ConfigError, InputError, JudgeError
+from judge.providers import resolve_spec
+from judge.providers.base import read_api_key
+from judge.schema import Query, Scale
+
+log = logging.getLogger(__name__)
+
+MAX_SHOWN = 20
+
+
+def preflight(
+    config: RunConfig, queries: Sequence[Query], out_dir: Path | None, *, first_night: bool
+) -> None:
+    """Raise one ConfigError / InputError listing every problem; return when there is none.
+
+    ``out_dir`` None skips the writable-directory check (``judge validate`` without a run).
+    """
+    problems: list[str] = []
+    problems += _config_problems(config)
+    if out_dir is not None:
+        problems += _writable(out_dir, "the run directory (--out)")
+    problems += _baseline_problems(config, first_night)
+    rows = _row_problems(config, queries)
+    if not problems and not rows:
+        return
+    lines = [*problems, *rows]
+    shown = lines[:MAX_SHOWN]
+    more = f"\n  ... and {len(lines) - MAX_SHOWN} more" if len(lines) > MAX_SHOWN else ""
+    text = f"{len(lines)} problem(s) found before any call was made:" + "".join(
+        f"\n  {line}" for line in shown
+    )
+    raise (InputError if rows and not problems else ConfigError)(text + more)
+
+
+def _config_problems(config: RunConfig) -> list[str]:
+    where = config.source or "<config>"
+    problems: list[str] = []
+    specs = [("provider", config.judge.provider, config.provider.overrides())]
+    if config.rerank is not None:
+        specs.append(("rerank", config.rerank.provider, config.rerank.overrides()))
+    for table, name, overrides in specs:
+        try:
+            read_api_key(resolve_spec(name, overrides))  # under planning_only: no key needed
+        except JudgeError as exc:
+            problems.append(f"{where}: [{table}]: {exc}")
+    try:
+        Limits.from_config(config)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if config.judge.template_dir and not Path(config.judge.template_dir).is_dir():
+        problems.append(
+            f"{where}: judge.template_dir: '{config.judge.template_dir}' is not a directory"
+        )
+    for key, path in (("run.cache", config.cache_path()), ("run.history", config.history_path())):
+        problems += [f"{where}: {key}: {p}" for p in _writable(path.parent, str(path))]
+    try:
+        _label_scale(config)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def _label_scale(config: RunConfig) -> Scale:
+    """The scale human labels are on; ConfigError when a graded judge meets coarser labels."""
+    scale, labels = config.scale(), config.label_scale()
+    if labels != scale and not scale.is_binary:
+        raise ConfigError(
+            f"{config.source}: labels on scale '{labels.name}' cannot be compared with the "
+            f"{scale.name} judge; only a binary judge maps other labels through relevance"
+        )
+    return labels
+
+
+def _writable(directory: Path, what: str) -> list[str]:
+    """[] when a file can be written in ``directory``, or it can be created (nothing is made
+    here: the nearest existing ancestor is probed instead)."""
+    probe = directory
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return [f"{directory}: {what}: {probe} is not a directory"]
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".judge-probe-"):
+            pass
+    except OSError as exc:
+        return [f"{directory}: {what} is not writable: {exc.strerror or exc}"]
+    return []
+
+
+def _baseline_problems(config: RunConfig, first_night: bool) -> list[str]:
+    th = config.thresholds
+    if not th.max_drop:
+        return []
+    where = config.source or "<config>"
+    if th.baseline is None:
+        return [f"{where}: thresholds.max_drop is set but thresholds.baseline is not"]
+    path = Path(th.baseline)
+    if not path.exists():
+        if first_night:
+            log.warning("%s: no baseline yet (first night): drop checks skipped", path)
+            return []
+        return [
+            f"{path}: thresholds.baseline not found; the drop checks need it (pass "
+            "--first-night on the first run, then copy its summary.json there)"
+        ]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        return [f"{path}: thresholds.baseline is not a readable summary.json ({exc})"]
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
+        return [f"{path}: thresholds.baseline is not a judge summary.json (no 'engines')"]
+    return []
+
+
+def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
+    """Labels off their scale; ids with whitespace (qrels and TREC runs split on it)."""
+    try:
+        labels = _label_scale(config)
+    except ConfigError:
+        labels = config.scale()  # reported with the config problems
+    grades = {label.grade for label in labels.labels}
+    allowed = ", ".join(str(g) for g in sorted(grades))
+    problems: list[str] = []
+    for q in queries:
+        where = q.source or f"query '{q.query_id}'"
+        if _spaced(q.query_id):
+            problems.append(f"{where}: field 'query_id': {q.query_id!r} contains whitespace")
+        for p in q.passages:
+            if _spaced(p.id):
+                problems.append(f"{where}: field 'passages.id': {p.id!r} contains whitespace")
+        for pid, grade in (q.labels or {}).items():
+            if grade not in grades:
+                problems.append(
+                    f"{where}: field 'labels.{pid}': {grade} is not a grade of the "
+                    f"'{labels.name}' scale ({allowed}); set [dataset] label_scale if the "
+                    "labels use another scale"
+                )
+    return problems
+
+
+def _spaced(text: str) -> bool:
+    return any(ch.isspace() for ch in text)

@@ -1,0 +1,64 @@
+"""Progress of a run: one refreshed line on a TTY, periodic log lines elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from judge.calling.caller import Caller
+from judge.schema import JudgedQuery
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Counters shown on a TTY as one refreshed line, elsewhere as periodic log lines."""
+
+    total_units: int
+    total_passages: int
+    caller: Caller
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    interval_s: float = 10.0
+    units: int = 0
+    passages: int = 0
+    status: Counter[str] = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
+    _last: float = 0.0
+    _logged: str = ""
+
+    def update(self, jq: JudgedQuery) -> None:
+        self.units += 1
+        self.passages += len(jq.verdicts)
+        self.status.update(v.status for v in jq.verdicts)
+        self.show()
+
+    def line(self) -> str:
+        s, b = self.caller.stats, self.caller.budget
+        elapsed = time.monotonic() - self.started
+        rate = self.passages / elapsed if elapsed > 0 else 0.0
+        return (
+            f"queries {self.units}/{self.total_units}"
+            f"  passages {self.passages}/{self.total_passages}"
+            f"  ({rate:.1f}/s)  cached {s.cache_hits}  retries {s.retries}"
+            f"  unparsed {self.status['unparsed']}  errors {self.status['error']}"
+            f"  tokens {b.usage.total}  ${b.cost:.4f}"
+        )
+
+    def show(self, final: bool = False) -> None:
+        now = time.monotonic()
+        tty = self.stream.isatty()
+        if tty and (final or now - self._last >= 0.2):
+            self.stream.write("\r" + self.line() + ("\n" if final else ""))
+            self.stream.flush()
+            self._last = now
+        elif not tty and (final or now - self._last >= self.interval_s):
+            line = self.line()
+            if line != self._logged:  # the final line may just have been logged
+                log.info("%s", line)
+                self._logged = line
+            self._last = now

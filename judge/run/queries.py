@@ -1,0 +1,49 @@
+"""Which queries a run judges: the dataset named on the command line or in [dataset], and a
+reproducible sample of query ids (every engine's row of a sampled id comes along)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+
+from judge.config import RunConfig
+from judge.data.datasets import read_queries, read_trec_run
+from judge.errors import ConfigError
+from judge.schema import Query
+
+log = logging.getLogger(__name__)
+
+
+def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
+    """The dataset named on the command line, else the config's [dataset]."""
+    ds = config.dataset
+    if ds.trec_run and dataset is None:
+        if not (ds.passage_store and ds.queries):
+            raise ConfigError(
+                f"{config.source}: [dataset] trec_run needs passage_store and queries"
+            )
+        trec = read_trec_run(
+            ds.trec_run, ds.passage_store, ds.queries, max_passage_chars=ds.max_passage_chars
+        )
+        return list(trec.queries)
+    path = dataset or ds.path
+    if path is None:
+        raise ConfigError(
+            f"{config.source}: no dataset: give one on the command line or [dataset] path"
+        )
+    report = read_queries(path, columns=ds.columns or None, max_passage_chars=ds.max_passage_chars)
+    for problem in report.problems:
+        log.warning("%s", problem)
+    return list(report.queries)
+
+
+def sample_queries(queries: Sequence[Query], n: int, seed: int) -> list[Query]:
+    """A reproducible sample of n query ids; every engine's row of a sampled id comes along."""
+    if n <= 0:
+        return list(queries)
+    ids = sorted({q.query_id for q in queries})
+    if n >= len(ids):
+        return list(queries)
+    chosen = set(random.Random(seed).sample(ids, n))
+    return [q for q in queries if q.query_id in chosen]

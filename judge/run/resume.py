@@ -1,0 +1,133 @@
+"""Resume bookkeeping for a run directory: which units are finished, the config fingerprint a
+directory was made with, the lock that keeps two runs out of one directory, and the repair of
+a partial last line left by a killed writer."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from judge.config import RunConfig
+from judge.data.results import RESULTS_FILE, read_results
+from judge.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
+
+
+Redo = frozenset[Literal["error", "unparsed"]]
+
+
+def finished_units(results_path: Path, redo: Redo = frozenset()) -> set[tuple[str, str, int]]:
+    """(query_id, engine, repeat) units a rerun skips.
+
+    A unit whose last recorded line has an ``error`` verdict is always judged again, and one
+    with an ``unparsed`` verdict too when ``redo`` names it (``--redo unparsed``); its good
+    answers come from the cache, and the newer line supersedes the older one.
+    """
+    if not results_path.exists():
+        return set()
+    again = {"error", *redo}
+    recorded = {jq.key: jq for jq in read_results(results_path)}
+    done = {k for k, jq in recorded.items() if all(v.status not in again for v in jq.verdicts)}
+    if len(done) < len(recorded):
+        what = " or ".join(sorted(again))
+        log.info(
+            "%d earlier unit(s) with %s verdicts will be judged again",
+            len(recorded) - len(done),
+            what,
+        )
+    return done
+
+
+def repair_results(path: Path) -> None:
+    """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        fh.truncate(cut)
+        log.warning(
+            "%s: dropped a partial last line (%d bytes) from an interrupted run",
+            path,
+            len(data) - cut,
+        )
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict) and value:
+        out: dict[str, object] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def describe_changes(old: object, new: object, *, limit: int = 4) -> str:
+    """``judge.model 'a' -> 'b'``, for the first ``limit`` dotted keys whose values differ."""
+    before, after = _flatten(old or {}), _flatten(new)
+    keys = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+
+    def show(v: object) -> str:
+        text = json.dumps(v, ensure_ascii=False) if v is not None else "unset"
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    parts = [f"{k} {show(before.get(k))} -> {show(after.get(k))}" for k in keys[:limit]]
+    more = len(keys) - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
+    run_file = out_dir / RUN_FILE
+    fingerprint = config.fingerprint()
+    if fresh:
+        for name in (RESULTS_FILE, RUN_FILE):
+            (out_dir / name).unlink(missing_ok=True)
+    elif run_file.exists():
+        try:
+            old = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            raise ConfigError(
+                f"{run_file}: unreadable (not the JSON judge writes); use --fresh to start over "
+                "or another --out"
+            ) from None
+        if old != fingerprint:
+            raise ConfigError(
+                f"{out_dir}: this run directory was made with a different config "
+                f"(changed: {describe_changes(old, fingerprint)}); "
+                "use --fresh to start over or another --out"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(
+        json.dumps(
+            {"fingerprint": fingerprint, "source": config.source}, indent=2, ensure_ascii=False
+        ),
+        encoding="utf-8",
+    )
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """One ``judge run`` at a time per run directory (two would interleave their results)."""
+    with open(out_dir / LOCK_FILE, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"{out_dir}: another judge run is writing to this directory; "
+                "wait for it or use another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,275 @@
+"""Many queries x repeats: the batch job behind ``judge run``.
+
+Results are appended to ``verdicts.jsonl`` as each (query, engine, repeat) completes, and
+every accepted completion is in the cache the moment it arrives, so a killed run resumes
+where it stopped and re-pays only the calls that were in flight (DESIGN rule 8). A run
+directory remembers the config fingerprint it was made with; resuming it with a config that
+changes the answers is refused rather than silently mixing two judges (see :mod:`.resume`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from judge.calling.cache import open_cache
+from judge.calling.limits import Limits
+from judge.config import RunConfig
+from judge.data.results import RESULTS_FILE, compact_results
+from judge.errors import BudgetExceeded, ConfigError
+from judge.judging.judge import Judge
+from judge.run.progress import Progress
+from judge.run.resume import (
+    Redo,
+    check_fingerprint,
+    finished_units,
+    repair_results,
+    run_lock,
+)
+from judge.run.writer import ResultsWriter
+from judge.schema import JudgedQuery, Query, Record
+
+log = logging.getLogger(__name__)
+
+# Refused calls (bad key, model or URL) seen with no success at all before the run stops.
+REFUSED_CALLS = 3
+# Passages finished before abort_error_rate is applied (a few early errors are not a trend).
+MIN_FOR_ERROR_RATE = 20
+
+
+StopKind = Literal["budget", "interrupted", "errors", "refused"]
+
+
+class RunOutcome(Record):
+    out_dir: str
+    status: Literal["complete", "incomplete"]
+    reason: str | None = None
+    # Why an incomplete run stopped: the budget (its own exit code), a signal, provider
+    # errors (too many, or units left in error), or a provider refusing every request.
+    stopped_by: StopKind | None = None
+    planned: int  # (query, engine, repeat) units in this run
+    done: int  # of those, finished (including earlier, resumed runs)
+    resumed: int  # finished before this invocation started
+    requests: int
+    cache_hits: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    elapsed_s: float
+    errors_by_kind: dict[str, int]
+
+
+async def run_async(
+    config: RunConfig,
+    queries: Sequence[Query],
+    out_dir: Path,
+    *,
+    fresh: bool = False,
+    redo: Redo = frozenset(),
+) -> RunOutcome:
+    """Judge every (query, repeat) not already in out_dir's results; append as they finish.
+
+    A unit whose recorded verdicts include a provider ``error`` is judged again on resume,
+    and one with ``unparsed`` verdicts when ``redo`` says so (its good answers come from the
+    cache); at the end the results file holds exactly one line per unit.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{out_dir}: cannot create the run directory: {exc.strerror}") from None
+    with run_lock(out_dir):
+        check_fingerprint(out_dir, config, fresh=fresh)
+        results_path = out_dir / RESULTS_FILE
+        repair_results(results_path)
+        done = finished_units(results_path, redo)
+        units = [
+            (q, r)
+            for r in range(config.run.repeats)
+            for q in queries
+            if (q.query_id, q.engine, r) not in done
+        ]
+        planned = len(queries) * config.run.repeats
+        batch = _Batch(config, units, results_path)
+        start = time.monotonic()
+        with _signals_stop(batch):
+            await batch.run()
+        rows = compact_results(results_path) if results_path.exists() else []
+        failed = sum(1 for jq in rows if any(v.status == "error" for v in jq.verdicts))
+        if failed and batch.reason is None:
+            batch.stop(
+                f"{failed} of {len(rows)} query-repeats have passages that ended in provider "
+                "errors after retries; rerun to ask them again",
+                "errors",
+            )
+        return batch.outcome(out_dir, planned, planned - len(units), time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def _signals_stop(batch: _Batch) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP stop the run gracefully: no new unit starts, units in
+    flight get ``[run] grace_s`` to finish, then are cancelled; a second signal cancels at
+    once. The run then ends as usual (results kept, summary written, marked incomplete)."""
+    loop = asyncio.get_running_loop()
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+    def on_signal(sig: signal.Signals) -> None:
+        if batch.stopped.is_set() and batch.stopped_by == "interrupted":
+            batch.cancel()
+            return
+        log.warning("%s: finishing the calls in flight (up to %gs)", sig.name, batch.grace_s)
+        batch.stop(f"interrupted by {sig.name}", "interrupted")
+        loop.call_later(batch.grace_s, batch.cancel)
+
+    installed = []
+    for sig in signals:
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread: the caller handles signals
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+@dataclass
+class _Batch:
+    """The units of one invocation, judged by workers that stop together on the first reason."""
+
+    config: RunConfig
+    units: list[tuple[Query, int]]
+    results_path: Path
+    reason: str | None = None
+    stopped_by: StopKind | None = None
+
+    def __post_init__(self) -> None:
+        self.cache = open_cache(self.config)
+        self.judge = Judge.from_config(
+            self.config, cache=self.cache, limits=Limits.from_config(self.config)
+        )
+        self.progress = Progress(
+            total_units=len(self.units),
+            total_passages=sum(len(q.passages) for q, _ in self.units),
+            caller=self.judge.caller,
+            interval_s=self.config.run.progress_interval_s,
+        )
+        self.queue: asyncio.Queue[tuple[Query, int]] = asyncio.Queue()
+        for unit in self.units:
+            self.queue.put_nowait(unit)
+        self.stopped = asyncio.Event()
+        self.grace_s = self.config.run.grace_s
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        """Workers pull units until the queue is empty or a stop reason is set.
+
+        More workers than call slots keep the slots busy while a unit waits on its last call;
+        the call layer's per-provider limit is what bounds requests in flight.
+        """
+        n_workers = max(1, min(len(self.units), self.config.run.concurrency * 2))
+        self.writer = ResultsWriter(self.results_path)
+        tasks = self.tasks = [asyncio.create_task(self._worker()) for _ in range(n_workers)]
+        try:
+            await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            if self.stopped_by != "interrupted" or _cancelling():
+                raise
+            # The grace period ran out: the cancelled units stay unfinished (resumable).
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:
+            # A failure (or Ctrl-C) in one worker stops the others before the clients close.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            try:
+                await self.writer.aclose()
+            finally:
+                if self.units:
+                    self.progress.show(final=True)
+                await self.judge.aclose()
+                self.cache.close()
+
+    def stop(self, reason: str, kind: StopKind) -> None:
+        if self.reason is None:
+            self.reason, self.stopped_by = reason, kind
+        self.stopped.set()
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    async def _worker(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                query, repeat = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                jq = await self.judge.ajudge(query, repeat=repeat)
+            except BudgetExceeded as exc:
+                self.stop(str(exc), "budget")
+                return
+            self.writer.add(jq)
+            self.progress.update(jq)
+            self._check_health(jq)
+
+    def _check_health(self, jq: JudgedQuery) -> None:
+        """Stop when every call is refused, or when too many passages end in errors."""
+        finished = self.progress.passages
+        errors = self.progress.status["error"]
+        stats = self.judge.caller.stats
+        rate = self.config.run.abort_error_rate
+        if stats.errors["client"] >= REFUSED_CALLS and stats.successes == 0:
+            example = next((v.error for v in jq.verdicts if v.error), "")
+            self.stop(
+                "the provider refuses every request (not retried; check the API key, "
+                f"model name and base_url): {example}",
+                "refused",
+            )
+        elif finished >= MIN_FOR_ERROR_RATE and errors / finished > rate:
+            self.stop(
+                f"too many errors: {errors} of {finished} passages failed "
+                f"(abort_error_rate {rate}); see verdicts.jsonl",
+                "errors",
+            )
+
+    def outcome(self, out_dir: Path, planned: int, resumed: int, elapsed_s: float) -> RunOutcome:
+        caller = self.judge.caller
+        s, spent = caller.stats, caller.budget
+        finished_now = self.progress.units
+        complete = self.reason is None and finished_now == len(self.units)
+        return RunOutcome(
+            out_dir=str(out_dir),
+            status="complete" if complete else "incomplete",
+            reason=self.reason,
+            stopped_by=self.stopped_by,
+            planned=planned,
+            done=resumed + finished_now,
+            resumed=resumed,
+            requests=s.requests,
+            cache_hits=s.cache_hits,
+            retries=s.retries,
+            prompt_tokens=spent.usage.prompt_tokens,
+            completion_tokens=spent.usage.completion_tokens,
+            cost_usd=spent.cost,
+            elapsed_s=elapsed_s,
+            errors_by_kind=dict(s.errors),
+        )
+
+
+def _cancelling() -> bool:
+    """Whether the task running the batch was itself cancelled (not just its workers)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

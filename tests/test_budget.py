@@ -1,0 +1,119 @@
+"""The budget is a hard cap: what the loopback server reports as used never passes it, even
+with many calls in flight, retries and re-asks; a budget stop has its own exit code and a
+rerun with a larger cap resumes without paying twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
+from tests.test_runner import verdict_labels, write_config, write_dataset
+from tests.wire import Answer
+
+PROMPT, COMPLETION = 100, 10  # tokens every answer reports using
+PRICE = {"prompt": 10.0, "completion": 30.0}  # USD per 1M tokens
+EACH = (PROMPT * PRICE["prompt"] + COMPLETION * PRICE["completion"]) / 1e6  # $0.0013 per call
+EXIT_BUDGET = 4
+
+
+class Metered:
+    """Answers like ``hashed_responder`` with fixed usage, failing every ``fail_every``-th
+    request with a 500 (not billed), and counts the answers it bills."""
+
+    def __init__(self, fail_every: int = 0) -> None:
+        self.inner = hashed_responder()
+        self.fail_every = fail_every
+        self.billed = 0
+        self.seen = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Recorded) -> Item:
+        with self._lock:
+            self.seen += 1
+            if self.fail_every and self.seen % self.fail_every == 0:
+                return Fault(kind="status", status=500)
+            self.billed += 1
+        answer = self.inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=(PROMPT, COMPLETION))
+
+
+def _config(tmp_path: Path, server: ScriptedServer, concurrency: int) -> Path:
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=40, n_passages=6)
+    return write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {
+            "dataset": {"path": str(dataset), "label_scale": "binary"},
+            "run": {"concurrency": concurrency, "max_attempts": 4},
+            'prices."judge-test"': PRICE,
+        },
+    )
+
+
+@pytest.mark.parametrize("fail_every", [0, 5])
+def test_cost_cap_holds_at_high_concurrency_and_a_larger_cap_resumes(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fail_every: int,
+) -> None:
+    metered = Metered(fail_every)
+    server = make_server(responder=metered, latency=0.05)
+    config = _config(tmp_path, server, concurrency=64)
+    out = tmp_path / "out"
+    cap = 0.1  # room for 76 of the 240 calls
+
+    assert main(["run", str(config), "--out", str(out), "--max-cost", str(cap)]) == EXIT_BUDGET
+    err = capsys.readouterr().err
+    spent = metered.billed * EACH
+    assert 0 < spent <= cap
+    assert metered.billed < 240
+    stated = re.search(r"spent \$(\d+\.\d+)", err)
+    assert stated, err
+    assert float(stated.group(1)) == pytest.approx(spent, abs=1e-4)
+    partial = verdict_labels(out)
+    first = metered.billed
+
+    assert main(["run", str(config), "--out", str(out), "--max-cost", "10"]) == 0
+    final = verdict_labels(out)
+    assert len(final) == 240 and {k: final[k] for k in partial} == partial
+    # Every passage was paid for exactly once over the two runs.
+    assert metered.billed == 240
+    assert metered.billed - first == 240 - first
+
+
+def test_token_cap_holds(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    metered = Metered()
+    server = make_server(responder=metered, latency=0.05)
+    config = _config(tmp_path, server, concurrency=32)
+    cap = 5000
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", str(cap)])
+    assert code == EXIT_BUDGET
+    assert "token budget reached" in capsys.readouterr().err
+    assert 0 < metered.billed * (PROMPT + COMPLETION) <= cap
+
+
+def test_a_dollar_cap_without_a_price_is_refused_before_any_call(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=Metered())
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "o"), "--max-cost", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "max_cost" in err and "judge-test" in err and "[prices" in err
+    assert server.requests == []

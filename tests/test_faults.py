@@ -1,0 +1,195 @@
+"""Input and environment faults: one line and an exit code that means one thing, never a
+traceback; error units make a run incomplete (exit 3), never a regression (exit 1); SIGTERM
+stops gracefully with a summary marked incomplete; a damaged cache is moved aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from judge.data.results import RESULTS_FILE
+from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
+from tests.test_runner import verdict_labels, write_config, write_dataset
+from tests.wire import Answer
+
+EXIT_INCOMPLETE = 3
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"query_id": "q1", "query": "\\ud800 lone", "passages": [{"id": "p", "text": "a"}]}\n',
+        b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        b'{"query_id": "q1", "query": "x", "passages": [], "n": ' + b"9" * 5000 + b"}\n",
+        json.dumps([{"query_id": "q1", "query": "x", "passages": []}], indent=2).encode(),
+        b'{"query_id": "q1", "query": "\xff\xfe", "passages": []}\n',
+    ],
+    ids=["lone-surrogate", "deep-nesting", "huge-integer", "json-array", "bad-bytes"],
+)
+def test_a_bad_dataset_is_one_clear_error_and_costs_nothing(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes,
+) -> None:
+    server = make_server()
+    dataset = tmp_path / "bad.jsonl"
+    dataset.write_bytes(content)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    assert main(["validate", str(dataset)]) == 2
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{dataset}:1:" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("judge:")]) == 2
+    assert server.requests == []
+
+
+def test_a_quoted_model_name_in_an_override_is_the_name(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = make_server()
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    price = 'prices."judge-test"={prompt=1.0, completion=2.0}'
+    args = ["run", str(config), "--out", str(tmp_path / "o"), "--max-cost", "5", "--set", price]
+    assert main([*args, "--dry-run"]) == 0
+    assert "estimated cost $" in capsys.readouterr().out
+
+
+def test_units_left_in_error_are_incomplete_not_a_regression_and_a_rerun_finishes(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failing = {"on": True}
+    inner = hashed_responder()
+
+    def flaky(request: Recorded) -> Item:
+        if failing["on"] and "question 1" in request.prompt:
+            return Fault("status", 503)
+        return inner(request)
+
+    server = make_server(responder=flaky)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=8, n_passages=3)
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"dataset": {"path": str(dataset), "label_scale": "binary"}, "run": {"max_attempts": 2}},
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == EXIT_INCOMPLETE
+    err = capsys.readouterr().err
+    assert "provider errors" in err and "threshold" not in err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["status"] == "incomplete"
+    failing["on"] = False
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    assert len(verdict_labels(out)) == 24
+    # One line per unit after the resume: the errored line was replaced, not kept.
+    assert (out / RESULTS_FILE).read_bytes().count(b"\n") == 8
+
+
+def test_a_server_that_is_down_is_incomplete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
+) -> None:
+    server = make_server()
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"max_attempts": 2}}
+    )
+    server.stop()  # nothing listens on its port any more
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=2, n_passages=2)
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "o")]) == 3
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_redo_unparsed_asks_exactly_those_units_again(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garble = {"on": True}
+    inner = hashed_responder()
+
+    def answer(request: Recorded) -> Item:
+        if garble["on"] and "question 0" in json.dumps(request.body):  # re-asks too
+            return Answer(text="I cannot say.")
+        return inner(request)
+
+    server = make_server(responder=answer)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=3, n_passages=2)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    out = str(tmp_path / "out")
+    assert main(["run", str(config), str(dataset), "--out", out]) in (0, 1)
+    first = len(server.requests)
+    assert main(["run", str(config), str(dataset), "--out", out]) in (0, 1)
+    assert len(server.requests) == first  # unparsed units are kept unless asked
+    garble["on"] = False
+    assert main(["run", str(config), str(dataset), "--out", out, "--redo", "unparsed"]) == 0
+    # Question 0's two passages, asked once each (no re-ask is needed any more).
+    assert len(server.requests) == first + 2
+    labels = verdict_labels(tmp_path / "out")
+    assert all(label is not None for label in labels.values())
+    capsys.readouterr()
+
+
+def test_a_damaged_cache_is_moved_aside_and_the_run_goes_on(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = make_server()
+    cache = tmp_path / "cache.sqlite"
+    config = write_config(tmp_path / "c.toml", server, cache)
+    assert main(["run", str(config), "--out", str(tmp_path / "a")]) in (0, 1)
+    assert main(["cache", "check", "--config", str(config)]) == 0
+    size = cache.stat().st_size
+    assert size > 16384
+    with open(cache, "r+b") as fh:
+        fh.seek(4096)
+        fh.write(os.urandom(8192))
+    assert main(["cache", "check", "--config", str(config)]) == 2
+    assert "damaged" in capsys.readouterr().err
+    assert main(["run", str(config), "--out", str(tmp_path / "b")]) in (0, 1)
+    assert "Traceback" not in capsys.readouterr().err
+    warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert warned and "moved aside" in warned[0]
+    assert list(tmp_path.glob("cache.sqlite.corrupt-*"))
+    assert main(["cache", "check", "--config", str(config)]) == 0
+
+
+def test_sigterm_stops_gracefully_with_a_summary_marked_incomplete(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    server = make_server(latency=0.2)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=30, n_passages=4)
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)]
+    with subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while not (out / RESULTS_FILE).exists() or server.successes < 8:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never started judging"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INCOMPLETE, err
+    assert "SIGTERM" in err and "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["status"] == "incomplete"
+    assert summary["run"]["stopped_by"] == "interrupted"
+    done = len(verdict_labels(out))
+    assert 0 < done < 120
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
+    assert len(verdict_labels(out)) == 120

@@ -1,0 +1,64 @@
+"""``judge metrics`` recomputes with the whole [metrics] policy of --config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from judge.data.results import append_result
+from judge.schema import JudgedQuery, Passage, Query, Verdict
+
+
+def _results(tmp_path: Path, grades: list[int], scale: str) -> Path:
+    query = Query(
+        query_id="q1",
+        query="why is the sky blue",
+        passages=tuple(Passage(id=f"p{i}", text=f"passage {i}") for i in range(len(grades))),
+    )
+    verdicts = tuple(
+        Verdict(passage_id=f"p{i}", rank=i + 1, status="ok", label=str(g), grade=g)
+        for i, g in enumerate(grades)
+    )
+    path = tmp_path / "verdicts.jsonl"
+    append_result(
+        path, JudgedQuery(query=query, repeat=0, scale=scale, verdicts=verdicts, metrics={})
+    )
+    return path
+
+
+def _value(out: str, column: str) -> str:
+    head, row = out.strip().splitlines()[-2:]
+    return dict(zip(head.split("\t"), row.split("\t"), strict=True))[column]
+
+
+def test_metrics_with_config_uses_its_undefined_ap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = _results(tmp_path, [0, 0, 0], "binary")
+    assert main(["metrics", str(results), "--metric", "ap"]) == 0
+    assert _value(capsys.readouterr().out, "ap") == "—"  # nothing relevant: undefined
+    config = tmp_path / "zero.toml"
+    config.write_text('[metrics]\nundefined_ap = "zero"\n', encoding="utf-8")
+    assert main(["metrics", str(results), "--config", str(config), "--metric", "ap"]) == 0
+    assert _value(capsys.readouterr().out, "ap") == "0.0000"
+
+
+def test_metrics_with_config_uses_its_gain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = _results(tmp_path, [1, 3], "graded")
+    linear = tmp_path / "linear.toml"
+    linear.write_text('[judge]\nscale = "graded"\n', encoding="utf-8")
+    exponential = tmp_path / "exp.toml"
+    exponential.write_text(
+        '[judge]\nscale = "graded"\n[metrics]\ngain = "exponential"\n', encoding="utf-8"
+    )
+    assert main(["metrics", str(results), "--config", str(linear), "--metric", "ndcg"]) == 0
+    lin = float(_value(capsys.readouterr().out, "ndcg"))
+    assert main(["metrics", str(results), "--config", str(exponential), "--metric", "ndcg"]) == 0
+    exp = float(_value(capsys.readouterr().out, "ndcg"))
+    # [1, 3]: linear (1 + 3/log2 3) / (3 + 1/log2 3); exponential (1 + 7/log2 3) / (7 + 1/log2 3)
+    assert lin == pytest.approx(0.7967, abs=1e-4)
+    assert exp == pytest.approx(0.7098, abs=1e-4)
