@@ -66,7 +66,8 @@ class Asker:
 
     caller: Caller
     model: str
-    params: SamplingParams
+    params: SamplingParams  # for the mode's requests (listwise in listwise mode)
+    pointwise_params: SamplingParams  # for pointwise requests, the listwise fallback included
     scale: Scale
     mode: Literal["pointwise", "listwise"]
     template: PromptTemplate
@@ -95,16 +96,15 @@ class Asker:
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
         options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
-        if self.mode == "listwise" and query.passages:
+        if self.mode != "listwise" or not query.passages:
             chats = [
-                self.template.render_listwise(query, list(query.passages), self.scale, **options)
-            ]
-        else:
-            chats = [
-                self.template.render_pointwise(query, p, self.scale, **options)
+                self.pointwise_template.render_pointwise(query, p, self.scale, **options)
                 for p in query.passages
             ]
-        return [ChatRequest(model=self.model, messages=m, params=self.params) for m in chats]
+            params = self.pointwise_params
+            return [ChatRequest(model=self.model, messages=m, params=params) for m in chats]
+        listwise = self.template.render_listwise(query, list(query.passages), self.scale, **options)
+        return [ChatRequest(model=self.model, messages=listwise, params=self.params)]
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
         return Verdict(
@@ -131,7 +131,9 @@ class Asker:
         error = ""
         conversation: tuple[Message, ...] = messages
         for round_ in range(2 if self.reask else 1):
-            request = ChatRequest(model=self.model, messages=conversation, params=self.params)
+            request = ChatRequest(
+                model=self.model, messages=conversation, params=self.pointwise_params
+            )
             try:
                 got = await self.caller.complete(
                     request, repeat, lambda c: parse_pointwise(c, self.scale)

@@ -155,6 +155,8 @@ class Judge:
         self.template, pointwise_template = _templates(name, template_dir)
         chat = self._chat_provider(provider, provider_overrides)
         self.params = _with_schema(params or DEFAULT_PARAMS, scale, mode, verdict_first)
+        # A listwise judge's pointwise fallback needs the pointwise answer schema.
+        pointwise_params = _with_schema(params or DEFAULT_PARAMS, scale, "pointwise", verdict_first)
         reranker = _reranker(rerank, rerank_model)
         self.rerank_model = rerank_model
         if isinstance(cache, str | Path):
@@ -168,6 +170,7 @@ class Judge:
             caller=self.caller,
             model=model,
             params=self.params,
+            pointwise_params=pointwise_params,
             scale=scale,
             mode=mode,
             template=self.template,

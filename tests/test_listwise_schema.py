@@ -1,0 +1,56 @@
+"""A listwise judge with ``response_format = "json_schema"`` sends the listwise schema with its
+list call and the pointwise schema with its pointwise fallback (it used to send the listwise
+schema to both, so every fallback passage came back unparsed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from judge.calling.limits import Limits
+from judge.judging.judge import Judge
+from judge.schema import SamplingParams
+from tests.servers import Item, Recorded, ScriptedServer
+from tests.wire import Answer
+
+PASSAGES = ["Kettles boil water.", "Bananas are yellow.", "An electric kettle heats water fast."]
+
+
+def schema_of(request: Recorded) -> dict[str, Any]:
+    fmt = request.body["response_format"]
+    assert fmt["type"] == "json_schema"
+    schema: dict[str, Any] = fmt["json_schema"]["schema"]
+    return schema
+
+
+def answer_by_schema(request: Recorded) -> Item:
+    """Answers in the shape the request's schema asks for; the list answer covers only the
+    first passage, so the other two go to the pointwise fallback."""
+    properties = schema_of(request)["properties"]
+    if "verdicts" in properties:
+        item = {"id": "1", "reason": "about kettles", "verdict": "yes"}
+        return Answer(text=json.dumps({"verdicts": [item]}))
+    if "verdict" in properties:
+        label = "yes" if "kettle" in json.dumps(request.body).split("<passage")[-1] else "no"
+        return Answer(text=json.dumps({"reason": "read it", "verdict": label}))
+    raise AssertionError(f"unexpected schema {properties}")
+
+
+def test_the_pointwise_fallback_of_a_listwise_judge_sends_the_pointwise_schema() -> None:
+    with ScriptedServer(responder=answer_by_schema) as srv:
+        with Judge(
+            provider="local",
+            model="judge-model",
+            base_url=srv.openai_base_url,
+            mode="listwise",
+            params=SamplingParams(response_format="json_schema", max_tokens=256),
+            limits=Limits(max_attempts=2, backoff_base_s=0.01, timeout_s=10.0),
+        ) as judge:
+            jq = judge.judge("what does a kettle do?", PASSAGES)
+        shapes = [sorted(schema_of(r)["properties"]) for r in srv.requests]
+    assert [v.status for v in jq.verdicts] == ["ok", "ok", "ok"]
+    assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
+    # The list call, a second list call for the two it left out, then one call per passage.
+    assert shapes[0] == ["verdicts"]
+    pointwise = [s for s in shapes if s != ["verdicts"]]
+    assert pointwise and all(s == ["reason", "verdict"] for s in pointwise)
