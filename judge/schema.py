@@ -340,10 +340,13 @@ class MetricPolicy(Record):
     ``gain``: NDCG gain, linear ``rel`` or exponential ``2^rel - 1``. ``unjudged``: a query
     with an unparsed or error verdict has undefined metrics (``undefined``) or is scored on
     its judged passages only (``skip``). ``undefined_ap``: AP when nothing relevant was
-    retrieved is undefined (``nan``) or 0 (``zero``).
+    retrieved is undefined (``nan``) or 0 (``zero``). ``relevance_threshold``: see below.
     """
 
     names: tuple[str, ...] = DEFAULT_METRICS
     gain: Gain = "linear"
     unjudged: Unjudged = "undefined"
     undefined_ap: UndefinedAP = "nan"
+    # Binary scales: relevant when P(relevant) >= this, instead of the arg-max label (which is
+    # a cut at 0.5). ``judge calibrate`` chooses it from human labels. None: the label.
+    relevance_threshold: float | None = Field(default=None, ge=0.0, le=1.0)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from judge.errors import ConfigError
+from judge.metrics import soft
 from judge.metrics.label_based import (
     LABEL_BASED,
     ExpectedMatch,
@@ -156,6 +157,20 @@ def _rerank_median(g: _Graded, k: int | None) -> FloatArray:
     return np.where(count > 0, (lo + hi) / 2.0, np.nan)
 
 
+def _soft(
+    kernel: Callable[[FloatArray, BoolArray, int | None], FloatArray],
+) -> Callable[[_Graded, int | None], FloatArray]:
+    """A :mod:`judge.metrics.soft` kernel over the verdicts' probabilities (NaN without)."""
+
+    def metric(g: _Graded, k: int | None) -> FloatArray:
+        if g.scores is None:
+            return np.full(g.grades.shape[0], np.nan)
+        return kernel(g.scores, g.inside, k)
+
+    metric.__doc__ = kernel.__doc__
+    return metric
+
+
 LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
     "relevancy_mean": _relevancy_mean,
     "relevancy_max": _relevancy_max,
@@ -167,6 +182,9 @@ LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
     "rerank_mean": _rerank_mean,
     "rerank_max": _rerank_max,
     "rerank_median": _rerank_median,
+    "soft_precision": _soft(soft.soft_precision),
+    "soft_ap": _soft(soft.soft_ap),
+    "soft_ndcg": _soft(soft.soft_ndcg),
 }
 
 
@@ -296,6 +314,22 @@ def compute_label_based(
     }
 
 
+def _grade(verdict: Verdict, scale: Scale, policy: MetricPolicy) -> int | None:
+    """The grade a verdict counts with: its label's, or with ``policy.relevance_threshold`` on
+    a binary scale, 1 when ``P(relevant) >= threshold`` (the label when it has no probability)."""
+    if verdict.status != "ok":
+        return None
+    cut = policy.relevance_threshold
+    if cut is None or verdict.probability is None:
+        return verdict.grade
+    if not scale.is_binary:
+        raise ConfigError(
+            f"metrics.relevance_threshold needs a binary scale, not '{scale.name}' "
+            "(a graded judge's cut points come from its labels)"
+        )
+    return int(verdict.probability >= cut)
+
+
 def metrics_for_queries(
     names: Sequence[str],
     queries: Sequence[tuple[Query, Sequence[Verdict]]],
@@ -308,13 +342,14 @@ def metrics_for_queries(
     how they are computed.
 
     A verdict gives its grade when ``status == "ok"`` and is unjudged otherwise; its
-    ``probability`` feeds ``rerank_*``. Label-based names are None for a query without
+    ``probability`` feeds ``rerank_*`` and ``soft_*`` (and, with ``relevance_threshold``, the
+    grade itself). Label-based names are None for a query without
     expected ids or texts; they never depend on the verdicts.
     """
     free = [n for n in names if not is_label_based(n)]
     label = [n for n in names if n not in free]
     ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]
-    grades, lengths = pad([[v.grade if v.status == "ok" else None for v in vs] for vs in ordered])
+    grades, lengths = pad([[_grade(v, scale, policy) for v in vs] for vs in ordered])
     probs, _ = pad([[v.probability for v in vs] for vs in ordered])
     values = compute_label_free(
         free,
