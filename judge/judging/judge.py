@@ -141,11 +141,8 @@ class Judge:
     ) -> None:
         """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
         (None: none). Other keyword arguments override the provider preset (``base_url``)."""
-        if isinstance(scale, str):
-            scale = Scale.named(scale)
-        self.scale = scale
-        self.model = model
-        self.mode = mode
+        scale = Scale.named(scale) if isinstance(scale, str) else scale
+        self.scale, self.model, self.mode = scale, model, mode
         if not isinstance(metrics, MetricPolicy):
             metrics = MetricPolicy(names=tuple(metrics))
         self.policy = metrics
@@ -159,11 +156,8 @@ class Judge:
         pointwise_params = _with_schema(params or DEFAULT_PARAMS, scale, "pointwise", verdict_first)
         reranker = _reranker(rerank, rerank_model)
         self.rerank_model = rerank_model
-        if isinstance(cache, str | Path):
-            cache = open_cache(cache)
-        self._cache = cache
-        self._chat = chat
-        self._reranker = reranker
+        cache = open_cache(cache) if isinstance(cache, str | Path) else cache
+        self._cache, self._chat, self._reranker = cache, chat, reranker
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.asker = Asker(

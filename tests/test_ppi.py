@@ -1,0 +1,76 @@
+"""Prediction-powered inference: our PPI++ mean matches the ppi_py package, and on a biased
+judge the corrected estimate recovers the human mean with a CI narrower than human-only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
+
+from judge.analysis.ppi import ppi_mean, ppi_metrics
+from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("lam", [None, 1.0, 0.3])
+def test_ppi_mean_matches_ppi_py(seed: int, lam: float | None) -> None:
+    rng = np.random.default_rng(seed)
+    truth = rng.uniform(0, 1, size=400)
+    f_all = np.clip(truth + 0.2 + rng.normal(0, 0.15, size=400), 0, 1)  # a biased judge
+    y, f, fu = truth[:60], f_all[:60], f_all[60:]
+    got = ppi_mean(y, f, fu, lam=lam)
+    assert got is not None
+    estimate, _ = got
+    low, high = ppi_mean_ci(y, f, fu, alpha=0.05, lam=lam)
+    point = ppi_mean_pointestimate(y, f, fu, lam=lam)
+    assert estimate.mean == pytest.approx(float(np.squeeze(point)), abs=1e-10)
+    assert estimate.ci_low == pytest.approx(float(np.squeeze(low)), abs=1e-10)
+    assert estimate.ci_high == pytest.approx(float(np.squeeze(high)), abs=1e-10)
+
+
+def _results(n: int, labelled: int, seed: int) -> list[JudgedQuery]:
+    """``n`` queries of 5 passages; the judge also says yes to a third of the irrelevant ones;
+    the first ``labelled`` queries carry human labels."""
+    rng = np.random.default_rng(seed)
+    scale = Scale.binary()
+    out = []
+    for q in range(n):
+        truth = rng.random(5) < 0.4
+        said = truth | (rng.random(5) < 0.33)
+        passages = tuple(Passage(id=f"p{i}", text="t") for i in range(5))
+        labels = {f"p{i}": int(truth[i]) for i in range(5)} if q < labelled else None
+        verdicts = tuple(
+            Verdict(
+                passage_id=f"p{i}",
+                rank=i + 1,
+                status="ok",
+                label=scale.by_grade(int(said[i])).name,
+                grade=int(said[i]),
+                relevant=bool(said[i]),
+            )
+            for i in range(5)
+        )
+        query = Query(query_id=f"q{q}", query="x", passages=passages, labels=labels)
+        out.append(
+            JudgedQuery(query=query, repeat=0, scale="binary", verdicts=verdicts, metrics={})
+        )
+    return out
+
+
+def test_a_biased_judge_is_corrected_with_a_narrower_ci_than_humans_alone() -> None:
+    results = _results(n=600, labelled=60, seed=3)
+    [row] = ppi_metrics(results, ["relevancy_mean"], Scale.binary())
+    assert row.n_labelled == 60 and row.n_unlabelled == 540
+    assert row.judge_only and row.human_only and row.corrected
+    true_mean = 0.4
+    # The judge over-reports relevance (0.4 + 0.6/3 = 0.6): its tight CI misses the truth.
+    assert row.judge_only.ci_low > true_mean + 0.1
+    assert row.corrected.ci_low < true_mean < row.corrected.ci_high
+    assert row.narrower is not None and row.narrower > 0.1
+    assert row.lam is not None and 0.0 <= row.lam <= 1.0
+
+
+def test_without_labels_only_the_judge_estimate_exists() -> None:
+    [row] = ppi_metrics(_results(n=50, labelled=0, seed=1), ["ap"], Scale.binary())
+    assert row.judge_only is not None
+    assert row.human_only is None and row.corrected is None and row.narrower is None
