@@ -70,6 +70,14 @@ def _config_problems(config: RunConfig) -> list[str]:
         Limits.from_config(config)
     except ConfigError as exc:
         problems.append(str(exc))
+    if config.prices and config.price() is None:
+        # Not an error (no budget needs it), but the likely typo is worth a line before paying.
+        log.warning(
+            "%s: [prices] has no entry for the model '%s' (it has: %s); cost will be unknown",
+            where,
+            config.judge.model,
+            ", ".join(sorted(config.prices)),
+        )
     if config.judge.template_dir and not Path(config.judge.template_dir).is_dir():
         problems.append(
             f"{where}: judge.template_dir: '{config.judge.template_dir}' is not a directory"
