@@ -11,9 +11,9 @@ import json
 from itertools import product
 
 from judge.data.datasets import read_queries
+from judge.judging.context import _encoder, count_tokens
 from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec
-from judge.run.estimate import _encoder, count_tokens
 
 REASON = " ".join(["relevant"] * 25)
 

@@ -25,6 +25,9 @@ _EXPORTS = {
     "Price": "judge.config",
     "Limits": "judge.calling.limits",
     "finish_run": "judge.report.finish",
+    "JudgeHealth": "judge.analysis.health",
+    "calibrate": "judge.analysis.calibration",
+    "relevance_pairs": "judge.analysis.calibration",
     "run_async": "judge.run.runner",
     "RunOutcome": "judge.run.runner",
     "Summary": "judge.report.summary",
@@ -57,6 +60,7 @@ __all__ = [
     "InputError",
     "Judge",
     "JudgeError",
+    "JudgeHealth",
     "JudgedQuery",
     "Limits",
     "MetricPolicy",
@@ -78,12 +82,16 @@ __all__ = [
     "Usage",
     "Verdict",
     "__version__",
+    "calibrate",
     "finish_run",
     "load_config",
+    "relevance_pairs",
     "run_async",
 ]
 
 if TYPE_CHECKING:
+    from judge.analysis.calibration import calibrate, relevance_pairs
+    from judge.analysis.health import JudgeHealth
     from judge.calling.limits import Limits
     from judge.config import Price, RunConfig, load_config
     from judge.errors import (

@@ -57,6 +57,9 @@ class JudgeSection(Record):
     max_reason_words: int = Field(default=30, ge=1)
     # One re-ask carrying the validation error when an answer does not parse.
     reask: bool = True
+    # The model's context window in tokens: passages are cut (visibly) so that every request
+    # fits. None: the embedded judge's own n_ctx, otherwise not enforced.
+    context_tokens: int | None = Field(default=None, ge=256)
     params: SamplingParams = DEFAULT_PARAMS
 
     @field_validator("params", mode="before")
@@ -139,6 +142,9 @@ class ThresholdsSection(Record):
     baseline: str | None = None
     # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
     max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
+    # Fail a run (exit 1) when the judge is degenerate (one label for nearly every passage, or
+    # probabilities too flat to rank; see judge.analysis.health). Off: the report warns only.
+    fail_on_degenerate_judge: bool = False
 
 
 class Price(Record):
@@ -293,3 +299,21 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError(f"{source}: {_first_error(exc)}") from None
     config.scale()  # validate custom scales early
     return config
+
+
+def set_config_value(path: Path, dotted: str, value: Any) -> None:
+    """Set one key of a TOML config file in place, keeping its comments and layout."""
+    import tomlkit  # only this writer needs it
+
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot update the config: {exc}") from None
+    *tables, key = _key_path(dotted)
+    node: Any = doc
+    for name in tables:
+        if name not in node:
+            node[name] = tomlkit.table()
+        node = node[name]
+    node[key] = value
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")

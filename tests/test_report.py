@@ -94,6 +94,8 @@ def test_both_reports_are_written_and_say_what_was_judged(report: tuple[Path, Pa
     assert "1 unparsed, 1 error" in text
     assert "## History (last 4 runs)" in text and "**1 run(s) flagged as regressions.**" in text
     assert "## Lowest relevancy_mean" in text
+    # A judge that uses the whole scale: its health is shown, with no warning.
+    assert "## Judge health" in text and "Not degenerate." in text and "WARNING" not in text
 
 
 class _Tags(HTMLParser):

@@ -130,6 +130,7 @@ def test_a_version_1_summary_loads_as_a_baseline(tmp_path: Path) -> None:
     assert base.policy == MetricPolicy(names=("ap",), gain="exponential", unjudged="skip")
     assert base.run is None and base.engines["e"].mean("ap") == 1.0
     assert base.engines["e"].metrics["ap"].ci_low == 0.9
+    assert not base.health.known and not base.health.degenerate  # unknown, never "healthy"
     config = load_config(
         None,
         {

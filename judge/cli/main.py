@@ -70,7 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for b in summary.thresholds.breaches:
         where = f" ({b.engine})" if b.engine else ""
         print(
-            f"judge: threshold breached: {b.check}{where}: {b.value} vs {b.limit}",
+            f"judge: threshold breached: {b.check}{where}: "
+            + (f"{b.value} vs {b.limit}" if b.value is not None else (b.note or "see the report")),
             file=sys.stderr,
         )
     return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
@@ -105,6 +106,13 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             for name, m in list(data.metrics.items())[:6]
         )
         print(f"  {engine}: {shown}")
+    if summary.health.degenerate:  # DESIGN rule 10: said where nobody can miss it
+        print(
+            "judge: WARNING: the judge is degenerate; these metrics are not informative:",
+            file=sys.stderr,
+        )
+        for problem in summary.health.problems:
+            print(f"judge:   {problem}", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -302,9 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     rd.set_defaults(func=cmd_render)
 
     from judge.cli.admin import add_commands as add_admin
+    from judge.cli.calibrate import add_commands as add_calibrate
     from judge.cli.reports import add_commands
 
     add_admin(sub, common)
+    add_calibrate(sub)
 
     add_commands(sub)
     return p

@@ -10,6 +10,7 @@ raw text kept (DESIGN rule 1). Provider failures after the caller's retries are 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -105,6 +106,13 @@ class Asker:
             return [ChatRequest(model=self.model, messages=m, params=params) for m in chats]
         listwise = self.template.render_listwise(query, list(query.passages), self.scale, **options)
         return [ChatRequest(model=self.model, messages=listwise, params=self.params)]
+
+    def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:
+        """The messages of one first-round request for ``passages`` (one passage pointwise)."""
+        options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
+        if self.mode == "listwise":
+            return self.template.render_listwise(query, list(passages), self.scale, **options)
+        return self.pointwise_template.render_pointwise(query, passages[0], self.scale, **options)
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
         return Verdict(

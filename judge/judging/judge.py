@@ -19,6 +19,7 @@ from judge.calling.limits import Limits
 from judge.config import DEFAULT_PARAMS, RunConfig
 from judge.errors import ConfigError
 from judge.judging.asker import Asker
+from judge.judging.context import fit_to_context
 from judge.judging.prompts import (
     Mode,
     PromptTemplate,
@@ -96,6 +97,20 @@ def _with_schema(
     return params.model_copy(update={"json_schema": schema})
 
 
+# Answer room for a request that sets no max_tokens, when fitting passages to the window.
+DEFAULT_ANSWER_TOKENS = 1024
+# The embedded llama.cpp server's default n_ctx (providers/embedded/server.py, kept in step by a
+# test): its window is known, so its passages are fitted without a setting.
+EMBEDDED_CONTEXT = 4096
+
+
+def _preset_context(spec: ProviderSpec) -> int | None:
+    if spec.kind != "embedded":
+        return None
+    n_ctx = spec.options.get("n_ctx", EMBEDDED_CONTEXT)
+    return int(n_ctx) if isinstance(n_ctx, int | str) and str(n_ctx).isdigit() else None
+
+
 def _reranker(
     rerank: str | ProviderSpec | RerankProvider | None, model: str | None
 ) -> RerankProvider | None:
@@ -137,15 +152,18 @@ class Judge:
         verdict_first: bool = False,
         max_reason_words: int = 30,
         reask: bool = True,
+        context_tokens: int | None = None,
         **provider_overrides: Any,
     ) -> None:
         """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
-        (None: none). Other keyword arguments override the provider preset (``base_url``)."""
+        (None: none); ``context_tokens``: the model's window (None: not enforced). Other
+        keyword arguments override the provider preset (``base_url``)."""
         scale = Scale.named(scale) if isinstance(scale, str) else scale
         self.scale, self.model, self.mode = scale, model, mode
         if not isinstance(metrics, MetricPolicy):
             metrics = MetricPolicy(names=tuple(metrics))
         self.policy = metrics
+        self.context_tokens = context_tokens
         name = template or template_name(
             scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
         )
@@ -177,7 +195,19 @@ class Judge:
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
-        return self.asker.first_requests(query)
+        return self.asker.first_requests(self.fit(query))
+
+    def fit(self, query: Query) -> Query:
+        """``query`` with passages cut to the context window (see judging/context.py)."""
+        if self.context_tokens is None:
+            return query
+        return fit_to_context(
+            query,
+            context_tokens=self.context_tokens,
+            answer_tokens=self.params.max_tokens or DEFAULT_ANSWER_TOKENS,
+            listwise=self.mode == "listwise",
+            render=self.asker.render,
+        )
 
     @staticmethod
     def _chat_provider(
@@ -217,6 +247,7 @@ class Judge:
             verdict_first=j.verdict_first,
             max_reason_words=j.max_reason_words,
             reask=j.reask,
+            context_tokens=j.context_tokens or _preset_context(spec),
         )
 
     # ---- async core -------------------------------------------------------------------
@@ -233,6 +264,7 @@ class Judge:
             query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
         elif passages is not None:
             query = query.model_copy(update={"passages": as_passages(passages)})
+        query = self.fit(query)
         verdicts = await self.asker.verdicts(query, repeat)
         rerank_scores = None
         if self._reranker is not None and query.passages:

@@ -20,13 +20,15 @@ table{border-collapse:collapse;margin:6px 0;font-size:13px}th{background:#eef1f4
 th,td{border:1px solid #d5d9de;padding:3px 7px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{max-width:520px}
 tr.relevant{background:#edf7ee}tr.failed{background:#fdecea}.muted{color:#667085}
-.bad{color:#b3261e;font-weight:600}.ok{color:#1b6e2f}svg.chart{width:100%;height:auto}"""
+.bad{color:#b3261e;font-weight:600}.ok{color:#1b6e2f}svg.chart{width:100%;height:auto}
+section#warning{border:3px solid #b3261e;background:#fdecea}section#warning h2{color:#b3261e}
+p.alert{color:#7a1712;font-weight:600}"""
 _CSP = "default-src 'none'; style-src 'unsafe-inline'"
 
 
 @dataclass(frozen=True)
 class Text:
-    """A paragraph; ``kind`` is p, h3, quote, muted, ok or bad."""
+    """A paragraph; ``kind`` is p, h3, quote, muted, ok, bad or alert (a loud warning)."""
 
     text: str
     kind: str = "p"
@@ -67,15 +69,15 @@ def _md(value: Any) -> str:
 def render_markdown(sections: Sequence[Section]) -> str:
     """Sections as Markdown; chart-only sections are left out."""
     out = ["# judge report"]
-    prefix = {"h3": "### ", "quote": "> ", "bad": "**", "p": "", "muted": "", "ok": ""}
+    prefix = {"h3": "### ", "quote": "> ", "bad": "**", "alert": "> **"}
     for section in sections:
         if all(isinstance(block, Chart) for block in section.blocks):
             continue
         out += ["", f"## {_md(section.title)}"]
         for block in section.blocks:
             if isinstance(block, Text):
-                end = "**" if block.kind == "bad" else ""
-                out += ["", f"{prefix[block.kind]}{_md(block.text)}{end}"]
+                end = "**" if block.kind in {"bad", "alert"} else ""
+                out += ["", f"{prefix.get(block.kind, '')}{_md(block.text)}{end}"]
             elif isinstance(block, Table):
                 out += ["", "| " + " | ".join(_md(h) for h in block.head) + " |"]
                 out.append("|" + "---|" * len(block.head))

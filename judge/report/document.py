@@ -8,7 +8,8 @@ load), so it opens offline and as an attachment. Every text that came from data 
 passages, reasons, engine names) is escaped: a passage holding ``<script>`` shows as text, in
 both files. The worst queries are listed with each passage's excerpt, label, status and the
 judge's reason, so a reader sees why a query scored low; queries whose verdicts failed are
-listed apart, since their metrics are undefined, never 0.
+listed apart, since their metrics are undefined, never 0. A degenerate judge
+(:mod:`judge.analysis.health`) puts a warning above everything else; its health is always shown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
 from judge.analysis.stability import EngineStability, StabilityReport
 from judge.report import charts
@@ -110,6 +112,55 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
             "muted",
         ),
     ]
+
+
+def _health(summary: Summary, results: Sequence[JudgedQuery]) -> hc.JudgeHealth:
+    """The summary's judge health, measured from the results when the summary predates it."""
+    return (
+        summary.health if summary.health.known else hc.judge_health(results, summary.config.scale)
+    )
+
+
+def _warning_section(health: hc.JudgeHealth) -> Section:
+    """The loud block a degenerate judge puts at the very top of the report."""
+    title = "WARNING: the judge is degenerate, so these metrics are not informative"
+    why = (
+        "A judge that gives nearly every passage the same answer makes every metric "
+        "meaningless: engines score about the same whatever they return."
+    )
+    return Section("warning", title, [Text(why), *(Text(p, "alert") for p in health.problems)])
+
+
+def _health_section(health: hc.JudgeHealth) -> Section:
+    """Label distribution and P(relevant) spread, per engine and over all engines."""
+    groups = {**health.engines, "all engines": health.overall}
+    names = [c.label for c in health.overall.labels]
+    labels = [
+        [e, s.ok, *(f"{c.count} ({c.share:.1%})" for c in s.labels), s.top_label]
+        for e, s in groups.items()
+    ]
+    p = {e: s.probability for e, s in groups.items()}
+    spreads = [
+        [e, x.n, x.mean, x.std, x.p10, x.p90, x.distinct, x.peak_share] for e, x in p.items()
+    ]
+    head = ["engine", "with P(relevant)", "mean", "std", "p10", "p90", "distinct (0.01)", "peak"]
+    status = Text("Degenerate: see the warning at the top.", "bad")
+    blocks: list[Text | Table | Chart] = [
+        status if health.degenerate else Text("Not degenerate.", "ok"),
+        *(Text(note) for note in health.notes),
+        Table(["engine", "ok verdicts", *names, "most common"], labels, frozenset({1})),
+        Table(head, spreads, frozenset(range(1, len(head))))
+        if health.overall.probability.n
+        else Text("No verdict carries P(relevant) (that needs logprobs).", "muted"),
+        Text(
+            f"Degenerate: one label on {hc.DOMINANT_SHARE:.0%} or more of at least "
+            f"{hc.MIN_VERDICTS} ok verdicts, or at least {hc.MIN_VERDICTS} P(relevant) with a "
+            f"std under {hc.FLAT_STD} or {hc.DOMINANT_SHARE:.0%} of them within "
+            f"{hc.FLAT_WIDTH} of each other (peak).",
+            "muted",
+        ),
+    ]
+    return Section("health", "Judge health", blocks)
 
 
 def _mean_ci(data: EngineSummary, name: str) -> str:
@@ -278,8 +329,11 @@ def sections(
     metric_rows = [[e, *(_mean_ci(d, n) for n in names)] for e, d in summary.engines.items()]
     values = per_query_values(results, shown, summary.config.scale, policy=summary.policy)
     dist = {m: {e: list(values[m].get(e, {}).values()) for e in engines} for m in shown}
-    out = [
+    health = _health(summary, results)
+    out = [_warning_section(health)] if health.degenerate else []
+    out += [
         Section("overview", "Run", _overview(summary)),
+        _health_section(health),
         Section("metrics", "Metrics (mean, 95% CI)", [Table(["engine", *names], metric_rows)]),
         _chart("distribution", partial(charts.metric_distribution, dist, engines)),
     ]

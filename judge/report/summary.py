@@ -3,8 +3,10 @@
 ``summary.model_dump_json(indent=2)`` of a :class:`Summary` is what summary.json holds:
 counts (ok / unparsed / error — never folded into "not relevant"), usage and cost, per-engine
 metric means with repeat stability and bootstrap CIs, label flips, alpha, agreement with
-human labels, and the threshold checks. ``SCHEMA_VERSION`` is bumped whenever a field changes
-meaning or moves (2: "gain" / "unjudged_policy" became ``policy``); version 1 still loads.
+human labels, the judge's health (:mod:`judge.analysis.health`) and the threshold checks.
+``SCHEMA_VERSION`` is bumped whenever a field changes meaning or moves (2: "gain" /
+"unjudged_policy" became ``policy``); version 1 still loads (:mod:`judge.report.legacy`). A
+field added since is filled when missing: ``health`` (added within version 2) loads as unknown.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.stability import StabilityReport, majority_vote, stability_report
 from judge.config import RunConfig
 from judge.errors import ConfigError, InputError
+from judge.report.legacy import V1Defaults, from_v1
 from judge.run.runner import RunOutcome
-from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Record, Scale, Usage
+from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Usage
 from judge.version import __version__
 
 SCHEMA_VERSION = 2
@@ -133,6 +137,8 @@ class Summary(Record):
     run: RunOutcome | None
     engines: dict[str, EngineSummary]
     stability: StabilityReport
+    # Whether the judge tells passages apart at all (DESIGN rule 10); unknown in old files.
+    health: JudgeHealth
     thresholds: ThresholdResult
 
 
@@ -231,6 +237,7 @@ def build_summary(
         run=run,
         engines=_engines(results, names, report, config),
         stability=report,
+        health=judge_health(results, config.scale()),
         thresholds=ThresholdResult.of(()),
     )
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
@@ -282,7 +289,10 @@ def load_summary(path: str | Path) -> Summary:
         msg = f"summary schema version {version!r}; this judge reads 1 and {SCHEMA_VERSION}"
         raise InputError(msg, file=name)
     try:
-        return Summary.model_validate(_from_v1(data) if version == 1 else data)
+        data = from_v1(data, _V1) if version == 1 else data
+        # Written before the judge's health was measured: unknown, never "healthy".
+        data.setdefault("health", JudgeHealth.unknown().model_dump(mode="json"))
+        return Summary.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -293,60 +303,15 @@ def load_summary(path: str | Path) -> Summary:
         raise InputError(f"not a version-1 judge summary: {exc}", file=name) from None
 
 
-_V1_COUNTS: dict[str, Any] = dict.fromkeys(Counts.model_fields, 0) | {"engines": []}
-_V1_USAGE: dict[str, Any] = dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None}
-_V1_ENGINE: dict[str, Any] = {"majority_vote": {}, "n_queries": 0, "n_repeats": 0}
-_V1_METRIC: dict[str, Any] = dict.fromkeys(MetricSummary.model_fields)
-_V1_METRIC |= {"per_repeat": [], "n_defined": 0, "n_undefined": 0}
-
-
-def _table(data: dict[str, Any], key: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise ValueError(f"'{key}' is not a table")
-    return {**defaults, **value}
-
-
-def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 summary in this schema's shape, for old files kept as baselines.
-
-    Version 1 kept the policy as top-level "gain" and "unjudged_policy" (its "undefined_ap"
-    was not recorded: the default is assumed) and wrote ``"run": {}`` for no run outcome;
-    early writers left out "dataset", "gain" and each engine's "majority_vote". What a file
-    does not say (a hand-written baseline may give only engine means) is filled with empty
-    values: zero counts and tokens, no stability per engine, no checks.
-    """
-    config = _table(data, "config", {"source": None, "judge": {}, "provider": {}, "rerank": None})
-    if config.get("scale") is None:  # the built-in scale the stability names, else binary
-        named = str(_table(data, "stability", {}).get("scale"))
-        config["scale"] = BUILTIN_SCALES.get(named, Scale.binary)()
-    scale = Scale.model_validate(config["scale"])
-    counts = _table(data, "counts", _V1_COUNTS)
-    config.setdefault("repeats", counts["repeats"] or 1)
-    engines = _table(data, "engines", {})
-    engines = {engine: _table(engines, engine, _V1_ENGINE) for engine in engines}
-    for body in engines.values():
-        body["metrics"] = {m: _V1_METRIC | v for m, v in _table(body, "metrics", {}).items()}
-    names = data.get("metric_names") or sorted({m for b in engines.values() for m in b["metrics"]})
-    gain, unjudged = data.get("gain", "linear"), data.get("unjudged_policy", "undefined")
-    policy = {"names": names, "gain": gain, "unjudged": unjudged}
-    level = "nominal" if scale.is_binary else "ordinal"
-    stability = {"scale": scale.name, "alpha_level": level, "alpha": None, "n_boot": 2000}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "judge_version": data.get("judge_version", "unknown"),
-        "created": data.get("created", ""),
-        "config": config,
-        "dataset": data.get("dataset"),
-        "policy": policy,
-        "metric_names": names,
-        "counts": counts,
-        "usage": _table(data, "usage", _V1_USAGE),
-        "run": data.get("run") or None,
-        "engines": engines,
-        "stability": _table(data, "stability", stability | {"seed": 0, "engines": {}}),
-        "thresholds": _table(data, "thresholds", {"checks": [], "breached": 0, "breaches": []}),
-    }
+# What a version-1 file may leave out, as this schema's empty tables.
+_V1 = V1Defaults(
+    schema_version=SCHEMA_VERSION,
+    counts=dict.fromkeys(Counts.model_fields, 0) | {"engines": []},
+    usage=dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None},
+    engine={"majority_vote": {}, "n_queries": 0, "n_repeats": 0},
+    metric=dict.fromkeys(MetricSummary.model_fields)
+    | {"per_repeat": [], "n_defined": 0, "n_undefined": 0},
+)
 
 
 def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
@@ -367,6 +332,10 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
         checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
     elif th.baseline and th.max_drop:
         checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
+    if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
+        problems = " ".join(summary.health.problems) or "not degenerate"
+        ok = not summary.health.degenerate
+        checks.append(Check(check="degenerate judge", value=None, limit=None, ok=ok, note=problems))
     return ThresholdResult.of(checks)
 
 

