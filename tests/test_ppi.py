@@ -3,11 +3,16 @@ judge the corrected estimate recovers the human mean with a CI narrower than hum
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
 
 from judge.analysis.ppi import ppi_mean, ppi_metrics
+from judge.config import load_config
+from judge.report.document import markdown
+from judge.report.summary import build_summary
 from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
 
 
@@ -74,3 +79,20 @@ def test_without_labels_only_the_judge_estimate_exists() -> None:
     [row] = ppi_metrics(_results(n=50, labelled=0, seed=1), ["ap"], Scale.binary())
     assert row.judge_only is not None
     assert row.human_only is None and row.corrected is None and row.narrower is None
+
+
+def test_the_summary_and_report_show_metrics_corrected_by_human_labels(tmp_path: Path) -> None:
+    results = _results(n=120, labelled=30, seed=5)
+    config = load_config(None, {"metrics.names": ["relevancy_mean", "ap"]})
+    summary = build_summary(config, results, n_boot=50)
+    rows = {m.metric: m for m in summary.corrected["default"]}
+    assert set(rows) == {"relevancy_mean", "ap"}
+    assert rows["relevancy_mean"].n_labelled == 30 and rows["relevancy_mean"].corrected
+    text = markdown(summary, results)
+    assert "Metrics corrected by human labels" in text and "PPI-corrected" in text
+    # Without labels there is no such section.
+    bare = [
+        jq.model_copy(update={"query": jq.query.model_copy(update={"labels": None})})
+        for jq in results
+    ]
+    assert "corrected by human" not in markdown(build_summary(config, bare, n_boot=50), bare)

@@ -15,14 +15,14 @@ listed apart, since their metrics are undefined, never 0. A degenerate judge
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
-from judge.analysis.stability import EngineStability, StabilityReport
+from judge.analysis.stability import StabilityReport
 from judge.report import charts
 from judge.report.blocks import (
     Chart,
@@ -34,6 +34,7 @@ from judge.report.blocks import (
     render_markdown,
 )
 from judge.report.history import HistoryRow
+from judge.report.human import agreement_section, corrected_section
 from judge.report.summary import Check, EngineSummary, Summary
 from judge.schema import JudgedQuery, Scale
 
@@ -258,27 +259,6 @@ def _chart(ident: str, draw: Callable[[], str]) -> Section:
     return Section(ident, title, [Chart(draw, caption)])
 
 
-def _agreement_section(engines: Mapping[str, EngineStability]) -> Section | None:
-    """Judge vs the rows' human labels: each repeat's verdict counts once."""
-    rows: list[list[Any]] = []
-    blocks: list[Text | Table | Chart] = []
-    for engine, est in engines.items():
-        if est.agreement is None:
-            continue
-        a = est.agreement.per_judgement
-        rows.append(
-            [engine, a.n, a.accuracy, a.relevance_accuracy, a.kappa, a.weighted_kappa, a.auc]
-        )
-        confusion = [[f"human {lab}", *row] for lab, row in zip(a.labels, a.confusion, strict=True)]
-        blocks.append(Text(f"{engine}: human (rows) x judge (columns)"))
-        blocks.append(Table(["", *a.labels], confusion, frozenset(range(1, len(a.labels) + 1))))
-    if not rows:
-        return None
-    head = ["engine", "n", "accuracy", "relevance accuracy", "kappa", "weighted kappa", "AUC"]
-    table = Table(head, rows, frozenset(range(1, len(head))))
-    return Section("agreement", "Agreement with human labels", [table, *blocks])
-
-
 def _threshold_section(checks: Sequence[Check]) -> Section:
     rows = [
         [c.check, c.engine, c.value, c.limit, "ok" if c.ok else "BREACHED", c.note] for c in checks
@@ -343,9 +323,11 @@ def sections(
         _stability_section(summary.stability, shown),
         _labels_section(results, summary.config.scale),
     ]
-    agreement = _agreement_section(summary.stability.engines)
-    if agreement:
-        out.append(agreement)
+    out += [
+        s
+        for s in (agreement_section(summary.stability.engines), corrected_section(summary))
+        if s is not None
+    ]
     if history:
         out.append(_history_section(history, names, engines))
     out.append(_threshold_section(summary.thresholds.checks))

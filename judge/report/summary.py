@@ -18,12 +18,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from judge.analysis.health import JudgeHealth, judge_health
+from judge.analysis.ppi import MetricPPI, ppi_metrics
 from judge.analysis.stability import StabilityReport, majority_vote, stability_report
 from judge.config import RunConfig
 from judge.errors import ConfigError, InputError
+from judge.metrics.compute import is_label_based
 from judge.report.legacy import V1Defaults, from_v1
 from judge.run.runner import RunOutcome
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Usage
@@ -140,6 +142,9 @@ class Summary(Record):
     # Whether the judge tells passages apart at all (DESIGN rule 10); unknown in old files.
     health: JudgeHealth
     thresholds: ThresholdResult
+    # Per engine, each label-free metric judge-only, human-only and PPI-corrected; empty when
+    # no query carries human labels (and in older files).
+    corrected: dict[str, tuple[MetricPPI, ...]] = Field(default_factory=dict)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -239,8 +244,25 @@ def build_summary(
         stability=report,
         health=judge_health(results, config.scale()),
         thresholds=ThresholdResult.of(()),
+        corrected=_corrected(results, names, config),
     )
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
+
+
+def _corrected(
+    results: Sequence[JudgedQuery], names: Sequence[str], config: RunConfig
+) -> dict[str, tuple[MetricPPI, ...]]:
+    """PPI per engine over the label-free metrics, when any query carries human labels."""
+    if not any(jq.query.labels for jq in results):
+        return {}
+    free = [n for n in names if not is_label_based(n)]
+    by_engine: dict[str, list[JudgedQuery]] = {}
+    for jq in results:
+        by_engine.setdefault(jq.query.engine, []).append(jq)
+    return {
+        engine: tuple(ppi_metrics(rows, free, config.scale(), config.metrics))
+        for engine, rows in sorted(by_engine.items())
+    }
 
 
 def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[JudgedQuery]:
