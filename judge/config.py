@@ -114,7 +114,11 @@ class DatasetSection(Record):
 class RunSection(Record):
     out: str = "runs/latest"
     repeats: int = Field(default=1, ge=1)
-    concurrency: int = Field(default=8, ge=1)
+    # Calls in flight: a hard ceiling. The limit starts at it (at most 64) and adapts to the
+    # provider (halved on 429s and rising latency, grown one slot per round) unless
+    # adaptive_concurrency = false keeps it fixed.
+    concurrency: int = Field(default=64, ge=1)
+    adaptive_concurrency: bool = True
     timeout_s: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=6, ge=1)
     # Backoff: random in [0, base * 2^(attempt-1)], capped; a Retry-After is honoured (capped).

@@ -14,13 +14,20 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from judge.calling.cache import Cache
-from judge.calling.limits import Budget, Limits, RateLimiter, worst_case_prompt_tokens
+from judge.calling.limits import (
+    AdaptiveLimit,
+    Budget,
+    Limits,
+    RateLimiter,
+    worst_case_prompt_tokens,
+)
 from judge.errors import BudgetExceeded, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
@@ -37,6 +44,9 @@ from judge.schema import Usage
 A = TypeVar("A", Completion, RerankResult)
 # Failures a provider answered with a status: the request was refused, not billed.
 _NOT_BILLED = frozenset({"rate_limit", "server", "client", "config"})
+# Seconds a call's attempts spent between leaving and their answer arriving (not waiting for
+# a slot, a rate token or a retry's backoff): a verdict's latency_s.
+_IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
 P = TypeVar("P")
 
 
@@ -91,10 +101,11 @@ class Caller:
         self.limits = limits or Limits()
         self.stats = CallStats()
         self.budget = Budget(self.limits)
-        # One limit per provider: its calls in flight, retries' waits excluded.
-        self._slots = {
-            "chat": asyncio.Semaphore(self.limits.concurrency),
-            "rerank": asyncio.Semaphore(self.limits.rerank_concurrency),
+        # One limit per provider: its calls in flight (adaptive under the configured ceiling).
+        lim = self.limits
+        self.slots = {
+            "chat": AdaptiveLimit(lim.concurrency, start=lim.start, adaptive=lim.adaptive),
+            "rerank": AdaptiveLimit(lim.rerank_concurrency, start=lim.start, adaptive=lim.adaptive),
         }
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
@@ -167,10 +178,13 @@ class Caller:
                 return await provider.complete(request, timeout=self.limits.timeout_s)
 
         async def once() -> Completion:
-            async with self._slots["chat"]:
+            slot = self.slots["chat"]
+            async with slot:
                 await self._rpm.acquire()
                 await self._tpm.acquire(estimate)
-                answer = await self._paid(worst, request.params.max_tokens, send, provider.classify)
+                answer = await self._paid(
+                    slot, worst, request.params.max_tokens, send, provider.classify
+                )
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer
 
@@ -196,9 +210,10 @@ class Caller:
                 return await provider.rerank(request, timeout=self.limits.timeout_s)
 
         async def once() -> RerankResult:
-            async with self._slots["rerank"]:
+            slot = self.slots["rerank"]
+            async with slot:
                 await self._rpm.acquire()
-                return await self._paid(worst, 0, send, provider.classify)
+                return await self._paid(slot, worst, 0, send, provider.classify)
 
         result = await self._call(once, provider.classify)
         if len(result.answer.scores) == len(request.documents):
@@ -207,6 +222,7 @@ class Caller:
 
     async def _paid(
         self,
+        slot: AdaptiveLimit,
         prompt_tokens: int,
         completion_tokens: int | None,
         send: Callable[[], Awaitable[A]],
@@ -217,16 +233,22 @@ class Caller:
         cancelled in flight) is counted at its worst-case prompt: it may have been billed."""
         reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
+        sent = time.perf_counter()
         try:
             answer = await send()
             spent = answer.usage
-            return answer
         except Exception as exc:
-            if not isinstance(exc, TimeoutError) and classify(exc).kind in _NOT_BILLED:
+            kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
+            if kind in _NOT_BILLED:
                 spent = Usage()
+            if kind == "rate_limit":
+                slot.throttled()
             raise
         finally:
             self.budget.settle(reservation, spent)
+            _IN_FLIGHT_S.set(_IN_FLIGHT_S.get() + time.perf_counter() - sent)
+        slot.success(time.perf_counter() - sent)
+        return answer
 
     async def _call(
         self,
@@ -235,7 +257,7 @@ class Caller:
     ) -> CallResult[A]:
         """``once`` until it succeeds, a failure is final, or the attempts are spent."""
         policy = _RetryPolicy(classify, self.limits, self.stats)
-        start = time.perf_counter()
+        _IN_FLIGHT_S.set(0.0)
         attempts = 0
 
         async def attempt() -> A:
@@ -266,9 +288,7 @@ class Caller:
                 attempts=attempts,
             ) from None
         self.stats.successes += 1
-        return CallResult(
-            answer, cached=False, attempts=attempts, latency_s=time.perf_counter() - start
-        )
+        return CallResult(answer, cached=False, attempts=attempts, latency_s=_IN_FLIGHT_S.get())
 
 
 class _RetryPolicy:

@@ -20,9 +20,12 @@ class Limits(Record):
     """Concurrency, timeouts, retries, rates and budget for one Caller."""
 
     # Calls in flight per provider (chat and rerank each): [provider] / [rerank] concurrency,
-    # else [run] concurrency. One limit per provider; nothing nests.
-    concurrency: int = 8
-    rerank_concurrency: int = 8
+    # else [run] concurrency. One limit per provider; nothing nests. With ``adaptive`` it is a
+    # ceiling the limit adapts under (AIMD, see AdaptiveLimit), starting at ``start``.
+    concurrency: int = 64
+    rerank_concurrency: int = 64
+    adaptive: bool = True
+    start: int = 64
     timeout_s: float = 60.0
     max_attempts: int = 6
     backoff_base_s: float = 0.5
@@ -47,6 +50,7 @@ class Limits(Record):
         return cls(
             concurrency=config.provider.concurrency or r.concurrency,
             rerank_concurrency=rerank or r.concurrency,
+            adaptive=r.adaptive_concurrency,
             timeout_s=r.timeout_s,
             max_attempts=r.max_attempts,
             backoff_base_s=r.backoff_base_s,
@@ -57,6 +61,77 @@ class Limits(Record):
             max_tokens=r.max_tokens,
             price=config.price(),
         )
+
+
+class AdaptiveLimit:
+    """Calls in flight to one provider, adapted to what it can take (AIMD).
+
+    Starts at ``start`` (at most ``ceiling``). A throttle (429, or 503 with Retry-After) halves
+    the limit, at most once per ``cool_s`` (so a burst of 429s from one window counts once); a
+    latency rising past ``slow`` times the lowest seen (queueing at the provider) takes a
+    quarter off, at most once per ``cool_s``. Every success adds ``1 / limit`` (one slot per
+    round of calls, as TCP's congestion avoidance does). The limit stays in [1, ``ceiling``]:
+    an explicit ``concurrency`` is a hard ceiling. ``adaptive=False`` keeps it at the ceiling.
+    """
+
+    def __init__(
+        self, ceiling: int, *, start: int = 64, adaptive: bool = True, slow: float = 3.0
+    ) -> None:
+        self.ceiling = max(1, ceiling)
+        self.adaptive = adaptive
+        self.limit = float(min(start, self.ceiling) if adaptive else self.ceiling)
+        self.slow = slow
+        self.in_flight = 0
+        self.peak = 0
+        self.fastest: float | None = None
+        self.cool_s = 1.0
+        self._last_cut = -1e9
+        self._freed = asyncio.Event()
+
+    @property
+    def current(self) -> int:
+        return max(1, int(self.limit))
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.current:
+            self._freed.clear()
+            await self._freed.wait()
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._freed.set()
+
+    async def __aenter__(self) -> AdaptiveLimit:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.release()
+
+    def success(self, latency_s: float) -> None:
+        if not self.adaptive:
+            return
+        if self.fastest is None or latency_s < self.fastest:
+            self.fastest = max(latency_s, 1e-3)
+            self.cool_s = max(0.05, min(self.fastest * 2, 2.0))
+        if latency_s > self.slow * self.fastest and self._cut(0.75):
+            return
+        self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+
+    def throttled(self) -> None:
+        if self.adaptive:
+            self._cut(0.5)
+
+    def _cut(self, factor: float) -> bool:
+        now = time.monotonic()
+        if now - self._last_cut < self.cool_s:
+            return False
+        self._last_cut = now
+        self.limit = max(1.0, self.limit * factor)
+        self._freed.set()
+        return True
 
 
 class RateLimiter:

@@ -38,7 +38,7 @@ class Progress:
         self.show()
 
     def line(self) -> str:
-        s, b = self.caller.stats, self.caller.budget
+        s, b, slot = self.caller.stats, self.caller.budget, self.caller.slots["chat"]
         elapsed = time.monotonic() - self.started
         rate = self.passages / elapsed if elapsed > 0 else 0.0
         return (
@@ -47,6 +47,7 @@ class Progress:
             f"  ({rate:.1f}/s)  cached {s.cache_hits}  retries {s.retries}"
             f"  unparsed {self.status['unparsed']}  errors {self.status['error']}"
             f"  tokens {b.usage.total}  ${b.cost:.4f}"
+            f"  in flight {slot.in_flight}/{slot.current}"
         )
 
     def show(self, final: bool = False) -> None:
