@@ -135,6 +135,8 @@ class RunSection(Record):
     cache: str | None = None  # default: <user cache dir>/judge/cache.sqlite
     history: str | None = None  # default: <user cache dir>/judge/history.sqlite
     progress_interval_s: float = Field(default=10.0, gt=0)
+    # Charts in report.html (drawing them is most of the time a cached re-run takes).
+    charts: bool = True
     # After SIGINT/SIGTERM/SIGHUP, seconds the calls in flight get to finish before they are
     # cancelled (their units stay unfinished and resume on the next run).
     grace_s: float = Field(default=10.0, ge=0)

@@ -28,6 +28,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": "run.max_tokens",
         "concurrency": "run.concurrency",
         "cache": "run.cache",
+        "no_charts": "run.charts",
         "dataset": "dataset.path",
     }
     for attr, key in mapping.items():

@@ -275,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask units with these verdicts again (error units always are); repeatable",
     )
     r.add_argument(
+        "--no-charts",
+        action="store_false",
+        default=None,
+        help="leave the charts out of report.html (much faster for large runs)",
+    )
+    r.add_argument(
         "--first-night",
         action="store_true",
         help="no baseline summary yet: skip the drop checks instead of refusing to run",

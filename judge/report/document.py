@@ -23,7 +23,6 @@ from typing import Any
 from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
 from judge.analysis.stability import StabilityReport
-from judge.report import charts
 from judge.report.blocks import (
     Chart,
     Section,
@@ -201,7 +200,7 @@ def _compare_section(cmp: Comparison) -> Section:
         pairs = {m: (cmp.per_query[m][cmp.baseline], cmp.per_query[m][engine]) for m in shown}
         blocks.append(
             Chart(
-                partial(charts.engine_scatter, pairs, cmp.baseline, engine),
+                partial(_draw, "engine_scatter", pairs, cmp.baseline, engine),
                 f"per query: {engine} (y) against {cmp.baseline} (x)",
             )
         )
@@ -232,7 +231,7 @@ def _history_section(
             status or Text("No regressions.", "ok"),
             Table(head, rows, frozenset(range(2, len(head) - 1))),
             Chart(
-                partial(charts.history_trend, runs, metrics, engines, flagged),
+                partial(_draw, "history_trend", runs, metrics, engines, flagged),
                 "red crosses: runs flagged as regressions",
             ),
         ],
@@ -252,6 +251,15 @@ _CHARTS = {
     "stability": ("Stability across repeats", "per-repeat means"),
     "labels": ("Verdict labels", "unparsed and error are failures, never 'not relevant'"),
 }
+
+
+def _draw(name: str, *args: Any) -> str:
+    """Chart ``name`` of :mod:`judge.report.charts`, imported only when a chart is drawn:
+    matplotlib takes about a second to import, and --no-charts or report.md need none."""
+    from judge.report import charts
+
+    draw: Callable[..., str] = getattr(charts, name)
+    return draw(*args)
 
 
 def _chart(ident: str, draw: Callable[[], str]) -> Section:
@@ -276,7 +284,7 @@ def _stability_section(st: StabilityReport, shown: Sequence[str]) -> Section:
     firsts = {e: x.metrics.get(shown[0]) if shown else None for e, x in st.engines.items()}
     repeats = {e: first.repeats if first else () for e, first in firsts.items()}
     flips = [[e, x.flips.flip_rate, x.flips.n_passages, x.alpha] for e, x in st.engines.items()]
-    section = _chart("stability", partial(charts.stability_lines, per_repeat, repeats))
+    section = _chart("stability", partial(_draw, "stability_lines", per_repeat, repeats))
     section.blocks[:0] = [
         Text(f"Krippendorff's alpha ({st.alpha_level}): {format_value(st.alpha)}"),
         Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
@@ -288,7 +296,7 @@ def _labels_section(results: Sequence[JudgedQuery], scale: Scale) -> Section:
     """Verdicts per label and failure kind, per engine (chart and table)."""
     labels = [lab.name for lab in sorted(scale.labels, key=lambda lab: lab.grade)]
     counts = _label_counts(results)
-    section = _chart("labels", partial(charts.label_distribution, counts, labels))
+    section = _chart("labels", partial(_draw, "label_distribution", counts, labels))
     kinds = [*labels, "unparsed", "error"]
     rows = [[e, *(c.get(k, 0) for k in kinds)] for e, c in counts.items()]
     section.blocks.append(Table(["engine", *kinds], rows, frozenset(range(1, len(kinds) + 1))))
@@ -315,7 +323,7 @@ def sections(
         Section("overview", "Run", _overview(summary)),
         _health_section(health),
         Section("metrics", "Metrics (mean, 95% CI)", [Table(["engine", *names], metric_rows)]),
-        _chart("distribution", partial(charts.metric_distribution, dist, engines)),
+        _chart("distribution", partial(_draw, "metric_distribution", dist, engines)),
     ]
     if comparison:
         out.append(_compare_section(comparison))
@@ -349,9 +357,11 @@ def markdown(summary: Summary, results: Sequence[JudgedQuery], **kwargs: Any) ->
     return render_markdown(sections(summary, results, **kwargs))
 
 
-def html_report(summary: Summary, results: Sequence[JudgedQuery], **kwargs: Any) -> str:
+def html_report(
+    summary: Summary, results: Sequence[JudgedQuery], *, charts: bool = True, **kwargs: Any
+) -> str:
     """report.html: one page, no script, nothing loaded from anywhere."""
-    return render_html(sections(summary, results, **kwargs))
+    return render_html(sections(summary, results, **kwargs), charts=charts)
 
 
 def write_reports(
@@ -361,6 +371,7 @@ def write_reports(
     *,
     history: Sequence[HistoryRow] = (),
     worst: int = 5,
+    charts: bool = True,
 ) -> list[Path]:
     """Write report.md and report.html into ``out_dir``; ``history`` from
     :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags."""
@@ -371,5 +382,5 @@ def write_reports(
     }
     md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
     md.write_text(markdown(summary, results, **kwargs), encoding="utf-8")
-    page.write_text(html_report(summary, results, **kwargs), encoding="utf-8")
+    page.write_text(html_report(summary, results, charts=charts, **kwargs), encoding="utf-8")
     return [md, page]

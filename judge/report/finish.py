@@ -51,7 +51,7 @@ def finish_run(config: RunConfig, out_dir: Path, outcome: RunOutcome | None = No
         max_drop=config.thresholds.max_drop,
         source=source_key(config.source),
     )
-    written = write_reports(out_dir, summary, results, history=rows)
+    written = write_reports(out_dir, summary, results, history=rows, charts=config.run.charts)
     write_qrels(out_dir / QRELS_FILE, results)
     log.debug(
         "run %d recorded in %s; wrote %s, %s and %s",
