@@ -1,8 +1,8 @@
 """RunConfig: a TOML file (stdlib tomllib) plus command-line overrides.
 
 Every table is a frozen record with unknown keys rejected, so a typo in a config is an
-error naming the key, not a silently ignored setting. Relative paths are taken relative to
-the current directory (where ``judge`` is run), as the README's commands assume.
+error naming the key, not a silently ignored setting. Relative paths in a config file are
+taken from the file's folder; paths on the command line from the current directory.
 
 Sections::
 
@@ -279,6 +279,30 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+# Paths a config file holds; relative ones are taken from the file's own folder, so a config
+# means the same wherever `judge` runs. Paths given on the command line stay relative to the
+# current directory.
+_PATH_KEYS = (
+    ("dataset", "path"),
+    ("dataset", "trec_run"),
+    ("dataset", "passage_store"),
+    ("dataset", "queries"),
+    ("run", "out"),
+    ("run", "cache"),
+    ("run", "history"),
+    ("thresholds", "baseline"),
+    ("judge", "template_dir"),
+)
+
+
+def _relative_to(folder: Path, data: dict[str, Any]) -> None:
+    for table, key in _PATH_KEYS:
+        section = data.get(table)
+        value = section.get(key) if isinstance(section, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            section[key] = os.path.normpath(folder / value)  # type: ignore[index]
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a TOML config and apply dotted overrides (``{"run.repeats": 3}``)."""
     data: dict[str, Any] = {}
@@ -296,6 +320,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"{path}: not a readable TOML file: {type(exc).__name__}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if path is not None:
+        _relative_to(Path(path).parent, data)
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
     data["source"] = source

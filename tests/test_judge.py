@@ -250,3 +250,18 @@ def test_rerank_relevancy_from_the_judges_own_probability() -> None:
         with make_judge(srv) as j:
             median = j.rerank_relevancy(PUPPY, PASSAGES, agg="median")
     assert median == pytest.approx(0.9, abs=1e-6)
+
+
+def test_the_sync_call_works_inside_a_running_event_loop() -> None:
+    """As in a Jupyter cell: judge() called from code that runs inside an event loop."""
+    with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no")) as srv:
+
+        async def cell() -> list[str | None]:
+            with make_judge(srv) as j:
+                first = j.judge(PUPPY, PASSAGES)
+                second = j.judge(PUPPY, PASSAGES)  # the Judge's clients survive between calls
+            return [v.label for v in (*first.verdicts, *second.verdicts)]
+
+        labels = asyncio.run(cell())
+    assert labels[: len(PASSAGES)] == labels[len(PASSAGES) :]
+    assert "yes" in labels and "no" in labels

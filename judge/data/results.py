@@ -201,8 +201,16 @@ def write_qrels(
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.writelines(lines)
+    os.chmod(tmp, ordinary_mode())  # mkstemp makes it private; qrels are no secret
     os.replace(tmp, target)
     return len(lines)
+
+
+def ordinary_mode() -> int:
+    """The mode a plainly created file gets here: 0666 less the process's umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -340,16 +341,18 @@ class Judge:
     # ---- sync edge --------------------------------------------------------------------
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the Judge's own event loop (its HTTP clients live there). Inside a
+        running loop (a Jupyter cell) that loop runs in a worker thread while this one waits:
+        no nest_asyncio patching of the caller's loop."""
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            pass
-        else:
-            coro.close()
-            raise RuntimeError("Judge.judge() cannot run inside an event loop; use ajudge()")
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
+            return loop.run_until_complete(coro)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge-sync") as pool:
+            return pool.submit(loop.run_until_complete, coro).result()
 
     def judge(
         self, query: str | Query, passages: Sequence[PassageLike] | None = None, *, repeat: int = 0
@@ -374,7 +377,7 @@ class Judge:
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.run_until_complete(self.aclose())
+            self._run(self.aclose())
             self._loop.close()
         if self._cache is not None:
             self._cache.close()

@@ -1,0 +1,64 @@
+"""Paths in a config file are taken from the file's folder (the same config works from any
+directory); paths on the command line from the current one. Output files get ordinary modes."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from judge.config import load_config
+from tests.servers import ScriptedServer
+from tests.test_runner import write_dataset
+
+
+def test_config_paths_follow_the_config_file_and_overrides_the_cwd(tmp_path: Path) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    config = folder / "c.toml"
+    config.write_text(
+        '[dataset]\npath = "../data/d.jsonl"\n[run]\nout = "../runs/x"\ncache = "/abs/c.sqlite"\n'
+        '[thresholds]\nbaseline = "base/summary.json"\n',
+        encoding="utf-8",
+    )
+    loaded = load_config(config)
+    assert loaded.dataset.path == str(tmp_path / "data" / "d.jsonl")
+    assert loaded.run.out == str(tmp_path / "runs" / "x")
+    assert loaded.run.cache == "/abs/c.sqlite"
+    assert loaded.thresholds.baseline == str(folder / "base" / "summary.json")
+    assert load_config(config, {"dataset.path": "here.jsonl"}).dataset.path == "here.jsonl"
+
+
+def test_a_run_from_another_directory_finds_the_configs_dataset_and_writes_plain_files(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = make_server()
+    (tmp_path / "data").mkdir()
+    write_dataset(tmp_path / "data" / "d.jsonl", n_queries=2, n_passages=2)
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    config = folder / "c.toml"
+    config.write_text(
+        '[judge]\nprovider = "local"\nmodel = "m"\n'
+        f'[provider]\nbase_url = "{server.openai_base_url}"\n'
+        '[dataset]\npath = "../data/d.jsonl"\n'
+        '[run]\nout = "../runs/x"\ncache = "../cache.sqlite"\n',
+        encoding="utf-8",
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    old = os.umask(0o022)
+    try:
+        assert main(["run", str(config)]) in (0, 1)
+    finally:
+        os.umask(old)
+    out = tmp_path / "runs" / "x"
+    for name in ("qrels.txt", "summary.json", "verdicts.jsonl", "report.md"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
