@@ -111,3 +111,25 @@ def test_a_missing_baseline_is_an_error_unless_it_is_the_first_night(
     out = str(tmp_path / "out")
     assert main(["run", str(config), str(dataset), "--out", out, "--first-night"]) == 0
     assert server.requests != []
+
+
+def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "nightly" / "baseline.json"
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"thresholds": {"baseline": str(baseline)}, "thresholds.max_drop": {"ap": 0.05}},
+    )
+    dataset = _dataset(tmp_path)
+    first = str(tmp_path / "night1")
+    assert main(["run", str(config), str(dataset), "--out", first, "--first-night"]) == 0
+    assert main(["baseline", "set", first, "--config", str(config)]) == 0
+    assert json.loads(baseline.read_text(encoding="utf-8"))["engines"]
+    # The second night needs no switch, and its drop check runs against the first.
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "night2")]) == 0
+    summary = json.loads((tmp_path / "night2" / "summary.json").read_text(encoding="utf-8"))
+    assert any(c["check"] == "drop ap" for c in summary["thresholds"]["checks"])
+    capsys.readouterr()

@@ -316,11 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     rd.set_defaults(func=cmd_render)
 
     from judge.cli.admin import add_commands as add_admin
+    from judge.cli.baseline import add_commands as add_baseline
     from judge.cli.calibrate import add_commands as add_calibrate
     from judge.cli.reports import add_commands
 
     add_admin(sub, common)
     add_calibrate(sub)
+    add_baseline(sub)
 
     add_commands(sub)
     return p

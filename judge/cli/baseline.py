@@ -1,0 +1,45 @@
+"""``judge baseline set RUN_DIR --config CONFIG``: make a finished run the nightly baseline."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from judge.cli.common import EXIT_OK
+from judge.config import load_config
+from judge.errors import ConfigError
+from judge.report.summary import SUMMARY_FILE, load_summary
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if config.thresholds.baseline is None:
+        raise ConfigError(f"{args.config}: [thresholds] baseline is not set: where should it go?")
+    source = Path(args.run_dir) / SUMMARY_FILE
+    summary = load_summary(source)  # a readable summary, or one line naming the problem
+    if summary.run is not None and summary.run.status != "complete" and not args.force:
+        raise ConfigError(
+            f"{source}: that run is incomplete ({summary.run.reason}); a baseline should be a "
+            "finished run (--force to use it anyway)"
+        )
+    target = Path(config.thresholds.baseline)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)  # a nightly run reading it sees the old file or the new one
+    print(f"baseline: {source} -> {target}")
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``baseline set`` on the ``judge`` parser."""
+    b = sub.add_parser("baseline", help="make a finished run the baseline of a nightly config")
+    b.add_argument("action", choices=["set"])
+    b.add_argument("run_dir")
+    b.add_argument("--config", required=True, help="config whose [thresholds] baseline to set")
+    b.add_argument("--force", action="store_true", help="accept an incomplete run")
+    b.set_defaults(func=cmd_baseline)
