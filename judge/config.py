@@ -74,7 +74,7 @@ class JudgeSection(Record):
 class ProviderSection(Record):
     """Overrides of the preset named by ``judge.provider`` (see judge.providers.PRESETS)."""
 
-    kind: Literal["openai", "dashscope", "rerank", "embedded"] | None = None
+    kind: Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"] | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     supports_json_mode: bool | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from judge.providers import make_chat_provider, resolve_spec
+from judge.providers import NEUTRAL_SAMPLING, make_chat_provider, resolve_spec
 from judge.providers.base import Completion, Message, SamplingParams
 from tests.provider_harness import (
     CHAT,
@@ -76,6 +76,28 @@ def test_dashscope_compatible_preset_turns_thinking_off(
     provider = make_chat_provider(spec)
     complete(provider, CHAT)
     assert server.bodies()[0]["enable_thinking"] is False
+
+
+@pytest.mark.parametrize(
+    ("preset", "server_kind", "refused"),
+    [
+        ("llamacpp", "llamacpp", set()),
+        # vLLM before PR #10463 answered 400 to any field it did not know.
+        ("local", "vllm", {"repeat_penalty", "dry_multiplier"}),
+        ("ollama", "ollama", {"repeat_penalty", "repetition_penalty"}),
+    ],
+)
+def test_local_presets_send_neutral_sampling_and_a_request_overrides_it(
+    server: ScriptedServer, preset: str, server_kind: str, refused: set[str]
+) -> None:
+    provider = make_chat_provider(resolve_spec(preset, {"base_url": server.openai_base_url}))
+    params = SamplingParams(extra_body={"presence_penalty": 0.5})  # [judge.params] extra_body
+    complete(provider, CHAT, CHAT.model_copy(update={"params": params}))
+    neutral, overridden = server.bodies()
+    assert {k: neutral[k] for k in NEUTRAL_SAMPLING[server_kind]} == NEUTRAL_SAMPLING[server_kind]
+    assert not refused & neutral.keys()
+    assert overridden["presence_penalty"] == 0.5
+    assert overridden["frequency_penalty"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from judge.errors import ProviderConfigError
-from judge.providers import PRESETS, make_chat_provider, make_rerank_provider, resolve_spec
-from judge.providers.base import ChatProvider, RerankProvider
+from judge.providers import (
+    NEUTRAL_SAMPLING,
+    PRESETS,
+    make_chat_provider,
+    make_rerank_provider,
+    resolve_spec,
+)
+from judge.providers.base import ChatProvider, ProviderSpec, RerankProvider
 from tests.provider_harness import run
 from tests.servers import ScriptedServer
 
@@ -58,7 +65,9 @@ def test_registry_refuses_the_wrong_role() -> None:
 
 def test_identity_names_kind_and_base_url(server: ScriptedServer) -> None:
     providers: list[ChatProvider | RerankProvider] = [
-        make_chat_provider(resolve_spec("local", {"base_url": server.openai_base_url + "/"})),
+        make_chat_provider(
+            resolve_spec("openai", {"base_url": server.openai_base_url + "/", "api_key_env": None})
+        ),
         make_chat_provider(
             resolve_spec("dashscope", {"base_url": server.dashscope_base_url, "api_key_env": None})
         ),
@@ -70,4 +79,72 @@ def test_identity_names_kind_and_base_url(server: ScriptedServer) -> None:
         f"rerank:{server.url}/v1/rerank",
     ]
     for provider in providers:
+        run(provider.aclose())
+
+
+# --- neutral sampling on local servers (issue 19) -----------------------------------------
+
+PENALTY_FIELDS = {"repeat_penalty", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        # llama.cpp reads repeat_penalty (and DRY); vLLM's name is repetition_penalty, and
+        # vLLM before PR #10463 refused unknown fields, so it never gets repeat_penalty;
+        # Ollama's /v1 layer maps only the two OpenAI penalties.
+        ("llamacpp", {"repeat_penalty": 1.0, "dry_multiplier": 0.0}),
+        ("local", {"repetition_penalty": 1.0}),
+        ("ollama", {}),
+    ],
+)
+def test_local_presets_switch_repetition_penalties_off(
+    preset: str, expected: dict[str, float]
+) -> None:
+    body = resolve_spec(preset, {}).extra_body
+    assert body == {"frequency_penalty": 0.0, "presence_penalty": 0.0, **expected}
+    assert body == PRESETS[preset].extra_body
+
+
+@pytest.mark.parametrize("preset", ["openai", "dashscope", "dashscope-compatible"])
+def test_hosted_presets_send_no_penalties(preset: str) -> None:
+    assert not PENALTY_FIELDS & set(resolve_spec(preset, {}).extra_body)
+
+
+def test_a_configured_penalty_overrides_the_preset_key_by_key() -> None:
+    spec = resolve_spec("llamacpp", {"extra_body": {"repeat_penalty": 1.1, "top_k": 1}})
+    assert spec.extra_body == {**NEUTRAL_SAMPLING["llamacpp"], "repeat_penalty": 1.1, "top_k": 1}
+    assert PRESETS["llamacpp"].extra_body["repeat_penalty"] == 1.0  # the preset is untouched
+
+
+def test_body_fingerprint_follows_what_a_spec_adds_to_requests() -> None:
+    plain = ProviderSpec(base_url="http://127.0.0.1:9/v1")
+    assert plain.body_fingerprint() == ""  # plain endpoints keep the keys they always had
+    llamacpp = resolve_spec("llamacpp", {})
+    assert llamacpp.body_fingerprint() == resolve_spec("llamacpp", {}).body_fingerprint()
+    assert re.fullmatch(r"\+[0-9a-f]{16}", llamacpp.body_fingerprint())
+    changed = [
+        resolve_spec("llamacpp", {"extra_body": {"repeat_penalty": 1.1}}),
+        resolve_spec("llamacpp", {"supports_json_mode": False}),
+        resolve_spec("llamacpp", {"supports_logprobs": False}),
+        plain.model_copy(update={"supports_json_mode": False}),
+    ]
+    prints = {spec.body_fingerprint() for spec in changed}
+    assert len(prints) == len(changed) and llamacpp.body_fingerprint() not in prints
+    assert "" not in prints
+    # The base URL is in the identity already, the api key never is.
+    assert resolve_spec("local", {"base_url": "http://h:1/v1"}).body_fingerprint() == (
+        resolve_spec("local", {}).body_fingerprint()
+    )
+
+
+def test_identity_carries_the_body_fingerprint(server: ScriptedServer) -> None:
+    url = server.openai_base_url
+    local = make_chat_provider(resolve_spec("local", {"base_url": url}))
+    penalised = make_chat_provider(
+        resolve_spec("local", {"base_url": url, "extra_body": {"repetition_penalty": 1.05}})
+    )
+    assert local.identity == f"openai:{url}{PRESETS['local'].body_fingerprint()}"
+    assert penalised.identity.startswith(f"openai:{url}+") and penalised.identity != local.identity
+    for provider in (local, penalised):
         run(provider.aclose())

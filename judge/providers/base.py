@@ -151,7 +151,7 @@ class ProviderSpec(Record):
     An OpenAI-compatible endpoint is only this (kind="openai" + base_url), never new code.
     """
 
-    kind: Literal["openai", "dashscope", "rerank", "embedded"] = "openai"
+    kind: Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"] = "openai"
     base_url: str | None = None
     # Name of the environment variable holding the key; the key itself is never stored.
     api_key_env: str | None = None
@@ -162,6 +162,23 @@ class ProviderSpec(Record):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # For kind="embedded": extra llama.cpp server options.
     options: dict[str, Any] = Field(default_factory=dict)
+
+    def body_fingerprint(self) -> str:
+        """What this spec adds to or takes from every request body, for the provider's identity
+        (and so every cache key): "" for a spec that changes nothing (a plain endpoint keeps
+        the keys it always had), else "+" and a digest of ``extra_body`` and the two
+        ``supports_*`` switches. A changed ``extra_body`` value is a changed key."""
+        shaping = {
+            "extra_body": self.extra_body,
+            "json_mode": self.supports_json_mode,
+            "logprobs": self.supports_logprobs,
+        }
+        if shaping == {"extra_body": {}, "json_mode": True, "logprobs": True}:
+            return ""
+        blob = json.dumps(
+            shaping, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str
+        )
+        return "+" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
     @field_validator("base_url")
     @classmethod

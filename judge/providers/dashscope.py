@@ -141,7 +141,7 @@ class _DashScopeBase:
 
     @property
     def identity(self) -> str:
-        return f"dashscope:{self._base_url}"
+        return f"dashscope:{self._base_url}{self._spec.body_fingerprint()}"
 
     async def _call(self, api: Any, timeout: float | None, arguments: dict[str, Any]) -> Any:
         """One SDK call as one HTTP request; non-200 answers raised as ProviderStatusError."""

@@ -99,7 +99,9 @@ class OpenAICompatProvider:
 
     @property
     def identity(self) -> str:
-        return f"openai:{self._base_url}"
+        """``openai:<base URL>``, plus the spec's body fingerprint when it adds fields (the
+        local presets' neutral sampling, a config's ``extra_body``): they change the answer."""
+        return f"openai:{self._base_url}{self._spec.body_fingerprint()}"
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON fields besides model and messages that ``request`` sends to this endpoint."""

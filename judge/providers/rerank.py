@@ -116,7 +116,7 @@ class HTTPRerankProvider:
 
     @property
     def identity(self) -> str:
-        return f"rerank:{self._endpoint}"
+        return f"rerank:{self._endpoint}{self._spec.body_fingerprint()}"
 
     async def rerank(self, request: RerankRequest, *, timeout: float | None) -> RerankResult:
         """One rerank call (one HTTP request, no retries): scores in input order."""

@@ -2,8 +2,12 @@
 
 The server starts lazily on the first ``complete()`` (fetching and verifying the pinned model
 when needed) and every call is delegated to ``OpenAICompatProvider`` pointed at it; the
-server's lifecycle (no orphans, ever) lives in :mod:`judge.llama_server`. The identity is the
-model's sha256, so cache keys do not depend on the port, which changes every run.
+server's lifecycle (no orphans, ever) lives in :mod:`judge.providers.embedded.server`. The
+identity is the model's sha256 plus the spec's body fingerprint, so cache keys do not depend on
+the port, which changes every run, but do follow what every request carries. The registry
+(:mod:`judge.providers`) hands this provider a spec whose ``extra_body`` switches
+llama-cpp-python's repetition penalty (1.1 by default) off; a spec built by hand sends what it
+says.
 """
 
 from __future__ import annotations
@@ -26,15 +30,21 @@ class EmbeddedChatProvider:
         self._spec = spec
         self._model_path = model_path
         self._fetch = fetch
-        self._identity = f"embedded:{sha256}"
+        self._identity = f"embedded:{sha256}{spec.body_fingerprint()}"
         self._lock = asyncio.Lock()
         self._server: EmbeddedServer | None = None
         self._inner: ChatProvider | None = None
 
     @property
     def identity(self) -> str:
-        """``embedded:<model sha256>``: independent of the port, which changes every run."""
+        """``embedded:<model sha256>`` (+ body fingerprint): independent of the port, which
+        changes every run."""
         return self._identity
+
+    @property
+    def spec(self) -> ProviderSpec:
+        """The spec every request is built from (``extra_body`` as sent to the server)."""
+        return self._spec
 
     @property
     def server(self) -> EmbeddedServer | None:
