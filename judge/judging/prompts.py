@@ -55,13 +55,17 @@ _PASSAGE_VAR: dict[Mode, str] = {"pointwise": "passage", "listwise": "passages"}
 _RESERVED = frozenset({"query", "passage", "passages", "scale", "fence"})
 
 # "<passage", "</passage", "< / Query" ... : any opening of one of our fence tags.
-_MARKER = re.compile(r"<(?=\s*/?\s*(?:passage|query|title))", re.IGNORECASE)
+# Fence tags, and chat-template control tokens (``<|im_end|>``, ``<|start_header_id|>``): some
+# local servers tokenise the whole chat with special tokens on, so such text inside a passage
+# would end the user's turn and forge the assistant's.
+_MARKER = re.compile(r"<(?=\s*/?\s*(?:passage|query|title)|\|)", re.IGNORECASE)
 _NEUTRAL = "‹"  # U+2039, visibly not "<"
 _CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 def neutralise(text: str) -> str:
-    """``text`` with every fence-tag opener ``<`` (passage, query, title) replaced by ``‹``."""
+    """``text`` with every fence-tag opener ``<`` (passage, query, title) and every ``<|`` of a
+    chat control token replaced by ``‹``."""
     return _MARKER.sub(_NEUTRAL, text)
 
 
