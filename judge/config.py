@@ -196,6 +196,17 @@ class RunConfig(Record):
         judge = self.judge.model_copy(update={"scale": name})
         return self.model_copy(update={"judge": judge}).scale()
 
+    def comparable_label_scale(self) -> Scale:
+        """The human labels' scale, if the judge's verdicts can be compared with it: equal
+        scales, or a binary judge (other labels map through relevance); else ConfigError."""
+        scale, labels = self.scale(), self.label_scale()
+        if labels != scale and not scale.is_binary:
+            raise ConfigError(
+                f"{self.source}: labels on scale '{labels.name}' cannot be compared with the "
+                f"{scale.name} judge; only a binary judge maps other labels through relevance"
+            )
+        return labels
+
     def price(self) -> Price | None:
         return self.prices.get(self.judge.model)
 

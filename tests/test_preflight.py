@@ -133,3 +133,17 @@ def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
     summary = json.loads((tmp_path / "night2" / "summary.json").read_text(encoding="utf-8"))
     assert any(c["check"] == "drop ap" for c in summary["thresholds"]["checks"])
     capsys.readouterr()
+
+
+def test_a_graded_judge_with_coarser_labels_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"judge": {"scale": "graded"}, "dataset": {"label_scale": "binary"}},
+    )
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
+        assert "labels on scale 'binary' cannot be compared with the graded judge" in err
+    assert server.requests == []

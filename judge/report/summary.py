@@ -24,7 +24,7 @@ from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
 from judge.analysis.stability import StabilityReport, majority_vote, stability_report
 from judge.config import RunConfig
-from judge.errors import ConfigError, InputError
+from judge.errors import InputError
 from judge.metrics.compute import is_label_based
 from judge.report.legacy import V1Defaults, from_v1
 from judge.run.runner import RunOutcome
@@ -271,14 +271,9 @@ def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[J
     Labels on another scale are mapped through relevance: a binary judge compares with
     ``label >= label_scale.threshold``. A graded judge cannot be compared with coarser labels.
     """
-    scale, label_scale = config.scale(), config.label_scale()
-    if label_scale == scale:
+    label_scale = config.comparable_label_scale()
+    if label_scale == config.scale():
         return list(results)
-    if not scale.is_binary:
-        raise ConfigError(
-            f"{config.source}: labels on scale '{label_scale.name}' cannot be compared with "
-            f"the {scale.name} judge; only a binary judge maps other labels through relevance"
-        )
     out = []
     for jq in results:
         labels = jq.query.labels

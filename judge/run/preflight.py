@@ -24,7 +24,7 @@ from judge.config import RunConfig
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.providers import resolve_spec
 from judge.providers.base import read_api_key
-from judge.schema import Query, Scale
+from judge.schema import Query
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +85,10 @@ def _config_problems(config: RunConfig) -> list[str]:
     for key, path in (("run.cache", config.cache_path()), ("run.history", config.history_path())):
         problems += [f"{where}: {key}: {p}" for p in _writable(path.parent, str(path))]
     try:
-        _label_scale(config)
+        config.comparable_label_scale()
     except ConfigError as exc:
         problems.append(str(exc))
     return problems
-
-
-def _label_scale(config: RunConfig) -> Scale:
-    """The scale human labels are on; ConfigError when a graded judge meets coarser labels."""
-    scale, labels = config.scale(), config.label_scale()
-    if labels != scale and not scale.is_binary:
-        raise ConfigError(
-            f"{config.source}: labels on scale '{labels.name}' cannot be compared with the "
-            f"{scale.name} judge; only a binary judge maps other labels through relevance"
-        )
-    return labels
 
 
 def _writable(directory: Path, what: str) -> list[str]:
@@ -146,7 +135,7 @@ def _baseline_problems(config: RunConfig, first_night: bool) -> list[str]:
 def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     """Labels off their scale; ids with whitespace (qrels and TREC runs split on it)."""
     try:
-        labels = _label_scale(config)
+        labels = config.comparable_label_scale()
     except ConfigError:
         labels = config.scale()  # reported with the config problems
     grades = {label.grade for label in labels.labels}
