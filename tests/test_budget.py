@@ -5,6 +5,7 @@ rerun with a larger cap resumes without paying twice."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import threading
 from collections.abc import Callable
@@ -24,21 +25,25 @@ EXIT_BUDGET = 4
 
 
 class Metered:
-    """Answers like ``hashed_responder`` with fixed usage, failing every ``fail_every``-th
-    request with a 500 (not billed), and counts the answers it bills."""
+    """Answers like ``hashed_responder`` with fixed usage. With ``fail_every``, the first
+    attempt of every prompt whose hash falls in that share fails with a 500 (not billed), so
+    retries are exercised deterministically: no unit can lose all its attempts to the luck of
+    how concurrent requests interleave. Counts the answers it bills."""
 
     def __init__(self, fail_every: int = 0) -> None:
         self.inner = hashed_responder()
         self.fail_every = fail_every
         self.billed = 0
-        self.seen = 0
+        self.failed: set[str] = set()
         self._lock = threading.Lock()
 
     def __call__(self, request: Recorded) -> Item:
+        digest = hashlib.sha256(request.prompt.encode()).hexdigest()
         with self._lock:
-            self.seen += 1
-            if self.fail_every and self.seen % self.fail_every == 0:
-                return Fault(kind="status", status=500)
+            if self.fail_every and int(digest, 16) % self.fail_every == 0:
+                if digest not in self.failed:
+                    self.failed.add(digest)
+                    return Fault(kind="status", status=500)
             self.billed += 1
         answer = self.inner(request)
         assert isinstance(answer, Answer)
@@ -89,6 +94,7 @@ def test_cost_cap_holds_at_high_concurrency_and_a_larger_cap_resumes(
     # Every passage was paid for exactly once over the two runs.
     assert metered.billed == 240
     assert metered.billed - first == 240 - first
+    assert bool(metered.failed) == bool(fail_every)  # the 500s really happened
 
 
 def test_token_cap_holds(
