@@ -40,10 +40,10 @@ class Metered:
     def __call__(self, request: Recorded) -> Item:
         digest = hashlib.sha256(request.prompt.encode()).hexdigest()
         with self._lock:
-            if self.fail_every and int(digest, 16) % self.fail_every == 0:
-                if digest not in self.failed:
-                    self.failed.add(digest)
-                    return Fault(kind="status", status=500)
+            first = digest not in self.failed
+            if self.fail_every and int(digest, 16) % self.fail_every == 0 and first:
+                self.failed.add(digest)
+                return Fault(kind="status", status=500)
             self.billed += 1
         answer = self.inner(request)
         assert isinstance(answer, Answer)
