@@ -25,6 +25,9 @@ the clean AUC of the selection.
 Run (the embedded judge: ~6 s per passage on 2 idle CPU cores, 15-27 s beside other jobs):
     python bench/bench_quality.py configs/quickstart.toml ../shared/data/trec-dl-2019-sample.jsonl \
         --sample 80 --seed 1 --injection --attack-pairs 40 --out quality.json
+``--cascade SPEC`` (repeatable) also measures the reranker alone and a judge cascade per SPEC
+(the inside of a ``[judge.cascade]`` inline table, e.g. ``--cascade "quantiles = [0.3, 0.7]"``)
+over the same pairs and cache, with the LLM calls each saves (bench/cascades.py).
 ``--set judge.scale=graded`` (any config key) measures a variant without editing the
 file; ``--limit N`` takes the file's first N pairs instead of a stratified sample. To split a
 long measurement, pass one ``--cache`` file to runs with growing ``--sample`` / ``--attack-pairs``:
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cascades import measure, print_table
 from injections import ATTACKS, inject, phrasing_index
 
 from judge.analysis.calibration import Calibration, calibrate, relevance_pairs
@@ -442,6 +446,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample and --attack-pairs")
     ap.add_argument("--injection", action="store_true", help="also measure injection shifts")
     ap.add_argument("--attack-pairs", type=int, default=40, help="label-0 pairs to attack")
+    ap.add_argument(
+        "--cascade",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help='also the reranker alone and a cascade per SPEC, e.g. "quantiles = [0.3, 0.7]"',
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--cache", type=Path, help="reuse this cache (default: a fresh temporary one)")
     ap.add_argument("--out", type=Path, help="write figures and every verdict as JSON")
@@ -470,14 +481,12 @@ def report(config: RunConfig, judged: Judged, header: dict[str, Any]) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    config = load_config(args.config, dict(parse_override(s) for s in args.set))
+    overrides = dict(parse_override(s) for s in args.set)
+    config = load_config(args.config, overrides)
     pairs = read_pairs(args.pairs)
     selection, how = select(pairs, args)
     irrelevant = [p for p in pairs if p.label == 0]
     pool = stratified_sample(irrelevant, args.attack_pairs, args.seed) if args.injection else []
-    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
-        cache_path = args.cache or Path(tmp) / "cache.sqlite"
-        judged = asyncio.run(run_judge(config, cache_path, selection, pool))
     queries = len({p.query_id for p in selection})
     header = {
         "config": str(args.config),
@@ -485,7 +494,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "pairs_file": str(args.pairs),
         "selection": f"{len(selection)} of {len(pairs)} pairs ({how}), {queries} queries",
     }
-    figures = report(config, judged, header)
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+        cache_path = args.cache or Path(tmp) / "cache.sqlite"
+        judged = asyncio.run(run_judge(config, cache_path, selection, pool))
+        figures = report(config, judged, header)
+        if args.cascade:
+            rows = measure(
+                args.config,
+                overrides,
+                cache_path,
+                as_queries(selection),
+                judged.selection,
+                args.cascade,
+            )
+            figures["cascade"] = rows
+            reranker = config.rerank.provider if config.rerank else "embedded-rerank (MiniLM)"
+            print_table(rows, reranker)
     if args.out:
         rows = verdict_rows(judged.selection)
         for kind, results in judged.attacks.items():

@@ -2,7 +2,10 @@
 
 Counts with the offline cl100k tokenizer on datasets/sample.jsonl: prompts exactly as they
 would be sent (judge.Judge.first_requests), completions as a typical answer of the template's
-shape (a 25-word reason plus the verdict per passage). Run: python bench/bench_tokens.py
+shape (a 25-word reason plus the verdict per passage). ``instr`` is the instructions' share per
+passage, as the performance issue counts it: prompt tokens minus the passages' own text and
+titles and minus the query text (once per request); labels, fences, ids and the chat framing
+stay in. Run: python bench/bench_tokens.py
 """
 
 from __future__ import annotations
@@ -36,16 +39,20 @@ def main() -> None:
         f"datasets/sample.jsonl: {len(queries)} ranked lists, "
         f"{sum(len(q.passages) for q in queries)} passages; cl100k tokens per judged passage\n"
     )
-    print(f"{'template':28} {'prompt':>8} {'completion':>11} {'total':>7} {'calls':>6}")
+    print(
+        f"{'template':28} {'prompt':>8} {'instr':>7} {'completion':>11} {'total':>7} {'calls':>6}"
+    )
     rows: dict[tuple[str, str, str], float] = {}
     for scale, mode, lang in product(("binary", "graded"), ("pointwise", "listwise"), ("en", "zh")):
         judge = Judge(spec, "m", scale=scale, mode=mode, language=lang)  # type: ignore[arg-type]
         label = judge.scale.names[-1]
-        prompt = completion = calls = passages = 0
+        prompt = completion = calls = passages = texts = 0
         for q in queries:
             requests = judge.first_requests(q)
             calls += len(requests)
             passages += len(q.passages)
+            texts += sum(len(_encoder().encode(f"{p.title or ''}{p.text}")) for p in q.passages)
+            texts += len(requests) * len(_encoder().encode(q.query))
             prompt += sum(count_tokens(r.messages) for r in requests)
             if mode == "pointwise":
                 completion += len(q.passages) * answer_tokens(mode, ["x"], label)
@@ -54,8 +61,8 @@ def main() -> None:
         rows[(scale, mode, lang)] = prompt / passages
         name = f"{scale}.{mode}.{lang}"
         print(
-            f"{name:28} {prompt / passages:8.1f} {completion / passages:11.1f} "
-            f"{(prompt + completion) / passages:7.1f} {calls:6d}"
+            f"{name:28} {prompt / passages:8.1f} {(prompt - texts) / passages:7.1f} "
+            f"{completion / passages:11.1f} {(prompt + completion) / passages:7.1f} {calls:6d}"
         )
     print()
     for scale, lang in product(("binary", "graded"), ("en", "zh")):

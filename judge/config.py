@@ -8,12 +8,13 @@ Sections::
 
     [judge]      provider, model, scale, mode, language, template, template_dir, ...
     [judge.params]   sampling: temperature, max_tokens, logprobs, response_format, ...
+    [judge.cascade]  the reranker labels the passages it is sure of, the LLM the band between
     [provider]   overrides of the provider preset: base_url, api_key_env, extra_body, ...
     [rerank]     optional rerank provider for rerank_* metrics
     [scales.NAME]  custom scales: threshold + labels [{name, grade, description, aliases}]
     [dataset]    path, columns, max_passage_chars, or a TREC run + passage store
     [run]        out, repeats, concurrency, timeouts, retries, rate limits, sample, budget, cache
-    [metrics]    names, gain, unjudged, undefined_ap
+    [metrics]    names, gain, unjudged, undefined_ap, relevance_threshold, grade_cuts
     [thresholds] min metric values, max drop against a baseline, max error/unparsed rate
     [prices.MODEL]  USD per million prompt / completion tokens
 """
@@ -24,9 +25,9 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from judge.errors import ConfigError
 from judge.schema import (
@@ -39,9 +40,32 @@ from judge.schema import (
     Usage,
 )
 
+Share = Annotated[float, Field(ge=0, le=1)]
 # What judge asks for unless a config says otherwise: deterministic, with logprobs (for the
 # probability of relevance) where the endpoint supports them.
 DEFAULT_PARAMS = SamplingParams(temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5)
+
+
+class CascadeSection(Record):
+    """``[judge.cascade]`` (judging/cascade.py): reranker scores in [low, high) go to the LLM
+    judge; lower ones get the scale's lowest label, the rest its highest. The band, one way:
+    ``low`` and ``high``; ``quantiles`` of the run's scores; ``max_error`` on its human labels."""
+
+    low: Share | None = None
+    high: Share | None = None
+    quantiles: tuple[Share, Share] | None = None
+    max_error: float | None = Field(default=None, gt=0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _one_band(self) -> CascadeSection:
+        ways = [name for name, value in self if value is not None]
+        if ways not in (["low", "high"], ["quantiles"], ["max_error"]):
+            raise ValueError(f"set the band one way: low and high, quantiles or max_error: {ways}")
+        low, high = self.quantiles or (self.low, self.high)
+        if low is not None and high is not None and low > high:
+            names = ("quantiles[0]", "quantiles[1]") if self.quantiles else ("low", "high")
+            raise ValueError(f"{names[0]} {low} is above {names[1]} {high}")
+        return self
 
 
 class JudgeSection(Record):
@@ -55,12 +79,17 @@ class JudgeSection(Record):
     template_dir: str | None = None
     verdict_first: bool = False
     max_reason_words: int = Field(default=30, ge=1)
+    # False: ask for the verdict alone, without a reason. On a local llama.cpp server, whose
+    # logprobs cost grows with every generated token, this is several times faster.
+    reasons: bool = True
     # One re-ask carrying the validation error when an answer does not parse.
     reask: bool = True
     # The model's context window in tokens: passages are cut (visibly) so that every request
     # fits. None: the embedded judge's own n_ctx, otherwise not enforced.
     context_tokens: int | None = Field(default=None, ge=256)
     params: SamplingParams = DEFAULT_PARAMS
+    # Opt-in: the [rerank] provider decides the passages it is sure of (see CascadeSection).
+    cascade: CascadeSection | None = None
 
     @field_validator("params", mode="before")
     @classmethod
@@ -85,7 +114,8 @@ class ProviderSection(Record):
     concurrency: int = Field(default=0, ge=0)
 
     def overrides(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True, exclude={"concurrency"})
+        """The preset fields this table sets ([rerank]'s provider and model name no field)."""
+        return self.model_dump(exclude_none=True, exclude={"concurrency", "provider", "model"})
 
 
 class RerankSection(ProviderSection):
@@ -340,7 +370,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_first_error(exc)}") from None
-    config.scale()  # validate custom scales early
+    config.metrics.check_scale(config.scale(), source)  # custom scales, grade_cuts: early
     return config
 
 

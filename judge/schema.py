@@ -7,15 +7,18 @@ verdict parser accepts exactly those labels (and their aliases), case/space-norm
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from judge.errors import ConfigError
 
 VerdictStatus = Literal["ok", "unparsed", "error"]
+VerdictSource = Literal["judge", "reranker"]
 OmittableParam = Literal[
     "temperature",
     "top_p",
@@ -252,7 +255,8 @@ class Verdict(Record):
     """The judge's answer about one passage.
 
     ``status`` is ``ok`` only when a label on the scale was read; ``unparsed`` keeps the raw
-    text, ``error`` the provider failure. Neither ever counts as "not relevant".
+    text, ``error`` the provider failure. Neither ever counts as "not relevant". ``source``:
+    ``reranker`` for a judge cascade's passages outside its band (judging/cascade.py).
     """
 
     passage_id: str
@@ -262,6 +266,9 @@ class Verdict(Record):
     grade: int | None = None
     relevant: bool | None = None
     probability: float | None = Field(default=None, ge=0.0, le=1.0)
+    # A graded judge with logprobs: E[g] = sum_l P(l) * grade_l over the scale's labels, the
+    # grade ``[metrics] grade_cuts`` cut (judge.metrics.cuts). None on binary scales.
+    expected_grade: float | None = Field(default=None, ge=0.0)
     reason: str | None = None
     raw: str | None = None
     error: str | None = None
@@ -269,6 +276,8 @@ class Verdict(Record):
     usage: Usage = Usage()
     latency_s: float = 0.0
     cached: bool = False
+    # Who gave the label: the LLM judge, or the reranker of a judge cascade (judging/cascade.py).
+    source: VerdictSource = "judge"
 
     @model_validator(mode="after")
     def _check(self) -> Verdict:
@@ -340,7 +349,8 @@ class MetricPolicy(Record):
     ``gain``: NDCG gain, linear ``rel`` or exponential ``2^rel - 1``. ``unjudged``: a query
     with an unparsed or error verdict has undefined metrics (``undefined``) or is scored on
     its judged passages only (``skip``). ``undefined_ap``: AP when nothing relevant was
-    retrieved is undefined (``nan``) or 0 (``zero``). ``relevance_threshold``: see below.
+    retrieved is undefined (``nan``) or 0 (``zero``). ``relevance_threshold`` and
+    ``grade_cuts``: see below.
     """
 
     names: tuple[str, ...] = DEFAULT_METRICS
@@ -350,3 +360,34 @@ class MetricPolicy(Record):
     # Binary scales: relevant when P(relevant) >= this, instead of the arg-max label (which is
     # a cut at 0.5). ``judge calibrate`` chooses it from human labels. None: the label.
     relevance_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    # Graded scales: cut points c_1 < ... < c_G on a verdict's expected grade, one between each
+    # two grades; its grade is the j-th lowest, j = #{i: c_i <= E[g]} (judge.metrics.cuts), and
+    # it is relevant at the scale's threshold. ``judge calibrate`` chooses them. None: the label.
+    grade_cuts: tuple[float, ...] | None = None
+
+    @field_validator("grade_cuts")
+    @classmethod
+    def _increasing(cls, cuts: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        steps = itertools.pairwise(cuts or ())
+        if cuts is not None and (
+            not all(math.isfinite(c) for c in cuts) or any(a >= b for a, b in steps)
+        ):
+            raise ValueError(f"must be finite and strictly increasing, got {list(cuts)}")
+        return cuts
+
+    def check_scale(self, scale: Scale, source: str | None = None) -> None:
+        """ConfigError (one line naming the key) unless ``grade_cuts`` fits ``scale``: a graded
+        scale (a binary one takes ``relevance_threshold``), one cut between each two grades."""
+        cuts, where = self.grade_cuts, f"{source}: " if source else ""
+        if cuts is None:
+            return
+        if scale.is_binary:
+            raise ConfigError(
+                f"{where}metrics.grade_cuts needs a graded scale, not the binary '{scale.name}' "
+                "(a binary judge takes metrics.relevance_threshold)"
+            )
+        if len(cuts) != len(scale.labels) - 1:
+            raise ConfigError(
+                f"{where}metrics.grade_cuts: scale '{scale.name}' has {len(scale.labels)} "
+                f"grades, so {len(scale.labels) - 1} cut points, not {len(cuts)}"
+            )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,16 +13,19 @@ import numpy as np
 import pytest
 
 from judge.analysis.compare import (
-    bootstrap_mean_ci,
+    N_BOOT,
     compare,
     per_query_values,
     pooled_metrics,
+    sign_flip_floor,
     sign_flip_p,
 )
+from judge.analysis.reliability import bootstrap_ci
 from judge.cli.reports import add_commands, format_table, load_engines
 from judge.data.datasets import append_result, read_queries
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
+from judge.report.compared import p_text
 from judge.schema import JudgedQuery, MetricPolicy, Passage, Query, Scale, Verdict
 
 GRADED = Scale.graded()
@@ -165,13 +169,13 @@ def test_large_consistent_difference_gets_the_smallest_sampled_p() -> None:
 
 def test_bootstrap_ci_width_matches_the_normal_approximation() -> None:
     d = np.random.default_rng(11).normal(0.1, 1.0, 400)
-    low, high = bootstrap_mean_ci(d, n_boot=4_000, seed=0) or (math.nan, math.nan)
+    low, high = bootstrap_ci(d, n_boot=4_000, seed=0) or (math.nan, math.nan)
     assert low < d.mean() < high
     expected = 2 * 1.96 * d.std(ddof=1) / math.sqrt(d.size)
     assert high - low == pytest.approx(expected, rel=0.1)
-    assert bootstrap_mean_ci(d, n_boot=4_000, seed=0) == (low, high)
-    assert bootstrap_mean_ci(np.full(5, 0.25), n_boot=100, seed=0) == (0.25, 0.25)
-    assert bootstrap_mean_ci(np.array([]), n_boot=100, seed=0) is None
+    assert bootstrap_ci(d, n_boot=4_000, seed=0) == (low, high)
+    assert bootstrap_ci(np.full(5, 0.25), n_boot=100, seed=0) == (0.25, 0.25)
+    assert bootstrap_ci(np.array([]), n_boot=100, seed=0) is None
 
 
 GOOD = ("g1", "Green tea is brewed at 80 °C for two minutes.")
@@ -271,8 +275,12 @@ def test_compare_on_the_sample_finds_dense_better_and_prints_a_table() -> None:
         assert d.ci_low <= d.diff <= d.ci_high
     assert diffs["pooled_ndcg@5"].diff is not None and diffs["pooled_ndcg@5"].diff > 0
     table = format_table(cmp)
-    assert "diff vs bm25" in table and "pooled_recall@5" in table
-    assert "(baseline)" in table and f"{diffs['ndcg@5'].p_value:.4f}" in table
+    assert "pooled_recall@5" in table and "(baseline)" in table
+    assert "unpaired, each engine over the query ids it defines" in table
+    assert "paired, over the query ids both the engine and its baseline (vs) define" in table
+    # Five pairs: the exact test cannot go below 2 / 2^5, and the p-value says so.
+    assert diffs["ndcg@5"].p_floor == 2 / 32 and diffs["ndcg@5"].too_few
+    assert f"{diffs['ndcg@5'].p_value:.4f} (too few pairs: min 0.0625)" in table
     again = compare(results, metrics, GRADED, n_boot=2_000, n_permutations=5_000, seed=4)
     assert again == cmp
 
@@ -311,9 +319,10 @@ def test_cli_compares_run_directories_each_as_an_engine(
     )
     text = capsys.readouterr().out
     assert code == 0
-    assert "diff vs old" in text and "candidate" in text and "pooled_ndcg" in text
+    assert "(baseline)" in text and "candidate" in text and "pooled_ndcg" in text
     data = json.loads(out.read_text())
     assert data["engines"] == ["old", "candidate"]
+    assert data["baselines"] == {"candidate": "old"}
     assert "q9" in data["per_query"]["ndcg@5"]["candidate"]
     assert "q9" not in data["per_query"]["ndcg@5"]["old"]
 
@@ -331,3 +340,167 @@ def test_engines_in_one_file_keep_their_names_and_clashing_names_are_refused(
     assert {jq.query.engine for jq in named} == {"a/bm25", "a/dense", "b/bm25", "b/dense"}
     with pytest.raises(InputError, match="no such run directory"):
         load_engines([str(tmp_path / "missing")])
+
+
+# --- statistics said plainly ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("diffs", "floor"),
+    [
+        ([0.1] * 5, 2 / 32),  # five pairs: never below 0.0625, however large the difference
+        ([0.1] * 6, 2 / 64),  # six: p < 0.05 becomes possible
+        ([0.1, 0.0, -0.2, 0.0, 0.3], 2 / 8),  # ties do not count: three differing pairs
+        ([0.0, 0.0], 1.0),
+    ],
+)
+def test_the_sign_flip_floor_is_the_smallest_p_the_test_can_give(
+    diffs: list[float], floor: float
+) -> None:
+    d = np.array(diffs)
+    assert sign_flip_floor(d) == pytest.approx(floor)
+    # The floor is reached by differences that all point one way.
+    same_way = np.abs(d)
+    assert sign_flip_p(same_way)[0] == pytest.approx(floor)
+
+
+def test_six_consistent_pairs_are_significant_and_five_are_said_to_be_too_few() -> None:
+    five = [stored(f"q{i}", e, v) for i in range(5) for e, v in (("a", 0.5), ("b", 0.6))]
+    six = [*five, stored("q5", "a", 0.5), stored("q5", "b", 0.6)]
+    (d5,) = compare(five, ["ndcg"], GRADED, n_boot=100).diffs
+    (d6,) = compare(six, ["ndcg"], GRADED, n_boot=100).diffs
+    assert d5.p_value == pytest.approx(0.0625) and d5.too_few and not d5.worse()
+    assert p_text(d5) == "0.0625 (too few pairs: min 0.0625)"
+    assert d6.p_value == pytest.approx(0.03125) and not d6.too_few
+    assert p_text(d6) == "0.0312"
+    assert (d6.wins, d6.ties, d6.losses) == (6, 0, 0)
+
+
+def test_one_bootstrap_gives_every_ci() -> None:
+    """compare's unpaired CI and paired CI are reliability.bootstrap_ci over the per-query
+    values in query-id order: the function the summary's CIs come from."""
+    value = {f"q{i}": (i * 7 % 10) / 10 for i in range(12)}
+    rows = [stored(q, e, v + (0.05 if e == "b" else 0.0)) for q, v in value.items() for e in "ab"]
+    cmp = compare(rows, ["ndcg"], GRADED, n_boot=3_000, seed=9)
+    ids = sorted(value)  # q0, q1, q10, q11, q2, ...: the order every resample draws from
+    a = cmp.means["ndcg"]["a"]
+    assert (a.ci_low, a.ci_high) == bootstrap_ci([value[q] for q in ids], n_boot=3_000, seed=9)
+    (d,) = cmp.diffs
+    paired = [(value[q] + 0.05) - value[q] for q in ids]
+    assert (d.ci_low, d.ci_high) == bootstrap_ci(paired, n_boot=3_000, seed=9)
+
+
+def _ci_cells(text: str) -> list[str]:
+    """The bracketed CIs on a line of text or a Markdown row."""
+    return re.findall(r"\[[-+]?\d\.\d{4}, [-+]?\d\.\d{4}\]", text)
+
+
+def test_report_and_compare_print_the_same_numbers_for_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+
+    run = write_run(tmp_path / "run", sample_results(repeats=2))
+    config = load_config(
+        None, {"judge.scale": "graded", "run.seed": 7, "run.history": str(tmp_path / "h.sqlite")}
+    )
+    summary = finish_run(config, run, None)
+    assert summary.stability.n_boot == N_BOOT and summary.stability.seed == 7
+    md = (run / "report.md").read_text(encoding="utf-8")
+    assert run_cli(["compare", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert f"({N_BOOT} resamples, seed 7)" in text
+    # The unpaired CIs of the report's metric table, engine by engine...
+    row = next(line for line in md.splitlines() if line.startswith("| ndcg@5 | "))
+    line = [ln for ln in text.splitlines() if ln.startswith("ndcg@5 ")]
+    assert _ci_cells(row) == [_ci_cells(ln)[0] for ln in line]
+    # ...and the paired diff of its comparison section.
+    paired = next(ln for ln in md.splitlines() if ln.startswith("| ndcg@5 | dense | bm25 |"))
+    assert _ci_cells(paired) == _ci_cells(line[1])[1:]
+
+
+# --- judge compare over runs: baseline, HTML, exit code ----------------------------------------
+
+
+def _runs(
+    tmp_path: Path, shift: float, n: int = 8, engines: Sequence[str] = ("default",)
+) -> tuple[Path, Path]:
+    """Two run directories of ``n`` queries; the second's ndcg is ``shift`` off the first's."""
+    old = [stored(f"q{i}", e, 0.5 + 0.04 * i) for i in range(n) for e in engines]
+    new = [stored(f"q{i}", e, 0.5 + 0.04 * i + shift) for i in range(n) for e in engines]
+    return write_run(tmp_path / "old", old), write_run(tmp_path / "new", new)
+
+
+def test_the_baseline_is_the_first_argument(tmp_path: Path) -> None:
+    old, new = _runs(tmp_path, -0.1)
+    out = tmp_path / "c.json"
+    assert run_cli(["compare", str(new), str(old), "--metric", "ndcg", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["baseline"] == "new" and data["baselines"] == {"old": "new"}
+    (d,) = data["diffs"]
+    assert d["engine"] == "old" and d["diff"] == pytest.approx(0.1)
+
+
+def test_runs_of_several_engines_compare_engine_by_engine(tmp_path: Path) -> None:
+    old, new = _runs(tmp_path, 0.05, engines=("bm25", "dense"))
+    out = tmp_path / "c.json"
+    assert run_cli(["compare", str(old), str(new), "--metric", "ndcg", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["engines"] == ["old/bm25", "old/dense", "new/bm25", "new/dense"]
+    assert data["baselines"] == {"new/bm25": "old/bm25", "new/dense": "old/dense"}
+    # --baseline may name the other run.
+    assert (
+        run_cli(
+            [
+                "compare",
+                str(old),
+                str(new),
+                "--metric",
+                "ndcg",
+                "--json",
+                str(out),
+                "--baseline",
+                "new",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(out.read_text())["baselines"] == {
+        "old/bm25": "new/bm25",
+        "old/dense": "new/dense",
+    }
+
+
+def test_fail_if_worse_exits_1_only_for_a_significant_drop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old, new = _runs(tmp_path / "worse", -0.05)
+    assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 1
+    err = capsys.readouterr().err
+    assert "judge: new is significantly worse than old on ndcg: -0.0500" in err
+    assert "p = 0.0078 over 8 paired queries" in err  # 2 / 2^8, exact
+    old, new = _runs(tmp_path / "better", +0.05)
+    assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 0
+    # Five queries can never be significant: the guard says it cannot fire.
+    old, new = _runs(tmp_path / "few", -0.05, n=5)
+    assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 0
+    assert "5 pairs are too few for p < 0.05" in capsys.readouterr().err
+
+
+def test_compare_writes_an_offline_page_with_charts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old, new = _runs(tmp_path, -0.05)
+    page = tmp_path / "cmp.html"
+    args = ["compare", str(old), str(new), "--metric", "ndcg", "--html", str(page)]
+    assert run_cli([*args, "--fail-if-worse", "ndcg"]) == 1
+    html = page.read_text(encoding="utf-8")
+    assert "<title>WORSE · judge compare · old vs new</title>" in html
+    assert "significantly worse: new vs old on ndcg: -0.0500" in html
+    assert "<script" not in html and "default-src 'none'" in html
+    labels = re.findall(r'<svg role="img" aria-label="([^"]+)"', html)
+    assert labels == ["mean per engine with 95% CI", "per-query new vs old"]
+    assert "better 0 · tie 0 · worse 8" in html  # the win/tie/loss count, in the scatter
+    assert "<th>better/tie/worse</th>" in html and '<td class="">0 / 0 / 8</td>' in html
+    assert "Mean per engine (unpaired, 95% CI)" in html and "diff (paired)" in html

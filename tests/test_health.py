@@ -256,16 +256,16 @@ def test_the_report_opens_with_the_warning(tmp_path: Path) -> None:
     results = all_yes()
     md, page = write_reports(tmp_path, build_summary(config, results, n_boot=20), results)
     lines = md.read_text(encoding="utf-8").splitlines()
-    assert lines[0] == "# judge report"
-    assert lines[2].startswith("## WARNING: the judge is degenerate")
+    assert lines[0] == "# JUDGE UNRELIABLE · judge report · default config"
+    assert lines[2].startswith("- judge unreliable: The judge gave 'yes' to 120 of 120")
     assert "not informative" in lines[2]
-    assert any(line.startswith("> **The judge gave 'yes'") for line in lines[3:8])
     text = "\n".join(lines)
-    assert text.index("WARNING") < text.index("## Run") < text.index("## Judge health")
+    assert text.index("## Metrics") < text.index("## Judge health")
     assert "| all engines | 120 | 0 (0.0%) | 120 (100.0%) | yes |" in text
     html = page.read_text(encoding="utf-8")
+    assert "<title>JUDGE UNRELIABLE · judge report" in html
     body = html[html.index("<main>") :]
-    assert body.index('<section id="warning">') < body.index("<svg")
+    assert body.index('<header id="status" class="unreliable">') < body.index("<section")
     assert "The judge gave &#x27;yes&#x27;" in body  # escaped like every other text
 
 
@@ -274,7 +274,7 @@ def test_a_healthy_report_has_no_warning_but_shows_health(tmp_path: Path) -> Non
     results = balanced()
     md, page = write_reports(tmp_path, build_summary(config, results, n_boot=20), results)
     text = md.read_text(encoding="utf-8")
-    assert "WARNING" not in text and 'id="warning"' not in page.read_text(encoding="utf-8")
+    assert "UNRELIABLE" not in text and 'class="unreliable"' not in page.read_text("utf-8")
     health = text[text.index("## Judge health") :]
     assert "Not degenerate." in health and "| all engines | 160 |" in health
     assert "| with P(relevant) |" in health
@@ -289,7 +289,7 @@ def test_a_report_of_a_summary_without_health_measures_it_from_the_results(
         update={"health": JudgeHealth.unknown()}
     )
     md, _ = write_reports(tmp_path, old, results)
-    assert md.read_text(encoding="utf-8").splitlines()[2].startswith("## WARNING")
+    assert md.read_text(encoding="utf-8").splitlines()[0].startswith("# JUDGE UNRELIABLE")
 
 
 # --- the console ---------------------------------------------------------------------------
@@ -318,5 +318,7 @@ def test_judge_run_warns_on_stderr_and_fails_when_asked(
     assert "judge: WARNING: the judge is degenerate" in err
     assert "gave 'yes' to 24 of 24 ok verdicts (100.0%" in err
     assert "threshold breached: degenerate judge" in err
-    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
-    assert md.splitlines()[2].startswith("## WARNING")
+    lines = (tmp_path / "out" / "report.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# JUDGE UNRELIABLE")
+    breach = "- breached: degenerate judge: fail_on_degenerate_judge is set, so a degenerate "
+    assert f"{breach}judge fails the run" in lines

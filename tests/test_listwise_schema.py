@@ -31,7 +31,8 @@ def answer_by_schema(request: Recorded) -> Item:
         item = {"id": "1", "reason": "about kettles", "verdict": "yes"}
         return Answer(text=json.dumps({"verdicts": [item]}))
     if "verdict" in properties:
-        label = "yes" if "kettle" in json.dumps(request.body).split("<passage")[-1] else "no"
+        passage = request.prompt.split("<passage")[-1].split("</passage>")[0]
+        label = "yes" if "kettle" in passage.lower() else "no"
         return Answer(text=json.dumps({"reason": "read it", "verdict": label}))
     raise AssertionError(f"unexpected schema {properties}")
 

@@ -25,7 +25,7 @@ from judge.schema import JudgedQuery, Passage
 from tests.test_compare import GRADED, run_cli, sample_results, verdict, write_run
 
 EVIL = '<script>alert("pwned")</script></td></table><img src=x onerror=alert(1)>'
-N_CHARTS = 5  # distribution, bm25-vs-dense scatter, stability, labels, history
+N_CHARTS = 5  # bm25-vs-dense scatter, distribution, stability, labels, history
 
 
 def hostile(results: list[JudgedQuery]) -> list[JudgedQuery]:
@@ -88,14 +88,23 @@ def test_both_reports_are_written_and_say_what_was_judged(report: tuple[Path, Pa
     md, page = report
     assert (md.name, page.name) == ("report.md", "report.html")
     text = md.read_text(encoding="utf-8")
-    assert "## Metrics (mean, 95% CI)" in text
-    assert re.search(r"\| bm25 \| 0\.\d{4} \[0\.\d{3}, 0\.\d{3}\]", text)
-    assert "## Engines compared (baseline bm25)" in text and "pooled_ndcg@5" in text
-    assert "1 unparsed, 1 error" in text
+    lines = text.splitlines()
+    # The first lines answer at a glance: status, its reasons, then what was run.
+    assert lines[0] == "# PASSED · judge report · default config"
+    assert lines[2] == "- all 1 threshold check(s) passed"
+    assert "judge openai gpt-4o-mini (graded, pointwise)" in lines[4]
+    assert "9 query ids × 2 engine(s) × 3 repeat(s)" in lines[4]
+    assert "1 unparsed, 1 error" in lines[4]
+    assert lines[6] == "## Metrics (mean, 95% CI)"  # the headline comes right after
+    assert re.search(r"\| ndcg@5 \| 0\.\d{4} \[0\.\d{4}, 0\.\d{4}\] \| 0\.\d{4} \[", text)
+    assert "Unpaired: each engine's mean over its own queries (bm25 9, dense 5)" in text
+    assert "Undefined for every query: rerank_max." in text  # no P(relevant): said once
+    assert "## Engines compared, paired (baseline bm25)" in text and "pooled_ndcg@5" in text
     assert "## History (last 4 runs)" in text and "**1 run(s) flagged as regressions.**" in text
-    assert "## Lowest relevancy_mean" in text
+    assert "## Queries (14; lowest relevancy_mean first)" in text
     # A judge that uses the whole scale: its health is shown, with no warning.
-    assert "## Judge health" in text and "Not degenerate." in text and "WARNING" not in text
+    assert "## Judge health" in text and "Not degenerate." in text
+    assert "JUDGE UNRELIABLE" not in text
 
 
 class _Tags(HTMLParser):
@@ -117,7 +126,11 @@ def test_html_is_one_self_contained_page_without_scripts(report: tuple[Path, Pat
     assert names.isdisjoint({"script", "link", "iframe", "object", "embed", "img", "base"})
     assert {"svg", "table", "style"} <= names
     loads = [(t, a) for t, a in parser.tags for k in a if k in {"src", "href", "srcset", "action"}]
-    assert loads == []
+    # Only links within the page, each to an element that is there.
+    targets = [a["href"] for t, a in loads if t == "a" and set(a) == {"href"}]
+    assert len(targets) == len(loads) > 0
+    ids = {a.get("id") for _, a in parser.tags}
+    assert all(t is not None and t.startswith("#") and t[1:] in ids for t in targets)
     style = page[page.index("<style>") : page.index("</style>")]
     assert "url(" not in style and "@import" not in style
     assert "http:" not in page and "https:" not in page  # no URL at all, not even a namespace
@@ -136,8 +149,8 @@ def test_every_chart_is_inline_svg(report: tuple[Path, Path]) -> None:
     page = report[1].read_text(encoding="utf-8")
     labels = re.findall(r'<svg role="img" aria-label="([^"]+)"', page)
     assert labels == [
-        "metric distribution per engine",
         "per-query dense vs bm25",
+        "metric distribution per engine",
         "stability across repeats",
         "verdict labels",
         "trend over previous runs",
@@ -148,28 +161,64 @@ def test_every_chart_is_inline_svg(report: tuple[Path, Path]) -> None:
         assert f">{legend}<" in labels_chart
 
 
-def test_the_worst_queries_come_with_the_judges_reasons(report: tuple[Path, Path]) -> None:
+def _section(page: str, ident: str) -> str:
+    body = page[page.index(f'<section id="{ident}">') :]
+    return body[: body.index("</section>")]
+
+
+def test_every_query_is_listed_and_links_to_its_passages(report: tuple[Path, Path]) -> None:
     page = report[1].read_text(encoding="utf-8")
-    worst = page[page.index('<section id="worst">') :]
-    worst = worst[: worst.index("</section>")]
-    assert worst.count("<h3") == 5
-    first = re.search(r"<h3[^>]*>(\w+) / (\w+) \(repeat (\d)\): relevancy_mean (0\.\d+)", worst)
-    assert first is not None
-    assert "is unrelated</td>" in worst  # the reason column
-    failed = page[page.index('<section id="failed">') :]
-    assert "q2 / dense (repeat 1): metrics undefined" in failed
-    assert "raw answer: maybe?" in failed and "HTTP 500" in failed
-    assert failed.count('<tr class="failed">') == 2
+    queries = _section(page, "queries")
+    default = queries[: queries.index("<details>")]
+    assert default.count("<tr") == 1 + 14  # the header and every (query, engine)
+    # Lowest first on the first metric: q9/bm25 (its passages are mostly unrelated).
+    first = re.search(r'<a href="#(q-\d+)">(\w+)</a></td><td class="">(\w+)<', default)
+    assert first is not None and first.group(2, 3) == ("q9", "bm25")
+    # Two more orders of the same rows, folded, without any script.
+    assert queries.count("<details>") == 2 and "the same queries by query id" in queries
+    passages = _section(page, "passages")
+    anchor = passages[passages.index(f'id="{first.group(1)}"') :]
+    assert anchor.startswith(f'id="{first.group(1)}" class="h3">q9 / bm25</h3>')
+    # Each passage: the judge's label and reason, the human label, disagreements marked.
+    assert "<th>judge</th><th>human</th><th>reason</th>" in passages
+    assert '<td class="human">partial (2)</td>' in passages
+    assert "is unrelated</td>" in passages
+    q2 = passages[passages.index(">q2 / dense</h3>") :]
+    q2 = q2[: q2.index("</table>")]
+    assert '<tr class="disagree">' in q2 and " ≠</td>" in q2
+    failed = _section(page, "failed")
+    assert "raw answer: maybe?" in failed and failed.count('<tr class="failed">') == 1
 
 
-def test_one_engine_gets_no_comparison_and_no_history_without_rows(tmp_path: Path) -> None:
+def test_summary_rows_match_the_query_table(report: tuple[Path, Path]) -> None:
+    config = load_config(None, {"judge.scale": "graded"})
+    results = hostile(sample_results(repeats=3))
+    summary = build_summary(config, results, n_boot=50)
+    rows = {(r.query_id, r.engine): r for r in summary.queries}
+    assert len(rows) == 14
+    q2 = rows[("q2", "dense")]
+    assert (q2.repeats, q2.failed, q2.labelled, q2.disagreements) == (3, 2, 5, 1)
+    assert q2.metrics["ndcg@5"] == pytest.approx(0.9958, abs=1e-4)
+    assert rows[("q9", "bm25")].metrics["ap"] is None  # nothing relevant retrieved: undefined
+    md = report[0].read_text(encoding="utf-8")
+    assert "| q2 | dense | how long to boil an egg for a soft yolk | 0.4667 |" in md
+
+
+def test_one_engine_one_repeat_gets_only_sections_with_something_to_say(tmp_path: Path) -> None:
     config = load_config(None, {"judge.scale": "graded"})
     results = [jq for jq in sample_results(repeats=1) if jq.query.engine == "dense"]
     summary = build_summary(config, results, n_boot=50)
     _, page = write_reports(tmp_path, summary, results)
     html = page.read_text(encoding="utf-8")
-    assert 'id="compare"' not in html and 'id="history"' not in html
-    assert html.count("<svg") == 3
+    for absent in ("compare", "history", "stability", "failed"):
+        assert f'<section id="{absent}">' not in html, absent
+    assert "label flip rate" not in html
+    # The distribution and labels charts; rerank_max (no P(relevant)) gets no panel, and the
+    # metrics every query scores the same are named instead of drawn.
+    assert html.count("<svg") == 2
+    dist = _section(html, "distribution")
+    assert ">rerank_max<" not in dist and ">ndcg<" in dist
+    assert "not drawn, every query the same: relevancy_max 1.0000" in dist
 
 
 # --- the page in a real browser ---------------------------------------------------------
@@ -247,7 +296,7 @@ def test_the_report_renders_in_chromium(
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert console_messages(dom.stderr) == []
     assert dom.stdout.count("<svg") == N_CHARTS
-    assert "judge report" in dom.stdout and "&lt;script&gt;alert" in dom.stdout
+    assert "<title>PASSED · judge report" in dom.stdout and "&lt;script&gt;alert" in dom.stdout
     shot = tmp_path / "report.png"
     done = browse(chromium, page, tmp_path, f"--screenshot={shot}", "--window-size=1280,4000")
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
@@ -284,7 +333,8 @@ def test_cli_report_rebuilds_a_run_directory_with_its_history(
     assert printed == [str(run / "report.md"), str(run / "report.html")]
     assert (run / "summary.json").exists()  # built from the results, since there was none
     md = (run / "report.md").read_text(encoding="utf-8")
-    assert md.count("\n### ") == 2
+    lowest = next(line for line in md.splitlines() if line.startswith("Lowest "))
+    assert lowest.count(" · ") == 1  # --worst 2: two queries named under the metrics
     assert "bm25 ndcg@5 fell 0.1000" in md
 
 
@@ -319,6 +369,7 @@ def test_cli_report_renders_a_version_1_summary(
     assert capsys.readouterr().out.split() == [str(run / "report.md"), str(run / "report.html")]
     md = (run / "report.md").read_text(encoding="utf-8")
     assert "scored on their judged passages only" in md  # unjudged_policy "skip" was read
+    assert "## Queries (14; lowest relevancy_mean first)" in md  # rows from the results
     assert json.loads((run / "summary.json").read_text(encoding="utf-8")) == v1  # not rewritten
 
 
@@ -333,3 +384,74 @@ def test_agreement_with_human_labels_is_reported(report: tuple[Path, Path]) -> N
     for label in ("unrelated", "related", "partial", "answers"):
         assert f"human {label}" in section
     assert "Agreement with human labels" in html_path.read_text("utf-8")
+
+
+def test_the_status_is_the_first_that_applies_and_every_reason_is_listed() -> None:
+    from judge.report.status import header
+    from judge.report.summary import Check, ThresholdResult
+    from judge.run.runner import RunOutcome
+
+    config = load_config(None, {"judge.scale": "graded"})
+    results = sample_results(repeats=1)
+    summary = build_summary(config, results, n_boot=20)
+    low = Check(check="min ndcg@5", value=0.41, limit=0.55, ok=False, engine="bm25")
+    note = Check(check="baseline", value=None, limit=None, ok=True, note="b.json not found")
+    failed = summary.model_copy(update={"thresholds": ThresholdResult.of([low, note])})
+    head = header(failed, failed.health)
+    assert (head.title, head.css) == ("FAILED · judge report · default config", "failed")
+    assert list(head.lines) == [
+        "breached: min ndcg@5 (bm25): 0.4100; at least 0.5500 required",
+        "note: baseline: b.json not found",
+    ]
+    outcome = RunOutcome(
+        out_dir="run",
+        status="incomplete",
+        reason="interrupted",
+        stopped_by="interrupted",
+        planned=18,
+        done=11,
+        resumed=0,
+        requests=40,
+        cache_hits=0,
+        retries=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        cost_usd=0.0,
+        elapsed_s=1.0,
+        errors_by_kind={},
+    )
+    stopped = header(failed.model_copy(update={"run": outcome}), failed.health)
+    assert stopped.title.startswith("INCOMPLETE · ") and stopped.css == "incomplete"
+    assert stopped.lines[0] == (
+        "incomplete: 11 of 18 query-repeats judged (interrupted); rerun the same command to resume"
+    )
+    assert "breached: min ndcg@5 (bm25)" in stopped.lines[1]
+
+
+def _svg_texts(svg: str) -> list[str]:
+    """The chart's text: charts keep text as text, so tick labels can be read back."""
+    return re.findall(r">([^<>]{1,24})</text>", svg)
+
+
+def test_unit_metrics_share_the_0_to_1_axis_and_others_scale_freely() -> None:
+    from judge.report import charts
+
+    # An all-1.0 metric is drawn on [0, 1], not on an axis of 0.96-1.04 that fills the panel.
+    flat = _svg_texts(charts.metric_distribution({"ap": {"a": [1.0, 1.0], "b": [1.0]}}, "ab"))
+    assert {"0.0", "0.2", "1.0"} <= set(flat) and "1.04" not in flat
+    wide = _svg_texts(charts.metric_distribution({"x": {"a": [1.0, 2.0], "b": [1.5]}}, "ab"))
+    assert "0.0" not in wide and "2.0" in wide
+    bars = _svg_texts(charts.metric_bars({"ap": {"a": (0.97, 0.95, 0.99)}}, ["a"]))
+    assert {"0.0", "1.0"} <= set(bars)
+
+
+def test_scatter_labels_never_print_over_each_other() -> None:
+    from judge.report import charts
+
+    # Twelve queries within a hair of each other: one label names them, not twelve on top.
+    base = {f"q{i:02d}": 0.5 + i * 0.001 for i in range(12)}
+    other = {q: v + 0.2 for q, v in base.items()}
+    svg = charts.engine_scatter({"ndcg": (base, other)}, "a", "b")
+    named = [t for t in _svg_texts(svg) if t.startswith("q")]
+    assert named == ["q00 +11"]
+    assert "better 12 · tie 0 · worse 0" in svg  # the counts sit in the title, off the data

@@ -165,3 +165,32 @@ def test_an_invalid_summary_is_an_input_error_naming_the_file(tmp_path: Path, te
         load_summary(path)
     with pytest.raises(InputError, match=r"nope\.json"):
         load_summary(tmp_path / "nope.json")
+
+
+def test_summary_json_has_a_row_per_query_and_older_files_load_without_them(
+    tmp_path: Path,
+) -> None:
+    labelled = QUERY.model_copy(update={"labels": {"p0": 3, "p1": 0, "p2": 2}})
+    rows = [
+        jq.model_copy(update={"query": labelled})
+        for jq in (judged([1, 0, 1], 0), judged([1, None, 0], 1))
+    ]
+    config = load_config(None, {"metrics.names": ["ap"], "dataset.label_scale": "graded"})
+    summary = build_summary(config, rows, n_boot=20)
+    (row,) = summary.queries
+    assert (row.query_id, row.engine, row.query, row.repeats, row.passages) == ("q", "e", "x", 2, 3)
+    assert row.failed == 1  # the error verdict of repeat 1
+    # Repeat 1 is undefined (an error verdict): the mean over the repeats where ap is defined.
+    assert row.metrics == {"ap": pytest.approx((1 + 2 / 3) / 2), "relevancy_mean": 2 / 3}
+    # Graded human labels against a yes/no judge: compared through relevance (grade >= 2).
+    # p2 (human 2, relevant) got yes and no: a tie keeps "no", a disagreement.
+    assert (row.labelled, row.disagreements) == (3, 1)
+    assert summary.label_scale == Scale.graded()
+    path = write_summary(tmp_path / "summary.json", summary)
+    assert load_summary(path) == summary
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["queries"][0]["metrics"]["relevancy_mean"] == pytest.approx(2 / 3)
+    del data["queries"], data["label_scale"]  # as written before they were added
+    (tmp_path / "old.json").write_text(json.dumps(data), encoding="utf-8")
+    old = load_summary(tmp_path / "old.json")
+    assert old.queries == () and old.label_scale is None

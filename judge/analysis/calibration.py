@@ -12,6 +12,13 @@ Reported with 95% percentile bootstrap CIs over queries (a query's passages resa
 together): kappa of the arg-max labels (before), cross-validated kappa at the chosen cut
 (after), and the AUC of P(relevant), which no cut changes. Cross-validation and the cluster
 bootstrap are a few lines of numpy here; scikit-learn would bring a large dependency for them.
+
+Graded scales (:func:`calibrate_grades`): the same for cut points ``c_1 < ... < c_G`` on the
+judge's expected grade ``E[g]`` (grade ``g_j``, ``j = #{i: c_i <= E[g]}``;
+:mod:`judge.metrics.cuts`), chosen to maximise linear-weighted kappa with human grades on the
+judge's own scale (:mod:`judge.analysis.cutpoints` says how), with the same grouped folds and
+query bootstrap: weighted kappa of the arg-max grades (before), of E[g] rounded to the nearest
+grade, out of fold at the chosen cuts (after), and the AUC of E[g] for relevance.
 """
 
 from __future__ import annotations
@@ -20,11 +27,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from judge.analysis.cutpoints import best_cuts, grade_kappa
 from judge.analysis.reliability import cohen_kappa, roc_auc
 from judge.errors import InputError
+from judge.metrics.cuts import cut_index, midpoint_cuts, scale_grades
 from judge.schema import JudgedQuery, Record, Scale
 
-__all__ = ["Calibration", "Pairs", "calibrate", "relevance_pairs"]
+__all__ = [
+    "Calibration",
+    "GradeCalibration",
+    "GradePairs",
+    "Pairs",
+    "calibrate",
+    "calibrate_grades",
+    "grade_pairs",
+    "relevance_pairs",
+]
 
 MIN_PAIRS = 20
 
@@ -102,14 +120,19 @@ def _best_threshold(p: np.ndarray, truth: np.ndarray) -> float:
     )
 
 
+def _fold_of(groups: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Each passage's fold: the queries shuffled (``seed``) and dealt round the folds."""
+    ids = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(ids.size)
+    fold_of = dict(zip(ids[order], np.arange(ids.size) % folds, strict=True))
+    return np.array([fold_of[g] for g in groups])
+
+
 def _cross_validated(
     p: np.ndarray, truth: np.ndarray, groups: np.ndarray, folds: int, seed: int
 ) -> np.ndarray:
     """Out-of-fold decisions: each query's passages cut at a threshold chosen on the others."""
-    ids = np.unique(groups)
-    order = np.random.default_rng(seed).permutation(ids.size)
-    fold_of = dict(zip(ids[order], np.arange(ids.size) % folds, strict=True))
-    fold = np.array([fold_of[g] for g in groups])
+    fold = _fold_of(groups, folds, seed)
     out = np.zeros(p.size, dtype=bool)
     for f in range(folds):
         held = fold == f
@@ -167,4 +190,123 @@ def calibrate(pairs: Pairs, *, folds: int = 5, n_boot: int = 1000, seed: int = 0
         kappa_in_sample=_kappa(p >= threshold, truth),
         auc=roc_auc(p, truth),
         auc_ci=_cluster_ci(groups, lambda i: roc_auc(p[i], truth[i]), n_boot, seed),
+    )
+
+
+# --- graded scales: cut points on the expected grade ----------------------------------------
+
+
+class GradePairs(Record):
+    """Per passage: the judge's expected grade and arg-max grade, a human's grade, the query."""
+
+    expected_grade: tuple[float, ...]
+    judge_grade: tuple[int, ...]
+    human_grade: tuple[int, ...]
+    query: tuple[str, ...]
+
+
+class GradeCalibration(Record):
+    """Cut points on the expected grade, and linear-weighted kappa with people before/after."""
+
+    scale: str
+    grades: tuple[int, ...]
+    cuts: tuple[float, ...]
+    n_pairs: int
+    n_queries: int
+    folds: int
+    kappa_before: float | None  # the judge's arg-max grades
+    kappa_before_ci: tuple[float, float] | None
+    kappa_rounded: float | None  # E[g] rounded to the nearest grade (the midpoint cuts)
+    kappa_after: float | None  # cross-validated, at cuts chosen without the fold
+    kappa_after_ci: tuple[float, float] | None
+    kappa_in_sample: float | None  # at the final cuts on all the data (optimistic)
+    auc: float | None  # of E[g], for relevance at the scale's threshold
+    auc_ci: tuple[float, float] | None
+
+
+def grade_pairs(results: Sequence[JudgedQuery], scale: Scale) -> GradePairs:
+    """Every ok verdict with an expected grade whose passage carries a human grade; the grades
+    must be on ``scale``, the judge's own (InputError naming the passage otherwise)."""
+    on_scale = set(scale_grades(scale))
+    rows: list[tuple[float, int, int, str]] = []
+    for jq in results:
+        labels = jq.query.labels or {}
+        for v in jq.verdicts:
+            human = labels.get(v.passage_id)
+            if v.status != "ok" or v.expected_grade is None or v.grade is None or human is None:
+                continue
+            if human not in on_scale:
+                raise InputError(
+                    f"query '{jq.query.query_id}': human grade {human} for passage "
+                    f"'{v.passage_id}' is not on the judge's scale '{scale.name}'",
+                    field="labels",
+                )
+            rows.append((v.expected_grade, v.grade, human, jq.query.query_id))
+    expected, judged, human_grades, query = zip(*rows, strict=True) if rows else ((), (), (), ())
+    return GradePairs(
+        expected_grade=tuple(expected),
+        judge_grade=tuple(judged),
+        human_grade=tuple(human_grades),
+        query=tuple(query),
+    )
+
+
+def _cross_validated_grades(
+    e: np.ndarray,
+    human: np.ndarray,
+    groups: np.ndarray,
+    grades: tuple[int, ...],
+    folds: int,
+    seed: int,
+) -> np.ndarray:
+    """Out-of-fold grade positions: each query's passages cut where the others put the cuts."""
+    fold = _fold_of(groups, folds, seed)
+    out = cut_index(e, midpoint_cuts(grades))
+    for f in range(folds):
+        held = fold == f
+        if held.all() or not held.any():
+            continue
+        out[held] = cut_index(e[held], best_cuts(e[~held], human[~held], grades))
+    return out
+
+
+def calibrate_grades(
+    pairs: GradePairs, scale: Scale, *, folds: int = 5, n_boot: int = 1000, seed: int = 0
+) -> GradeCalibration:
+    """The weighted-kappa-maximising cut points on E[g], cross-validated over queries; see the
+    module docstring. InputError with fewer than 20 pairs or a single human grade."""
+    grades = scale_grades(scale)
+    e = np.asarray(pairs.expected_grade, dtype=np.float64)
+    human = np.searchsorted(grades, np.asarray(pairs.human_grade, dtype=np.int64))
+    judged = np.searchsorted(grades, np.asarray(pairs.judge_grade, dtype=np.int64))
+    groups = np.asarray(pairs.query)
+    if e.size < MIN_PAIRS or np.unique(human).size < 2:
+        raise InputError(
+            f"graded calibration needs at least {MIN_PAIRS} judged passages with an expected "
+            "grade (a graded judge asked with logprobs) and a human grade, of at least two "
+            f"different grades; got {e.size} ({np.unique(human).size} different)"
+        )
+    folds = max(2, min(folds, np.unique(groups).size))
+    cuts = best_cuts(e, human, grades)
+    oof = _cross_validated_grades(e, human, groups, grades, folds, seed)
+    relevant = np.asarray(pairs.human_grade) >= scale.threshold
+
+    def ci(stat: Callable[[np.ndarray], float | None]) -> tuple[float, float] | None:
+        return _cluster_ci(groups, stat, n_boot, seed)
+
+    return GradeCalibration(
+        scale=scale.name,
+        grades=grades,
+        cuts=cuts,
+        n_pairs=int(e.size),
+        n_queries=int(np.unique(groups).size),
+        folds=folds,
+        kappa_before=grade_kappa(judged, human, grades),
+        kappa_before_ci=ci(lambda i: grade_kappa(judged[i], human[i], grades)),
+        kappa_rounded=grade_kappa(cut_index(e, midpoint_cuts(grades)), human, grades),
+        kappa_after=grade_kappa(oof, human, grades),
+        kappa_after_ci=ci(lambda i: grade_kappa(oof[i], human[i], grades)),
+        kappa_in_sample=grade_kappa(cut_index(e, cuts), human, grades),
+        auc=roc_auc(e, relevant),
+        auc_ci=ci(lambda i: roc_auc(e[i], relevant[i])),
     )

@@ -1,61 +1,90 @@
-"""Engines side by side on the same queries: paired differences, bootstrap CIs, sign-flip
-tests, and pooled metrics whose ideal ranking comes from every engine's judged passages.
+"""Engines side by side on the same queries: unpaired means, paired differences, bootstrap
+CIs, sign-flip tests, win/tie/loss counts; pooled metrics come from :mod:`judge.analysis.pooled`.
 
 Per metric and engine, a query's value is its mean over the repeats where it is defined.
-Against the baseline engine B, engine A's paired difference over the ``n`` query ids defined
-for both is ``d_q = v_A(q) - v_B(q)`` and ``diff = mean_q d_q``. The 95% CI resamples the
-``d_q`` with replacement (percentile bootstrap). The p-value is two-sided from the paired
-randomization (sign-flip) test: under H0 each ``d_q`` is as likely to be ``-d_q``, so
-``p = #{s : |mean_q s_q d_q| >= |mean_q d_q|} / #s`` over all ``2^n`` sign vectors ``s``
-when ``2^n <= n_permutations`` (exact), else ``(1 + hits) / (1 + n_permutations)`` over
-random sign vectors. Every random draw uses ``numpy.random.default_rng(seed)``.
+*Unpaired*: an engine's mean over the query ids it defines, with a 95% CI (each engine on its
+own queries; the run report's metric table shows the same numbers). *Paired*: against its
+baseline B, engine A's difference over the ``n`` query ids defined for both is
+``d_q = v_A(q) - v_B(q)`` and ``diff = mean_q d_q`` (paired and unpaired means disagree when
+the engines define different queries). Every CI is :func:`judge.analysis.reliability.bootstrap_ci`
+(percentile bootstrap, queries resampled with replacement) with ``N_BOOT`` resamples and one
+seed, so the report and ``judge compare`` print the same numbers for the same run.
 
-Pooled metrics (``pooled_ndcg``, ``pooled_ndcg@k``, ``pooled_recall@k``) are computed per
-(query id, repeat) over the pool of every engine's ``ok`` verdicts. Passages are the same
-when they share an id or their normalised text (NFKC, casefolded, whitespace collapsed);
-a pooled passage's grade is the highest grade any engine's verdict gave it. Then::
-
-    pooled_ndcg@k   = DCG@k / IDCG@k, DCG over the engine's list, IDCG over the pool's
-                      grades sorted descending (gain rel or 2^rel - 1, discount log2(i + 1))
-    pooled_recall@k = |relevant pooled passages in the engine's top k| / |relevant in pool|
-
-A passage repeated lower in an engine's list (same id or text) gains nothing, so an engine
-cannot pad its score with duplicates and an engine that found fewer good passages than the
-pool holds cannot reach 1. Both are undefined when the pool holds nothing graded above 0
-(nothing relevant, for recall). Unparsed/error verdicts follow the ``unjudged`` policy.
+The p-value is two-sided from the paired randomization (sign-flip) test: under H0 each ``d_q``
+is as likely to be ``-d_q``, so ``p = #{s : |mean_q s_q d_q| >= |mean_q d_q|} / #s`` over all
+``2^n`` sign vectors ``s`` when ``2^n <= n_permutations`` (exact), else
+``(1 + hits) / (1 + n_permutations)`` over random sign vectors. With ``m`` non-zero
+differences no p-value can fall below ``2 / 2^m`` (only the observed signs and their mirror
+image are as extreme): ``p_floor``. Below 6 differing pairs the test cannot reach p < 0.05
+whatever the data, and a reader is told so. Every random draw uses
+``numpy.random.default_rng(seed)``. Win / tie / loss count the queries where ``d_q`` is
+above, at (within 1e-12) or below 0.
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import Field
 
+from judge.analysis.pooled import (
+    DEFAULT_POOLED,
+    POOLED_BASES,
+    PassagePool,
+    parse_pooled,
+    pooled_metrics,
+)
+from judge.analysis.reliability import bootstrap_ci
 from judge.errors import ConfigError, InputError
-from judge.metrics.compute import Gain, metrics_for_queries, normalise_text
+from judge.metrics.compute import metrics_for_queries
 from judge.metrics.compute import parse_metric_name as parse_plain
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale
 
+__all__ = [
+    "DEFAULT_POOLED",
+    "N_BOOT",
+    "N_PERMUTATIONS",
+    "SIGNIFICANCE",
+    "Comparison",
+    "EngineMean",
+    "PairedDiff",
+    "PassagePool",
+    "check_metric",
+    "compare",
+    "engine_mean",
+    "paired_diff",
+    "parse_pooled",
+    "per_query_values",
+    "pooled_metrics",
+    "sign_flip_floor",
+    "sign_flip_p",
+]
+
 FloatArray = npt.NDArray[np.float64]
-POOLED_BASES = ("pooled_ndcg", "pooled_recall")
-DEFAULT_POOLED = ("pooled_ndcg", "pooled_ndcg@5", "pooled_recall@5")
-_POOLED = re.compile(r"^(pooled_ndcg|pooled_recall)(?:@(\d+))?$")
-# Resampled cells per block, so memory stays bounded for many queries x many resamples.
+# The one resample count and permutation count of every CI and p-value judge prints.
+N_BOOT = 10_000
+N_PERMUTATIONS = 10_000
+SIGNIFICANCE = 0.05
+# Resampled cells per block, so memory stays bounded for many queries x many permutations.
 _BLOCK_CELLS = 2_000_000
+_ZERO = 1e-12
 
 
 class EngineMean(Record):
-    """An engine's mean over the query ids where the metric is defined (``n`` of them)."""
+    """Unpaired: an engine's mean over the ``n`` query ids where the metric is defined."""
 
     mean: float | None
     n: int
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 class PairedDiff(Record):
-    """``engine - baseline`` on the ``n`` query ids defined for both; see the module doc."""
+    """Paired: ``engine - baseline`` on the ``n`` query ids defined for both; see the module doc."""
 
     metric: str
     engine: str
@@ -68,10 +97,28 @@ class PairedDiff(Record):
     ci_high: float | None
     p_value: float | None
     exact: bool
+    # The smallest p the test could give these pairs; >= SIGNIFICANCE means too few of them.
+    p_floor: float | None = None
+    wins: int = 0
+    ties: int = 0
+    losses: int = 0
+
+    @property
+    def too_few(self) -> bool:
+        """True when no difference, however large, could reach p < SIGNIFICANCE."""
+        return self.p_floor is not None and self.p_floor >= SIGNIFICANCE
+
+    def worse(self, alpha: float = SIGNIFICANCE) -> bool:
+        """Significantly worse than the baseline: lower, with p < ``alpha``."""
+        return self.diff is not None and self.diff < 0 and (self.p_value or 1.0) < alpha
 
 
 class Comparison(Record):
-    """Everything ``judge compare`` prints; ``per_query[metric][engine][query_id]``."""
+    """Everything ``judge compare`` prints; ``per_query[metric][engine][query_id]``.
+
+    ``baselines[engine]`` is the engine it is compared with (runs of several engines compare
+    engine by engine); ``baseline`` names the first argument's engine or run.
+    """
 
     engines: tuple[str, ...]
     baseline: str
@@ -83,17 +130,7 @@ class Comparison(Record):
     means: dict[str, dict[str, EngineMean]]
     diffs: tuple[PairedDiff, ...]
     per_query: dict[str, dict[str, dict[str, float]]]
-
-
-def parse_pooled(name: str) -> tuple[str, int | None] | None:
-    """``"pooled_ndcg@5" -> ("pooled_ndcg", 5)``; None when ``name`` is not a pooled metric."""
-    match = _POOLED.match(name)
-    if not match:
-        return None
-    k = None if match.group(2) is None else int(match.group(2))
-    if k is not None and k < 1:
-        raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
-    return match.group(1), k
+    baselines: dict[str, str] = Field(default_factory=dict)
 
 
 def check_metric(name: str) -> None:
@@ -103,99 +140,6 @@ def check_metric(name: str) -> None:
             parse_plain(name)
         except ConfigError as exc:
             raise ConfigError(f"{exc}; compare also knows {', '.join(POOLED_BASES)}") from None
-
-
-class PassagePool:
-    """Union-find over passage keys: a passage's id and its normalised text are one passage."""
-
-    def __init__(self) -> None:
-        self.parent: dict[tuple[str, str], tuple[str, str]] = {}
-
-    def find(self, key: tuple[str, str]) -> tuple[str, str]:
-        self.parent.setdefault(key, key)
-        while self.parent[key] != key:
-            self.parent[key] = self.parent[self.parent[key]]
-            key = self.parent[key]
-        return key
-
-    def add(self, passage_id: str, text: str) -> None:
-        root = self.find(("id", passage_id))
-        norm = normalise_text(text)
-        if norm:
-            self.parent[root] = self.find(("text", norm))
-
-    def root(self, passage_id: str) -> tuple[str, str]:
-        return self.find(("id", passage_id))
-
-
-def _gain(grades: Sequence[float], gain: Gain) -> FloatArray:
-    values = np.asarray(grades, dtype=np.float64)
-    return values if gain == "linear" else np.exp2(values) - 1.0
-
-
-def _discounted(gains: FloatArray, k: int | None) -> float:
-    top = gains[:k]
-    return float((top / np.log2(np.arange(2, top.size + 2))).sum())
-
-
-def _build_pool(rows: Sequence[JudgedQuery]) -> tuple[PassagePool, dict[tuple[str, str], int]]:
-    pool = PassagePool()
-    for jq in rows:
-        for p in jq.query.passages:
-            pool.add(p.id, p.text)
-    grades: dict[tuple[str, str], int] = {}
-    for jq in rows:
-        for v in jq.verdicts:
-            if v.status == "ok" and v.grade is not None:
-                root = pool.root(v.passage_id)
-                grades[root] = max(grades.get(root, 0), v.grade)
-    return pool, grades
-
-
-def pooled_metrics(
-    results: Sequence[JudgedQuery],
-    names: Sequence[str],
-    scale: Scale,
-    policy: MetricPolicy = MetricPolicy(),
-) -> list[dict[str, float | None]]:
-    """Pooled metric values (None = undefined) for each result, in order; see the module doc."""
-    parsed = [(name, parse_pooled(name)) for name in names]
-    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for i, jq in enumerate(results):
-        groups[(jq.query.query_id, jq.repeat)].append(i)
-    out: list[dict[str, float | None]] = [{} for _ in results]
-    for members in groups.values():
-        pool, pooled = _build_pool([results[i] for i in members])
-        ideal = _gain(sorted(pooled.values(), reverse=True), policy.gain)
-        n_relevant = sum(1 for g in pooled.values() if scale.relevant(g))
-        for i in members:
-            ordered = sorted(results[i].verdicts, key=lambda v: v.rank)
-            failed = any(v.status != "ok" for v in ordered)
-            grades: list[int] = []
-            hits: list[bool] = []
-            seen: set[tuple[str, str]] = set()
-            for v in ordered:
-                if v.status != "ok" or v.grade is None:
-                    continue
-                root = pool.root(v.passage_id)
-                fresh = root not in seen
-                seen.add(root)
-                grades.append(v.grade if fresh else 0)
-                hits.append(fresh and scale.relevant(v.grade))
-            for name, spec in parsed:
-                if spec is None:
-                    raise ConfigError(f"'{name}' is not a pooled metric")
-                base, k = spec
-                value: float | None = None
-                if not (failed and policy.unjudged == "undefined"):
-                    if base == "pooled_ndcg":
-                        ideal_dcg = _discounted(ideal, k)
-                        dcg = _discounted(_gain(grades, policy.gain), k)
-                        value = dcg / ideal_dcg if ideal_dcg > 0 else None
-                    elif n_relevant:
-                        value = sum(hits[:k]) / n_relevant
-                out[i][name] = value
-    return out
 
 
 def _metric_rows(
@@ -253,29 +197,19 @@ def _blocks(total: int, width: int) -> Iterator[int]:
         yield min(step, total - start)
 
 
-def bootstrap_mean_ci(
-    diffs: FloatArray, *, n_boot: int, seed: int, confidence: float = 0.95
-) -> tuple[float, float] | None:
-    """Percentile bootstrap CI of ``mean(diffs)``, resampling with replacement."""
-    n = diffs.size
-    if n == 0 or n_boot < 1:
-        return None
-    rng = np.random.default_rng(seed)
-    means = np.concatenate(
-        [diffs[rng.integers(0, n, size=(rows, n))].mean(axis=1) for rows in _blocks(n_boot, n)]
-    )
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(means, [tail, 100.0 - tail])
-    return float(low), float(high)
+def _is_exact(n: int, n_permutations: int) -> bool:
+    return n <= 20 and 2**n <= n_permutations
 
 
-def sign_flip_p(diffs: FloatArray, *, n_permutations: int, seed: int) -> tuple[float, bool]:
+def sign_flip_p(
+    diffs: FloatArray, *, n_permutations: int = N_PERMUTATIONS, seed: int = 0
+) -> tuple[float, bool]:
     """Two-sided paired randomization p-value of ``mean(diffs) != 0``; (p, exact)."""
     n = diffs.size
     observed = abs(float(diffs.mean()))
     # Sums that equal the observed one up to rounding count as "as extreme".
     tol = 1e-12 * max(1.0, observed)
-    if n <= 20 and 2**n <= n_permutations:
+    if _is_exact(n, n_permutations):
         codes = np.arange(2**n, dtype=np.int64)[:, None] >> np.arange(n, dtype=np.int64)
         signs = 1.0 - 2.0 * (codes & 1)
         stats = np.abs(signs @ diffs) / n
@@ -288,18 +222,41 @@ def sign_flip_p(diffs: FloatArray, *, n_permutations: int, seed: int) -> tuple[f
     return (1 + hits) / (1 + n_permutations), False
 
 
+def sign_flip_floor(diffs: FloatArray, *, n_permutations: int = N_PERMUTATIONS) -> float:
+    """The smallest p :func:`sign_flip_p` can give ``diffs``'s signs, whatever their sizes:
+    ``2 / 2^m`` for ``m`` non-zero differences (1 when none), and never below
+    ``1 / (1 + n_permutations)`` when the test is sampled."""
+    m = int(np.count_nonzero(np.abs(diffs) > _ZERO))
+    floor = min(1.0, math.ldexp(1.0, 1 - m))
+    if not _is_exact(diffs.size, n_permutations):
+        floor = max(floor, 1.0 / (1 + n_permutations))
+    return floor
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def engine_mean(values: Mapping[str, float], *, n_boot: int = N_BOOT, seed: int = 0) -> EngineMean:
+    """Unpaired mean and 95% CI of per-query ``values`` (resampled in query-id order)."""
+    ordered = [values[q] for q in sorted(values)]
+    ci = bootstrap_ci(ordered, n_boot=n_boot, seed=seed)
+    return EngineMean(
+        mean=_mean(ordered),
+        n=len(ordered),
+        ci_low=ci[0] if ci else None,
+        ci_high=ci[1] if ci else None,
+    )
+
+
 def paired_diff(
     metric: str,
-    engine: tuple[str, dict[str, float]],
-    baseline: tuple[str, dict[str, float]],
+    engine: tuple[str, Mapping[str, float]],
+    baseline: tuple[str, Mapping[str, float]],
     *,
-    n_boot: int,
-    n_permutations: int,
-    seed: int,
+    n_boot: int = N_BOOT,
+    n_permutations: int = N_PERMUTATIONS,
+    seed: int = 0,
 ) -> PairedDiff:
     """``engine - baseline`` over the query ids where both have a value."""
     (name, values), (base, base_values) = engine, baseline
@@ -307,7 +264,7 @@ def paired_diff(
     a = np.array([values[q] for q in common], dtype=np.float64)
     b = np.array([base_values[q] for q in common], dtype=np.float64)
     d = a - b
-    ci = bootstrap_mean_ci(d, n_boot=n_boot, seed=seed)
+    ci = bootstrap_ci(d, n_boot=n_boot, seed=seed)
     p, exact = sign_flip_p(d, n_permutations=n_permutations, seed=seed) if d.size else (None, False)
     return PairedDiff(
         metric=metric,
@@ -321,7 +278,36 @@ def paired_diff(
         ci_high=ci[1] if ci else None,
         p_value=p,
         exact=exact,
+        p_floor=sign_flip_floor(d, n_permutations=n_permutations) if d.size else None,
+        wins=int(np.count_nonzero(d > _ZERO)),
+        ties=int(np.count_nonzero(np.abs(d) <= _ZERO)),
+        losses=int(np.count_nonzero(d < -_ZERO)),
     )
+
+
+def _pairs(
+    found: Sequence[str],
+    engines: Sequence[str] | None,
+    baseline: str | None,
+    baselines: Mapping[str, str] | None,
+) -> tuple[list[str], str, dict[str, str]]:
+    """The engines in order, the baseline, and each compared engine's baseline (checked)."""
+    if len(found) < 2:
+        raise InputError(
+            f"compare needs at least two engines, got {list(found) or 'none'}: give a results "
+            "file whose rows carry several engines, or several run directories"
+        )
+    order = [e for e in (engines or ()) if e in found]
+    order += [e for e in sorted(found) if e not in order]
+    base = baseline if baseline is not None else order[0]
+    if base not in found:
+        raise InputError(f"baseline engine '{base}' is not one of {sorted(found)}")
+    pairs = dict(baselines) if baselines else {e: base for e in order if e != base}
+    for engine, against in pairs.items():
+        if engine not in found or against not in found:
+            raise InputError(f"cannot compare '{engine}' with '{against}': not both in the results")
+    order = [base, *(e for e in order if e != base)]
+    return order, base, pairs
 
 
 def compare(
@@ -330,43 +316,43 @@ def compare(
     scale: Scale,
     *,
     baseline: str | None = None,
-    n_boot: int = 10_000,
-    n_permutations: int = 10_000,
+    engines: Sequence[str] | None = None,
+    baselines: Mapping[str, str] | None = None,
+    n_boot: int = N_BOOT,
+    n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
     policy: MetricPolicy = MetricPolicy(),
 ) -> Comparison:
-    """Every engine against ``baseline`` (default: the first engine by name) on ``metrics``."""
+    """Every engine against its baseline on ``metrics``.
+
+    ``engines`` orders the engines (the rest follow by name); ``baseline`` defaults to the
+    first. ``baselines`` maps each engine to compare to the engine it is compared with
+    (default: every other engine to ``baseline``).
+    """
     for name in metrics:
         check_metric(name)
-    engines = sorted({jq.query.engine for jq in results})
-    if len(engines) < 2:
-        raise InputError(
-            f"compare needs at least two engines, got {engines or 'none'}: give a results file "
-            "whose rows carry several engines, or several run directories"
-        )
-    base = baseline if baseline is not None else engines[0]
-    if base not in engines:
-        raise InputError(f"baseline engine '{base}' is not one of {engines}")
+    found = sorted({jq.query.engine for jq in results})
+    order, base, pairs = _pairs(found, engines, baseline, baselines)
     per_query = per_query_values(results, metrics, scale, policy)
     means = {
-        m: {e: EngineMean(mean=_mean(list(v.values())), n=len(v)) for e, v in per_query[m].items()}
+        m: {e: engine_mean(per_query[m][e], n_boot=n_boot, seed=seed) for e in order}
         for m in metrics
     }
     diffs = [
         paired_diff(
             m,
             (e, per_query[m][e]),
-            (base, per_query[m][base]),
+            (pairs[e], per_query[m][pairs[e]]),
             n_boot=n_boot,
             n_permutations=n_permutations,
             seed=seed,
         )
         for m in metrics
-        for e in engines
-        if e != base
+        for e in order
+        if e in pairs
     ]
     return Comparison(
-        engines=tuple([base, *(e for e in engines if e != base)]),
+        engines=tuple(order),
         baseline=base,
         metrics=tuple(metrics),
         n_query_ids=len({jq.query.query_id for jq in results}),
@@ -376,4 +362,5 @@ def compare(
         means=means,
         diffs=tuple(diffs),
         per_query=per_query,
+        baselines=pairs,
     )

@@ -110,6 +110,7 @@ class Caller:
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
         self._inflight: dict[str, asyncio.Future[ChatAnswer[Any]]] = {}
+        self._inflight_rerank: dict[str, asyncio.Future[CallResult[RerankResult]]] = {}
         # The providers enforce timeout_s themselves; this backstop catches one that does not.
         self._hard_timeout_s = self.limits.timeout_s + 5.0
 
@@ -198,11 +199,47 @@ class Caller:
         if provider is None:
             raise ProviderError("no rerank provider is configured ([rerank] in the config)")
         key = request_key(provider.identity, request, repeat)
-        cached = self.cache.get(key, RerankResult)
-        if cached is not None:
+        while True:
+            cached = self.cache.get(key, RerankResult)
+            if cached is not None:
+                self.stats.cache_hits += 1
+                return CallResult(cached, cached=True, attempts=0, latency_s=0.0)
+            # The same request in flight (a cascade scores a query once for all its repeats):
+            # wait for that answer instead of paying twice.
+            pending = self._inflight_rerank.get(key)
+            if pending is None:
+                break
+            try:
+                shared = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pending.cancelled() and task is not None and not task.cancelling():
+                    continue  # the owner was cancelled, not us: ask again ourselves
+                raise
             self.stats.cache_hits += 1
-            return CallResult(cached, cached=True, attempts=0, latency_s=0.0)
+            return CallResult(shared.answer, cached=True, attempts=0, latency_s=0.0)
+        future: asyncio.Future[CallResult[RerankResult]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._inflight_rerank[key] = future
+        try:
+            result = await self._rerank_uncached(provider, request, key)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # mark retrieved: waiters re-raise it themselves
+            else:
+                future.cancel()
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            del self._inflight_rerank[key]
 
+    async def _rerank_uncached(
+        self, provider: RerankProvider, request: RerankRequest, key: str
+    ) -> CallResult[RerankResult]:
         worst = worst_case_prompt_tokens([request.query, *request.documents])
 
         async def send() -> RerankResult:

@@ -1,15 +1,25 @@
-"""``judge calibrate``: the relevance cut on P(relevant) that agrees best with human labels."""
+"""``judge calibrate``: the relevance cut on P(relevant) (binary judges), or the cut points
+on the expected grade (graded judges), that agree best with human labels."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
-from judge.analysis.calibration import Calibration, calibrate, relevance_pairs
+from judge.analysis.calibration import (
+    Calibration,
+    GradeCalibration,
+    calibrate,
+    calibrate_grades,
+    grade_pairs,
+    relevance_pairs,
+)
 from judge.cli.common import EXIT_OK
-from judge.config import load_config, set_config_value
+from judge.config import RunConfig, load_config, set_config_value
 from judge.data.results import load_engines, resolve_scale
 from judge.errors import ConfigError
+from judge.schema import JudgedQuery, Scale
 
 
 def _ci(ci: tuple[float, float] | None) -> str:
@@ -37,10 +47,57 @@ def describe(cal: Calibration) -> str:
     )
 
 
+def describe_grades(cal: GradeCalibration) -> str:
+    """The graded calibration as a few lines for the console."""
+    cuts = ", ".join(f"{c:.4f}" for c in cal.cuts)
+    return "\n".join(
+        [
+            f"{cal.n_pairs} labelled passages over {cal.n_queries} queries "
+            f"({cal.folds}-fold cross-validation by query; 95% CIs by query bootstrap)",
+            f"AUC of the expected grade, for relevance: {_num(cal.auc)}{_ci(cal.auc_ci)}",
+            f"weighted kappa of the judge's labels: {_num(cal.kappa_before)}"
+            f"{_ci(cal.kappa_before_ci)}",
+            f"weighted kappa of the expected grade rounded: {_num(cal.kappa_rounded)}",
+            f"weighted kappa at calibrated cut points, cross-validated: {_num(cal.kappa_after)}"
+            f"{_ci(cal.kappa_after_ci)}",
+            f"cut points on the expected grade (grades {', '.join(map(str, cal.grades))}): "
+            f"{cuts} (in-sample weighted kappa {_num(cal.kappa_in_sample)})",
+        ]
+    )
+
+
+def _written(cuts: tuple[float, ...]) -> list[float]:
+    """The cuts to 4 decimals, unless that would make two of them equal."""
+    short = [round(c, 4) for c in cuts]
+    return short if all(a < b for a, b in itertools.pairwise(short)) else list(cuts)
+
+
+def _graded(
+    args: argparse.Namespace, config: RunConfig | None, results: list[JudgedQuery], scale: Scale
+) -> int:
+    """``judge calibrate`` for a graded judge: cut points, written as ``grade_cuts``."""
+    labels = config.comparable_label_scale() if config else scale
+    cal = calibrate_grades(
+        grade_pairs(results, labels), labels, folds=args.folds, n_boot=args.n_boot, seed=args.seed
+    )
+    print(describe_grades(cal))
+    if args.json:
+        Path(args.json).write_text(cal.model_dump_json(indent=2), encoding="utf-8")
+    if args.write:
+        if config is None or config.source is None:
+            raise ConfigError("--write needs --config: the file the cut points are written to")
+        cuts = _written(cal.cuts)
+        set_config_value(Path(config.source), "metrics.grade_cuts", cuts)
+        print(f"wrote [metrics] grade_cuts = {cuts} to {config.source}")
+    return EXIT_OK
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     results = load_engines(args.sources)
     scale = resolve_scale(results, config)
+    if not scale.is_binary:
+        return _graded(args, config, results, scale)
     labels = config.label_scale() if config else scale
     cal = calibrate(
         relevance_pairs(results, labels), folds=args.folds, n_boot=args.n_boot, seed=args.seed
@@ -51,10 +108,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.write:
         if config is None or config.source is None:
             raise ConfigError("--write needs --config: the file the threshold is written to")
-        if not scale.is_binary:
-            raise ConfigError(
-                f"the threshold applies to binary judges; this one uses the {scale.name} scale"
-            )
         set_config_value(
             Path(config.source), "metrics.relevance_threshold", round(cal.threshold, 4)
         )
@@ -66,11 +119,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     """Register ``calibrate`` on the ``judge`` parser."""
     c = sub.add_parser(
         "calibrate",
-        help="choose the P(relevant) cut that agrees best with human labels (cross-validated)",
+        help="choose the P(relevant) cut (graded judges: the cut points on the expected grade) "
+        "that agrees best with human labels (cross-validated)",
     )
     c.add_argument("sources", nargs="+", metavar="RUN_DIR_OR_VERDICTS")
     c.add_argument("--config", help="config giving the scale and label scale; --write target")
-    c.add_argument("--write", action="store_true", help="write the threshold into --config")
+    c.add_argument(
+        "--write", action="store_true", help="write the threshold (or grade_cuts) into --config"
+    )
     c.add_argument("--folds", type=int, default=5, help="cross-validation folds (by query)")
     c.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs")
     c.add_argument("--seed", type=int, default=0)

@@ -85,6 +85,18 @@ def _dry_run(est: Estimate) -> int:
         f"~{est.completion_tokens} completion tokens "
         f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
     )
+    if est.rerank_calls:
+        bound = (
+            "; the LLM figures are an upper bound: a dry run does not call the reranker, and "
+            "without its cached scores (for a quantiles or max_error band: all of them) a "
+            "passage counts as going to the LLM"
+            if est.upper_bound
+            else ""
+        )
+        print(
+            f"cascade: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached), "
+            f"{est.reranker_passages} passages labelled by the reranker{bound}"
+        )
     return EXIT_OK
 
 
@@ -106,6 +118,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             for name, m in list(data.metrics.items())[:6]
         )
         print(f"  {engine}: {shown}")
+    if summary.cascade is not None:
+        print(summary.cascade.line())
     if summary.health.degenerate:  # DESIGN rule 10: said where nobody can miss it
         print(
             "judge: WARNING: the judge is degenerate; these metrics are not informative:",

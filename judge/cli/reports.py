@@ -1,25 +1,44 @@
 """``judge compare``, ``judge report`` and ``judge history``: commands over finished runs.
 
 None of them calls a judge. ``compare`` reads one results file whose rows carry several
-engines, or several run directories / results files each taken as an engine (``NAME=PATH``
-names one), and can add a TREC run as an engine whose passages take the verdicts the other
-engines' runs already hold for the same passage (same id or normalised text, same repeat):
-TREC-style pooled evaluation at no cost. A passage no judged engine returned stays unjudged
-(an ``error`` verdict saying so), so its query's metrics are undefined, never 0.
+engines, or several run directories / results files each taken as an engine or run
+(``NAME=PATH`` names one); the first argument is the baseline unless ``--baseline`` names
+another. Runs that hold several engines are compared engine by engine (``new/bm25`` with
+``old/bm25``). A run directory's summary.json gives the defaults (metrics, policy, bootstrap
+resamples and seed), so ``judge compare RUN`` prints the numbers that run's report shows.
+``--html`` writes the comparison as an offline page with charts; ``--fail-if-worse METRIC``
+exits 1 when an engine or run is significantly worse (lower, sign-flip p < 0.05) than its
+baseline on METRIC. It can also add a TREC run as an engine whose passages take the verdicts
+the other engines' runs already hold for the same passage (same id or normalised text, same
+repeat): TREC-style pooled evaluation at no cost. A passage no judged engine returned stays
+unjudged (an ``error`` verdict saying so), so its query's metrics are undefined, never 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from judge.analysis.borrow import borrow_verdicts
-from judge.analysis.compare import DEFAULT_POOLED, Comparison, check_metric, compare
-from judge.config import load_config
+from judge.analysis.compare import (
+    DEFAULT_POOLED,
+    N_BOOT,
+    N_PERMUTATIONS,
+    Comparison,
+    check_metric,
+    compare,
+)
+from judge.cli.common import EXIT_OK, EXIT_THRESHOLD
+from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, resolve_scale
 from judge.errors import ConfigError, InputError
-from judge.schema import MetricPolicy
+from judge.schema import JudgedQuery, MetricPolicy
+
+if TYPE_CHECKING:
+    from judge.report.summary import Summary
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -41,33 +60,108 @@ def columns(head: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> s
 
 
 def format_table(cmp: Comparison) -> str:
-    """A plain-text table: per metric, each engine's mean and its paired difference."""
-    head = ["metric", "engine", "n", "mean", f"diff vs {cmp.baseline}", "95% CI", "p", "paired"]
+    """A plain-text table: per metric, each engine's unpaired mean and CI, and its paired
+    difference with its baseline."""
+    from judge.report.compared import ci_text, p_text, wtl
+
+    head = ["metric", "engine", "n", "mean", "95% CI", "vs", "pairs", "diff", "95% CI", "p"]
+    head.append("better/tie/worse")
     rows: list[list[str]] = []
     diffs = {(d.metric, d.engine): d for d in cmp.diffs}
     for metric in cmp.metrics:
         for engine in cmp.engines:
             m, d = cmp.means[metric][engine], diffs.get((metric, engine))
+            mean = [metric, engine, str(m.n), _num(m.mean), ci_text(m.ci_low, m.ci_high)]
             if d is None:
-                rows.append([metric, engine, str(m.n), _num(m.mean), "(baseline)", "", "", ""])
+                rows.append([*mean, "(baseline)" if engine in cmp.baselines.values() else ""])
+                rows[-1] += [""] * (len(head) - len(rows[-1]))
                 continue
-            ci = (
-                f"[{_num(d.ci_low, True)}, {_num(d.ci_high, True)}]"
-                if d.ci_low is not None
-                else "—"
-            )
-            p = "—" if d.p_value is None else f"{d.p_value:.4f}" + ("" if d.exact else "~")
-            rows.append(
-                [metric, engine, str(m.n), _num(m.mean), _num(d.diff, True), ci, p, str(d.n)]
-            )
-    out = [columns(head, rows, "<<>>>>>>")]
+            ci = ci_text(d.ci_low, d.ci_high, signed=True)
+            rows.append([*mean, d.baseline, str(d.n), _num(d.diff, True), ci, p_text(d), wtl(d)])
+    out = [columns(head, rows, "<<>>><>>><>")]
     out.append(
-        f"\n{cmp.n_query_ids} query ids. diff: mean paired difference over the query ids both "
-        f"engines define (paired); 95% bootstrap CI ({cmp.n_boot} resamples); p: two-sided "
-        f"sign-flip test ({cmp.n_permutations} permutations; '~' sampled, else exact); "
-        f"seed {cmp.seed}."
+        f"\n{cmp.n_query_ids} query ids. n, mean, 95% CI: unpaired, each engine over the query "
+        "ids it defines. pairs, diff, 95% CI, p, better/tie/worse: paired, over the query ids "
+        f"both the engine and its baseline (vs) define. CIs: bootstrap ({cmp.n_boot} "
+        f"resamples, seed {cmp.seed}); p: two-sided sign-flip test ({cmp.n_permutations} "
+        "permutations; '~' sampled, else exact); with fewer than 6 differing pairs no p can "
+        "be below 0.05, and the p says so."
     )
     return "\n".join(out)
+
+
+def _label(source: str) -> str:
+    """A source's name as :func:`judge.data.results.load_engines` gives it to its engines."""
+    path = Path(source)
+    if "=" in source and not path.exists():
+        return source.split("=", 1)[0]
+    return path.name if path.is_dir() or path.suffix != ".jsonl" else path.stem
+
+
+def plan(
+    sources: Sequence[str], results: Sequence[JudgedQuery], baseline: str | None
+) -> tuple[list[str], str, dict[str, str]]:
+    """The engines in argument order, the baseline engine, and what each other engine is
+    compared with. The baseline is ``baseline`` (an engine, or a run holding several) or the
+    first argument's; a run of several engines is compared engine by engine."""
+    order = list(dict.fromkeys(jq.query.engine for jq in results))
+    if len(sources) == 1:
+        order = sorted(order)
+    labels = [_label(s) for s in sources] if len(sources) > 1 else []
+    runs = {lab: [e for e in order if e.startswith(f"{lab}/")] for lab in labels}
+    run = baseline if runs.get(baseline or "") else None
+    if baseline is None and labels and runs[labels[0]]:
+        run = labels[0]
+    if run is None:
+        base = baseline or order[0]
+        return order, base, {e: base for e in order if e != base}
+    own = {e.removeprefix(f"{run}/"): e for e in runs[run]}
+    pairs = {}
+    for engine in order:
+        if engine not in runs[run]:
+            inner = next((engine[len(lab) + 1 :] for lab in labels if engine in runs[lab]), engine)
+            pairs[engine] = own.get(inner, runs[run][0])
+    return order, runs[run][0], pairs
+
+
+def _summaries(sources: Sequence[str]) -> list[Summary]:
+    """The summary.json of every source that is a finished run directory."""
+    from judge.report.summary import SUMMARY_FILE, load_summary
+
+    found = []
+    for source in sources:
+        path = Path(
+            source.split("=", 1)[1] if "=" in source and not Path(source).exists() else source
+        )
+        if (path / SUMMARY_FILE).is_file():
+            found.append(load_summary(path / SUMMARY_FILE))
+    return found
+
+
+def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
+    """Exit 1 when an engine is significantly worse than its baseline on one of ``metrics``;
+    say so when the pairs are too few for the test to ever say it."""
+    from judge.report.compared import ci_text, p_text
+
+    code = EXIT_OK
+    for d in cmp.diffs:
+        if d.metric not in metrics:
+            continue
+        if d.worse():
+            code = EXIT_THRESHOLD
+            print(
+                f"judge: {d.engine} is significantly worse than {d.baseline} on {d.metric}: "
+                f"{_num(d.diff, True)} {ci_text(d.ci_low, d.ci_high, signed=True)}, "
+                f"p = {p_text(d)} over {d.n} paired queries",
+                file=sys.stderr,
+            )
+        elif d.too_few:
+            print(
+                f"judge: {d.engine} vs {d.baseline} on {d.metric}: {d.n} pairs are too few for "
+                "p < 0.05, so --fail-if-worse cannot fail on them",
+                file=sys.stderr,
+            )
+    return code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -78,32 +172,66 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not results:
         raise InputError(f"no judged rows in {', '.join(args.sources)}")
     scale = resolve_scale(results, config)
-    default = list(config.metrics.names) if config else list(results[0].metrics)
-    metrics = args.metric or [*default, *DEFAULT_POOLED]
-    for name in metrics:
-        check_metric(name)
+    runs = _summaries(args.sources)
+    policy = _policy(config, runs)
+    metrics = _metrics(args, config, runs, results)
     if args.trec_run:
         if not (args.passage_store and args.queries):
             raise ConfigError("--trec-run needs --passage-store and --queries")
         report = read_trec_run(
             args.trec_run, args.passage_store, args.queries, engine=args.trec_engine
         )
-        policy = config.metrics if config else MetricPolicy()
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
+    order, base, pairs = plan(args.sources, results, args.baseline)
+    first = runs[0].stability if runs else None
     cmp = compare(
         results,
         metrics,
         scale,
-        baseline=args.baseline,
-        n_boot=args.n_boot,
+        baseline=base,
+        engines=order,
+        baselines=pairs,
+        n_boot=args.n_boot or (first.n_boot if first else N_BOOT),
         n_permutations=args.permutations,
-        seed=args.seed,
-        policy=config.metrics if config else MetricPolicy(),
+        seed=args.seed if args.seed is not None else (first.seed if first else 0),
+        policy=policy,
     )
     print(format_table(cmp))
     if args.json:
         Path(args.json).write_text(cmp.model_dump_json(indent=2), encoding="utf-8")
-    return 0
+    if args.html:
+        from judge.report.compared import compare_page
+
+        page = compare_page(cmp, args.sources, args.fail_if_worse or ())
+        Path(args.html).write_text(page, encoding="utf-8")
+        print(args.html)
+    return _check_worse(cmp, args.fail_if_worse or ())
+
+
+def _policy(config: RunConfig | None, runs: Sequence[Summary]) -> MetricPolicy:
+    if config is not None:
+        return config.metrics
+    return runs[0].policy if runs else MetricPolicy()
+
+
+def _metrics(
+    args: argparse.Namespace,
+    config: RunConfig | None,
+    runs: Sequence[Summary],
+    results: Sequence[JudgedQuery],
+) -> list[str]:
+    """--metric, else the config's or the first run's metrics and the pooled ones; with every
+    --fail-if-worse metric."""
+    if config is not None:
+        default = list(config.metrics.names)
+    else:
+        default = list(runs[0].metric_names) if runs else list(results[0].metrics)
+    metrics = list(
+        dict.fromkeys([*(args.metric or [*default, *DEFAULT_POOLED]), *(args.fail_if_worse or [])])
+    )
+    for name in metrics:
+        check_metric(name)
+    return metrics
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -190,8 +318,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register ``compare``, ``report`` and ``history`` on the ``judge`` parser."""
+def _add_compare(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = sub.add_parser(
         "compare", help="engines side by side: paired differences, CIs, p-values, pooled NDCG"
     )
@@ -207,12 +334,28 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="metric (repeatable), e.g. ndcg@5, pooled_ndcg@5, pooled_recall@5",
     )
     c.add_argument(
-        "--baseline", help="engine the others are compared with (default: first by name)"
+        "--baseline",
+        help="engine or run the others are compared with (default: the first argument's; "
+        "by name for the engines of one run)",
     )
-    c.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples for the CIs")
-    c.add_argument("--permutations", type=int, default=10_000, help="sign-flip permutations for p")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument(
+        "--n-boot",
+        type=int,
+        help=f"bootstrap resamples for the CIs (default: the run's, else {N_BOOT})",
+    )
+    c.add_argument(
+        "--permutations", type=int, default=N_PERMUTATIONS, help="sign-flip permutations for p"
+    )
+    c.add_argument("--seed", type=int, help="random seed (default: the run's, else 0)")
     c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+    c.add_argument("--html", metavar="OUT", help="also write an offline HTML page with charts")
+    c.add_argument(
+        "--fail-if-worse",
+        action="append",
+        metavar="METRIC",
+        help="exit 1 when an engine or run is significantly worse than its baseline on METRIC "
+        "(lower, two-sided sign-flip p < 0.05); repeatable",
+    )
     c.add_argument("--config", help="config giving the scale, metric names and gain")
     c.add_argument(
         "--trec-run", help="add a TREC run as an engine, judged from the pooled verdicts"
@@ -222,12 +365,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     c.add_argument("--trec-engine", help="engine name for --trec-run (default: its run tag)")
     c.set_defaults(func=cmd_compare)
 
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``compare``, ``report`` and ``history`` on the ``judge`` parser."""
+    _add_compare(sub)
+
     r = sub.add_parser("report", help="rewrite report.md and report.html for a run directory")
     r.add_argument("run_dir")
     r.add_argument("--config", help="config (history file, max_drop, and the summary if rebuilt)")
     r.add_argument("--history", help="history file (default: the config's run.history)")
     r.add_argument("--last", type=int, default=10, help="runs of history shown")
-    r.add_argument("--worst", type=int, default=5, help="lowest-scoring queries shown")
+    r.add_argument(
+        "--worst", type=int, default=5, help="lowest-scoring queries named under the metrics"
+    )
     r.add_argument("--rebuild", action="store_true", help="recompute summary.json from the results")
     r.set_defaults(func=cmd_report)
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from judge.calling.caller import Caller, CallResult
 from judge.errors import ProviderError
-from judge.judging.prompts import PromptTemplate
+from judge.judging.prompts import AnswerShape, PromptTemplate
 from judge.judging.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict
@@ -74,8 +74,7 @@ class Asker:
     template: PromptTemplate
     pointwise_template: PromptTemplate
     language: str
-    verdict_first: bool
-    max_reason_words: int
+    shape: AnswerShape
     reask: bool
 
     async def verdicts(self, query: Query, repeat: int) -> list[Verdict]:
@@ -96,7 +95,7 @@ class Asker:
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
-        options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
+        options = self.shape.options()
         if self.mode != "listwise" or not query.passages:
             chats = [
                 self.pointwise_template.render_pointwise(query, p, self.scale, **options)
@@ -109,7 +108,7 @@ class Asker:
 
     def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:
         """The messages of one first-round request for ``passages`` (one passage pointwise)."""
-        options = {"verdict_first": self.verdict_first, "max_reason_words": self.max_reason_words}
+        options = self.shape.options()
         if self.mode == "listwise":
             return self.template.render_listwise(query, list(passages), self.scale, **options)
         return self.pointwise_template.render_pointwise(query, passages[0], self.scale, **options)
@@ -132,8 +131,7 @@ class Asker:
             query,
             passage,
             self.scale,
-            verdict_first=self.verdict_first,
-            max_reason_words=self.max_reason_words,
+            **self.shape.options(),
         )
         tally = _Tally()
         error = ""
@@ -197,8 +195,7 @@ class Asker:
             query,
             passages,
             self.scale,
-            verdict_first=self.verdict_first,
-            max_reason_words=self.max_reason_words,
+            **self.shape.options(),
         )
         ids = [p.id for p in passages]
         conversation = messages

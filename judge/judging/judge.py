@@ -17,11 +17,13 @@ from typing import Any, Literal, TypeVar
 from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Caller
 from judge.calling.limits import Limits
-from judge.config import DEFAULT_PARAMS, RunConfig
+from judge.config import DEFAULT_PARAMS, CascadeSection, RunConfig
 from judge.errors import ConfigError
 from judge.judging.asker import Asker
+from judge.judging.cascade import Band, Cascade, rerank_scores
 from judge.judging.context import fit_to_context
 from judge.judging.prompts import (
+    AnswerShape,
     Mode,
     PromptTemplate,
     json_schema_for,
@@ -30,13 +32,7 @@ from judge.judging.prompts import (
 )
 from judge.metrics.compute import metrics_for_queries
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
-from judge.providers.base import (
-    ChatProvider,
-    ChatRequest,
-    ProviderSpec,
-    RerankProvider,
-    RerankRequest,
-)
+from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
 from judge.schema import (
     BUILTIN_SCALES,
     JudgedQuery,
@@ -89,12 +85,12 @@ def _templates(name: str, template_dir: str | Path | None) -> tuple[PromptTempla
 
 
 def _with_schema(
-    params: SamplingParams, scale: Scale, mode: Mode, verdict_first: bool
+    params: SamplingParams, scale: Scale, mode: Mode, shape: AnswerShape
 ) -> SamplingParams:
     """``response_format = "json_schema"`` without a schema gets the one the scale implies."""
     if params.response_format != "json_schema" or params.json_schema is not None:
         return params
-    schema = json_schema_for(scale, mode, verdict_first=verdict_first)
+    schema = json_schema_for(scale, mode, shape=shape)
     return params.model_copy(update={"json_schema": schema})
 
 
@@ -152,32 +148,36 @@ class Judge:
         limits: Limits | None = None,
         verdict_first: bool = False,
         max_reason_words: int = 30,
+        reasons: bool = True,
         reask: bool = True,
         context_tokens: int | None = None,
+        cascade: CascadeSection | None = None,
         **provider_overrides: Any,
     ) -> None:
         """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
-        (None: none); ``context_tokens``: the model's window (None: not enforced). Other
-        keyword arguments override the provider preset (``base_url``)."""
+        (None: none); ``context_tokens``: the model's window (None: not enforced); ``cascade``:
+        judging/cascade.py. Other keyword arguments override the preset (``base_url``).
+        Long because it wires every keyword into its part."""
         scale = Scale.named(scale) if isinstance(scale, str) else scale
-        self.scale, self.model, self.mode = scale, model, mode
+        self.scale, self.model, self.mode, self.context_tokens = scale, model, mode, context_tokens
         if not isinstance(metrics, MetricPolicy):
             metrics = MetricPolicy(names=tuple(metrics))
         self.policy = metrics
-        self.context_tokens = context_tokens
         name = template or template_name(
             scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
         )
         self.template, pointwise_template = _templates(name, template_dir)
         chat = self._chat_provider(provider, provider_overrides)
-        self.params = _with_schema(params or DEFAULT_PARAMS, scale, mode, verdict_first)
+        shape = AnswerShape(verdict_first, max_reason_words, reasons)
+        self.params = _with_schema(params or DEFAULT_PARAMS, scale, mode, shape)
         # A listwise judge's pointwise fallback needs the pointwise answer schema.
-        pointwise_params = _with_schema(params or DEFAULT_PARAMS, scale, "pointwise", verdict_first)
+        pointwise_params = _with_schema(params or DEFAULT_PARAMS, scale, "pointwise", shape)
         reranker = _reranker(rerank, rerank_model)
-        self.rerank_model = rerank_model
         cache = open_cache(cache) if isinstance(cache, str | Path) else cache
         self._cache, self._chat, self._reranker = cache, chat, reranker
+        self.rerank_model = rerank_model
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
+        self.cascade = Cascade.of(cascade, scale, self.caller, rerank_model)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.asker = Asker(
             caller=self.caller,
@@ -189,8 +189,7 @@ class Judge:
             template=self.template,
             pointwise_template=pointwise_template,
             language=language,
-            verdict_first=verdict_first,
-            max_reason_words=max_reason_words,
+            shape=shape,
             reask=reask,
         )
 
@@ -247,8 +246,10 @@ class Judge:
             limits=limits,
             verdict_first=j.verdict_first,
             max_reason_words=j.max_reason_words,
+            reasons=j.reasons,
             reask=j.reask,
             context_tokens=j.context_tokens or _preset_context(spec),
+            cascade=j.cascade,
         )
 
     # ---- async core -------------------------------------------------------------------
@@ -266,6 +267,10 @@ class Judge:
         elif passages is not None:
             query = query.model_copy(update={"passages": as_passages(passages)})
         query = self.fit(query)
+        if self.cascade is not None:
+            ask = self.asker.verdicts
+            routed, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))
+            return self.finish(query, repeat, routed, scores)
         verdicts = await self.asker.verdicts(query, repeat)
         rerank_scores = None
         if self._reranker is not None and query.passages:
@@ -329,14 +334,14 @@ class Judge:
 
     async def _rerank_scores(self, query: Query, repeat: int) -> dict[str, float]:
         assert self.rerank_model is not None
-        request = RerankRequest(
-            model=self.rerank_model,
-            query=query.query,
-            documents=tuple(p.text for p in query.passages),
-            top_n=len(query.passages),
-        )
-        result = await self.caller.rerank(request, repeat)
-        return {p.id: s for p, s in zip(query.passages, result.answer.scores, strict=True)}
+        return (await rerank_scores(self.caller, self.rerank_model, query, repeat))[0]
+
+    async def afit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
+        """The cascade's band from ``queries``' reranker scores (and human labels on ``labels``,
+        default the judge's scale): once before judging when it comes from quantiles or labels."""
+        if self.cascade is None:
+            raise ConfigError("afit_cascade: this judge has no cascade")
+        return await self.cascade.fit([self.fit(q) for q in queries], labels or self.scale)
 
     # ---- sync edge --------------------------------------------------------------------
 
@@ -359,6 +364,10 @@ class Judge:
     ) -> JudgedQuery:
         """Sync wrapper of :meth:`ajudge`."""
         return self._run(self.ajudge(query, passages, repeat=repeat))
+
+    def fit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
+        """Sync wrapper of :meth:`afit_cascade`."""
+        return self._run(self.afit_cascade(queries, labels))
 
     def rerank_relevancy(
         self,

@@ -19,6 +19,8 @@ Variables a template sees:
 - ``verdict_first`` (bool, default False): ask for the verdict field before the reason, for
   slow local judges that may be cut off by ``max_tokens`` mid-reason;
 - ``max_reason_words`` (int, default 30): the reason's length limit when ``verdict_first``;
+- ``reasons`` (bool, default True): ask for a reason beside the verdict; False asks for the
+  verdict alone (a local server that computes logprobs per generated token answers faster);
 - any further ``**options`` given to the render call.
 
 A template must use ``query``, ``scale``, ``fence`` and ``passage`` (pointwise) or
@@ -50,7 +52,7 @@ Language = Literal["en", "zh"]
 
 PACKAGE = "judge._prompts"
 SUFFIX = ".j2"
-DEFAULT_OPTIONS: dict[str, Any] = {"verdict_first": False, "max_reason_words": 30}
+DEFAULT_OPTIONS: dict[str, Any] = {"verdict_first": False, "max_reason_words": 30, "reasons": True}
 _PASSAGE_VAR: dict[Mode, str] = {"pointwise": "passage", "listwise": "passages"}
 _RESERVED = frozenset({"query", "passage", "passages", "scale", "fence"})
 
@@ -199,6 +201,24 @@ def load_template(name: str, *, template_dir: Path | None = None) -> PromptTempl
 
 
 @dataclass(frozen=True)
+class AnswerShape:
+    """What the answer holds: the verdict first or last, a reason of at most
+    ``max_reason_words`` words (when ``verdict_first``) or none at all (``reasons=False``)."""
+
+    verdict_first: bool = False
+    max_reason_words: int = 30
+    reasons: bool = True
+
+    def options(self) -> dict[str, Any]:
+        """The render options a template gets for this shape."""
+        return {
+            "verdict_first": self.verdict_first,
+            "max_reason_words": self.max_reason_words,
+            "reasons": self.reasons,
+        }
+
+
+@dataclass(frozen=True)
 class PromptTemplate:
     """A loaded, checked template; renders to chat messages."""
 
@@ -264,19 +284,22 @@ def json_schema_for(
     scale: Scale,
     mode: Mode,
     *,
-    verdict_first: bool = False,
+    shape: AnswerShape = AnswerShape(),
     passage_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A JSON schema of the answer, for ``response_format=json_schema``.
 
     The verdict is an enum of the scale's label names; property order follows
-    ``verdict_first`` (constrained decoders emit properties in schema order). Listwise ids
-    are an enum of ``passage_ids`` when given.
+    ``shape.verdict_first`` (constrained decoders emit properties in schema order); without
+    ``shape.reasons`` the answer holds the verdict alone. Listwise ids are an enum of
+    ``passage_ids`` when given.
     """
     verdict = {"type": "string", "enum": list(scale.names)}
     reason = {"type": "string"}
     fields = {"verdict": verdict, "reason": reason}
-    order = ["verdict", "reason"] if verdict_first else ["reason", "verdict"]
+    order = ["verdict", "reason"] if shape.verdict_first else ["reason", "verdict"]
+    if not shape.reasons:
+        order = ["verdict"]
     if mode == "pointwise":
         return _object({k: fields[k] for k in order})
     pid: dict[str, Any] = {"type": "string"}

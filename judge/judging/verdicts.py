@@ -29,11 +29,13 @@ label whose name, alias or grade number it is a prefix of (case/space-insensitiv
 prefixing two labels counts for neither); probabilities of tokens mapping to the same label
 are summed: ``m_l = sum(exp(logprob))``. Then
 
-    probability = sum_l(m_l * grade_l) / (max_grade * sum_l(m_l))
+    expected_grade = E[g] = sum_l(m_l * grade_l) / sum_l(m_l)
+    probability = E[g] / max_grade
 
 over the labels found, i.e. the expected grade, normalised. On a binary scale this is
-P(yes) / (P(yes) + P(no)). None when there are no logprobs, no top alternatives, the tokens do
-not spell the answer text, or the verdict token does not map to a label.
+P(yes) / (P(yes) + P(no)), and ``expected_grade`` is left None (it would only repeat it).
+Both None when there are no logprobs, no top alternatives, the tokens do not spell the answer
+text, or the verdict token does not map to a label.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class Parsed(Record):
     grade: int
     reason: str | None = None
     probability: float | None = Field(default=None, ge=0.0, le=1.0)
+    # Graded scales only: E[g] over the labels, in [0, max_grade] (see the module docstring).
+    expected_grade: float | None = Field(default=None, ge=0.0)
 
 
 class ListwiseParsed(Record):
@@ -144,10 +148,7 @@ def _read(pairs: dict[str, Node], scale: Scale, completion: Completion) -> Parse
         reason = (value.strip() if isinstance(value, str) else span) or None
     offset = node.start + (1 if isinstance(node.value, str) else 0)
     return Parsed(
-        label=label.name,
-        grade=label.grade,
-        reason=reason,
-        probability=_probability(completion, scale, offset),
+        label=label.name, grade=label.grade, reason=reason, **_scores(completion, scale, offset)
     )
 
 
@@ -184,8 +185,7 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     if label is not None:
         lead = _BARE_LEAD.match(text, start)
         offset = lead.end() if lead else start
-        probability = _probability(completion, scale, offset)
-        return Parsed(label=label.name, grade=label.grade, probability=probability)
+        return Parsed(label=label.name, grade=label.grade, **_scores(completion, scale, offset))
     if _REFUSAL.search(answer):
         raise ParseError(
             "the answer declines to judge instead of giving a verdict; the passage is only "
@@ -290,8 +290,8 @@ def _token_label(token: str, prefix: str, scale: Scale) -> ScaleLabel | None:
     return next(iter(hits.values())) if len(hits) == 1 else None
 
 
-def _probability(completion: Completion, scale: Scale, offset: int) -> float | None:
-    """Expected normalised grade at the verdict token (see the module docstring)."""
+def _expected(completion: Completion, scale: Scale, offset: int) -> float | None:
+    """Expected grade at the verdict token (see the module docstring)."""
     tokens = completion.logprobs
     if not tokens:
         return None
@@ -318,7 +318,18 @@ def _probability(completion: Completion, scale: Scale, offset: int) -> float | N
             mass[label.grade] = mass.get(label.grade, 0.0) + math.exp(logprob)
     total = sum(mass.values())
     expected = sum(grade * p for grade, p in mass.items()) / total
-    return min(1.0, max(0.0, expected / scale.max_grade))
+    return min(float(scale.max_grade), max(0.0, expected))
+
+
+def _scores(completion: Completion, scale: Scale, offset: int) -> dict[str, float | None]:
+    """``probability`` and (graded scales) ``expected_grade`` of a verdict, for Parsed."""
+    expected = _expected(completion, scale, offset)
+    if expected is None:
+        return {"probability": None, "expected_grade": None}
+    return {
+        "probability": expected / scale.max_grade,
+        "expected_grade": None if scale.is_binary else expected,
+    }
 
 
 # --- re-ask ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 
 from judge.errors import ConfigError
 from judge.metrics import soft
+from judge.metrics.cuts import cut_grade
 from judge.metrics.label_based import (
     LABEL_BASED,
     ExpectedMatch,
@@ -315,10 +316,14 @@ def compute_label_based(
 
 
 def _grade(verdict: Verdict, scale: Scale, policy: MetricPolicy) -> int | None:
-    """The grade a verdict counts with: its label's, or with ``policy.relevance_threshold`` on
-    a binary scale, 1 when ``P(relevant) >= threshold`` (the label when it has no probability)."""
+    """The grade a verdict counts with: its label's; with ``policy.grade_cuts`` on a graded
+    scale, ``g_j`` for ``j = #{i: c_i <= E[g]}`` of its expected grade (:mod:`.cuts`); with
+    ``policy.relevance_threshold`` on a binary scale, 1 when ``P(relevant) >= threshold``.
+    Without an expected grade or a probability, the label's."""
     if verdict.status != "ok":
         return None
+    if policy.grade_cuts is not None and verdict.expected_grade is not None:
+        return cut_grade(verdict.expected_grade, policy.grade_cuts, scale)
     cut = policy.relevance_threshold
     if cut is None or verdict.probability is None:
         return verdict.grade
@@ -343,9 +348,10 @@ def metrics_for_queries(
 
     A verdict gives its grade when ``status == "ok"`` and is unjudged otherwise; its
     ``probability`` feeds ``rerank_*`` and ``soft_*`` (and, with ``relevance_threshold``, the
-    grade itself). Label-based names are None for a query without
-    expected ids or texts; they never depend on the verdicts.
+    grade itself; with ``grade_cuts``, the expected grade does). Label-based names are None
+    for a query without expected ids or texts; they never depend on the verdicts.
     """
+    policy.check_scale(scale)
     free = [n for n in names if not is_label_based(n)]
     label = [n for n in names if n not in free]
     ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]

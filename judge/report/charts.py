@@ -72,6 +72,22 @@ def to_svg(fig: Figure, name: str) -> str:
     return svg.replace("<svg ", f'<svg role="img" aria-label="{label}" class="chart" ', 1).strip()
 
 
+def _unit_axis(ax: Axes, values: Sequence[float], axis: str = "y") -> None:
+    """Every metric judge knows lies in [0, 1]: such panels share that axis, so two metrics
+    (or two runs) are drawn to the same scale and a flat 1.0 does not fill the panel."""
+    if all(0.0 <= v <= 1.0 for v in values):
+        (ax.set_ylim if axis == "y" else ax.set_xlim)(-0.04, 1.04)
+
+
+def _tick_labels(ax: Axes, names: Sequence[str]) -> None:
+    """Engine names under the x axis, slanted when they would run into each other."""
+    ax.set_xticks(range(1, len(names) + 1), list(names))
+    if sum(len(n) for n in names) > 30:
+        ax.tick_params(axis="x", labelrotation=25)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+
+
 def metric_distribution(
     values: Mapping[str, Mapping[str, Sequence[float]]], engines: Sequence[str]
 ) -> str:
@@ -96,11 +112,59 @@ def metric_distribution(
         for i, d in enumerate(data):
             x = i + 1 + rng.uniform(-0.12, 0.12, len(d))
             ax.scatter(x, d, s=10, color=engine_colour(i), alpha=0.8, zorder=3)
-        ax.set_xticks(range(1, len(engines) + 1), list(engines))
+        _tick_labels(ax, engines)
         ax.set_xlim(0.4, len(engines) + 0.6)
+        _unit_axis(ax, [v for d in data for v in d])
         ax.set_title(metric)
         ax.grid(axis="y", alpha=0.3)
     return to_svg(fig, "metric distribution per engine")
+
+
+def _clusters(names: Sequence[str], x: Any, y: Any, ax: Axes) -> list[tuple[float, float, str]]:
+    """Points closer than 4% of the axes joined under one label ("q1, q2", or "q1 +3")."""
+    spans = [max(1e-9, hi - lo) for lo, hi in (ax.get_xlim(), ax.get_ylim())]
+    groups: list[tuple[float, float, list[str]]] = []
+    for q, xi, yi in sorted(zip(names, x, y, strict=True), key=lambda t: (t[2], t[1], t[0])):
+        near = [g for g in groups if abs(g[0] - xi) < 0.04 * spans[0]]
+        near = [g for g in near if abs(g[1] - yi) < 0.04 * spans[1]]
+        if near:
+            near[0][2].append(q)
+        else:
+            groups.append((float(xi), float(yi), [q]))
+    return [
+        (xi, yi, ", ".join(qs) if len(qs) <= 3 else f"{qs[0]} +{len(qs) - 1}")
+        for xi, yi, qs in groups
+    ]
+
+
+def _point_labels(ax: Axes, names: Sequence[str], x: Any, y: Any) -> None:
+    """Query ids beside their points, never over each other or outside the panel: each label
+    tries the four corners around its point (the ones facing the panel's middle first) and is
+    left out when all four would overprint one already placed; its point stays."""
+    renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    mid_x, mid_y = (sum(ax.get_xlim()) / 2, sum(ax.get_ylim()) / 2)
+    for xi, yi, text in _clusters(names, x, y, ax):
+        sides = [(4, "left"), (-4, "right")]
+        heights = [4, -10]
+        sides = sides[::-1] if xi > mid_x else sides
+        heights = heights[::-1] if yi > mid_y else heights
+        for dy in heights:
+            for dx, ha in sides:
+                label = ax.annotate(
+                    text, (xi, yi), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha
+                )
+                label.set_in_layout(False)
+                box = label.get_window_extent(renderer)
+                fits = frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+                if fits and not any(box.overlaps(b) for b in placed):
+                    placed.append(box)
+                    break
+                label.remove()
+            else:
+                continue
+            break
 
 
 def engine_scatter(
@@ -110,10 +174,11 @@ def engine_scatter(
 ) -> str:
     """Per query, ``engine``'s value (y) against ``baseline``'s (x), one panel per metric.
 
-    Points above the diagonal are queries where ``engine`` did better; the counts above and
-    below are written in the panel. Query ids label the points when there are few.
+    Points above the diagonal are queries where ``engine`` did better; the win / tie / loss
+    counts are in each panel's title, off the data. Query ids label the points when few.
     """
-    fig = _figure(len(pairs))
+    fig = _figure(len(pairs), height=3.3)
+    labels: list[tuple[Axes, list[str], Any, Any]] = []
     for ax, (metric, (base, other)) in zip(_axes(fig), pairs.items(), strict=False):
         common = sorted(base.keys() & other.keys())
         x = np.array([base[q] for q in common])
@@ -122,34 +187,75 @@ def engine_scatter(
         hi = max(1.0, *x, *y) if common else 1.0
         ax.plot([lo, hi], [lo, hi], color="#888888", lw=0.8, ls="--")
         ax.scatter(x, y, s=18, color=engine_colour(1), alpha=0.7, zorder=3)
-        if len(common) <= 15:
-            for q, xi, yi in zip(common, x, y, strict=True):
-                ax.annotate(q, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        better, worse = int((y > x).sum()), int((y < x).sum())
-        ax.text(0.03, 0.95, f"{engine} better: {better}", transform=ax.transAxes, va="top")
-        ax.text(0.97, 0.05, f"{baseline} better: {worse}", transform=ax.transAxes, ha="right")
-        ax.set(xlabel=baseline, ylabel=engine, title=metric, xlim=(lo, hi), ylim=(lo, hi))
+        pad = 0.04 * (hi - lo)
+        ax.set(xlabel=baseline, ylabel=engine, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad))
+        d = y - x
+        wins, losses = int((d > 1e-12).sum()), int((d < -1e-12).sum())
+        ties = len(common) - wins - losses
+        ax.set_title(f"{metric}\nbetter {wins} · tie {ties} · worse {losses}", fontsize=9)
         ax.grid(alpha=0.3)
+        labels.append((ax, common, x, y))
+    labels = [panel for panel in labels if len(panel[1]) <= 15]
+    if labels:
+        fig.draw_without_rendering()  # settle the layout, so the labels can see where they land
+    for ax, common, x, y in labels:
+        _point_labels(ax, common, x, y)
     return to_svg(fig, f"per-query {engine} vs {baseline}")
+
+
+def metric_bars(
+    means: Mapping[str, Mapping[str, tuple[float | None, float | None, float | None]]],
+    engines: Sequence[str],
+) -> str:
+    """One panel per metric: each engine's (or run's) mean as a horizontal bar with its 95%
+    CI as a whisker, on the shared [0, 1] axis; engine names on the left, never overprinted."""
+    metrics = list(means)
+    fig = _figure(len(metrics), height=0.9 + 0.32 * len(engines))
+    for n, (ax, metric) in enumerate(zip(_axes(fig), metrics, strict=False)):
+        rows = [means[metric].get(e, (None, None, None)) for e in engines]
+        ys = np.arange(len(engines))
+        mean = np.array([np.nan if m is None else m for m, _, _ in rows])
+        low = np.array([np.nan if lo is None or m is None else m - lo for m, lo, _ in rows])
+        high = np.array([np.nan if hi is None or m is None else hi - m for m, _, hi in rows])
+        colours = [engine_colour(i) for i in range(len(engines))]
+        ax.barh(ys, np.nan_to_num(mean), color=colours, alpha=0.75, height=0.6)
+        ax.errorbar(mean, ys, xerr=[low, high], fmt="none", ecolor="#222222", capsize=3, lw=1)
+        ax.set_yticks(ys, list(engines) if n % 3 == 0 else [""] * len(engines))
+        ax.invert_yaxis()
+        _unit_axis(ax, [float(v) for v in mean if not np.isnan(v)], axis="x")
+        ax.set_title(metric)
+        ax.grid(axis="x", alpha=0.3)
+    return to_svg(fig, "mean per engine with 95% CI")
 
 
 def stability_lines(
     per_repeat: Mapping[str, Mapping[str, Sequence[float | None]]],
     repeats: Mapping[str, Sequence[int]],
 ) -> str:
-    """Per engine, each metric's mean in each repeat: flat lines mean a stable judge."""
+    """Per engine, each metric's mean in each repeat: flat lines mean a stable judge. One
+    legend for all panels sits under them, off the data."""
     engines = list(per_repeat)
     fig = _figure(len(engines), cols=2, height=3.2)
     for ax, engine in zip(_axes(fig), engines, strict=False):
+        drawn: list[float] = []
         for j, (metric, means) in enumerate(per_repeat[engine].items()):
             xs = list(repeats[engine])
             ys = [np.nan if m is None else m for m in means]
+            drawn += [m for m in means if m is not None]
             ax.plot(xs, ys, marker="o", ms=4, label=metric, color=engine_colour(j))
         ax.set(title=engine, xlabel="repeat", ylabel="mean over queries")
         ax.set_xticks(list(repeats[engine]))
+        _unit_axis(ax, drawn)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best", ncols=2)
+    _legend_below(fig)
     return to_svg(fig, "stability across repeats")
+
+
+def _legend_below(fig: Figure) -> None:
+    """One legend for the figure, under its panels (the first panel's series name them all)."""
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)))
 
 
 def label_distribution(
@@ -182,7 +288,7 @@ def label_distribution(
         left += widths
     ax.invert_yaxis()
     ax.set_xlabel("verdicts")
-    ax.legend(ncols=len(styles), loc="upper center", bbox_to_anchor=(0.5, -0.35), fontsize=8)
+    fig.legend(loc="outside lower center", ncols=len(styles), fontsize=8)
     return to_svg(fig, "verdict labels")
 
 
@@ -197,8 +303,10 @@ def history_trend(
     fig = _figure(len(metrics), cols=2, height=3.0)
     xs = [run_id for run_id, _ in runs]
     for ax, metric in zip(_axes(fig), metrics, strict=False):
+        drawn: list[float] = []
         for i, engine in enumerate(engines):
             ys = [values.get(engine, {}).get(metric) for _, values in runs]
+            drawn += [y for y in ys if y is not None]
             shown = [np.nan if y is None else y for y in ys]
             ax.plot(xs, shown, marker="o", ms=4, color=engine_colour(i), label=engine)
             bad = [(x, y) for x, y in zip(xs, ys, strict=True) if (x, engine, metric) in flagged]
@@ -207,6 +315,7 @@ def history_trend(
                 ax.scatter(bx, by, marker="x", s=80, color="#d62728", zorder=4)
         ax.set(title=metric, xlabel="run")
         ax.set_xticks(xs)
+        _unit_axis(ax, drawn)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend_below(fig)
     return to_svg(fig, "trend over previous runs")

@@ -1,22 +1,24 @@
 """report.md and a self-contained report.html from a run's :class:`Summary` and results.
 
 summary.json (:mod:`judge.report.summary`) stays the machine-readable output; these two are
-for people. Both are rendered from one list of sections, so they say the same things; only
-the HTML has charts. The page has no script and references nothing outside itself (charts
-are inline SVG from :mod:`judge.report.charts`; a Content-Security-Policy forbids every
-load), so it opens offline and as an attachment. Every text that came from data (queries,
-passages, reasons, engine names) is escaped: a passage holding ``<script>`` shows as text, in
-both files. The worst queries are listed with each passage's excerpt, label, status and the
-judge's reason, so a reader sees why a query scored low; queries whose verdicts failed are
-listed apart, since their metrics are undefined, never 0. A degenerate judge
-(:mod:`judge.analysis.health`) puts a warning above everything else; its health is always shown.
+for people. Both are rendered from one header and one list of sections, so they say the same
+things; only the HTML has charts and the extra orders of the query table. The first screen
+answers at a glance: the status (PASSED / FAILED / INCOMPLETE / JUDGE UNRELIABLE,
+:mod:`judge.report.status`) with its reasons one line each, the config, dataset, model and
+date, then each engine's metrics with 95% CIs. Below: thresholds, the engines compared
+(paired), every query with each metric, judge health, charts, stability, human labels,
+history, and every query's passages with the judge's label and reason and the human label.
+A section with nothing to say is left out: no stability with one repeat, no chart of a metric
+no query defines. The page has no script and references nothing outside itself (charts are
+inline SVG from :mod:`judge.report.charts`; a Content-Security-Policy forbids every load), so
+it opens offline and as an attachment. Every text that came from data (queries, passages,
+reasons, engine names) is escaped: a passage holding ``<script>`` shows as text, in both files.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +27,35 @@ from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare, per_quer
 from judge.analysis.stability import StabilityReport
 from judge.report.blocks import (
     Chart,
+    Header,
     Section,
     Table,
     Text,
     format_value,
+    lazy_chart,
     render_html,
     render_markdown,
 )
+from judge.report.compared import ci_text, compare_section
 from judge.report.history import HistoryRow
 from judge.report.human import agreement_section, corrected_section
-from judge.report.summary import Check, EngineSummary, Summary
+from judge.report.queries import (
+    QueryRow,
+    failed_section,
+    passages_section,
+    query_rows,
+    query_table_section,
+)
+from judge.report.status import header
+from judge.report.summary import Check, Summary
 from judge.schema import JudgedQuery, Scale
 
-EXCERPT_CHARS = 240
 CHART_METRICS = 6
 
 
-def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
-
-
 def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparison | None:
-    """Paired comparison of the run's engines (None for one engine), pooled metrics included."""
+    """Paired comparison of the run's engines (None for one engine), pooled metrics included,
+    with the summary's resamples and seed (what ``judge compare`` on the run prints)."""
     if len({jq.query.engine for jq in results}) < 2:
         return None
     return compare(
@@ -58,39 +66,6 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
         seed=summary.stability.seed,
         policy=summary.policy,
     )
-
-
-def worst_queries(
-    results: Sequence[JudgedQuery], metric: str, n: int
-) -> list[tuple[JudgedQuery, float]]:
-    """The ``n`` (query, engine) pairs with the lowest mean ``metric`` over repeats, each with
-    its lowest-scoring repeat (whose verdicts explain the score)."""
-    groups: dict[tuple[str, str], list[JudgedQuery]] = defaultdict(list)
-    for jq in results:
-        if jq.metrics.get(metric) is not None:
-            groups[(jq.query.query_id, jq.query.engine)].append(jq)
-    ranked = []
-    for rows in groups.values():
-        values = [jq.metrics[metric] or 0.0 for jq in rows]
-        lowest = min(rows, key=lambda jq: jq.metrics[metric] or 0.0)
-        ranked.append((lowest, sum(values) / len(values)))
-    ranked.sort(key=lambda pair: (pair[1], pair[0].query.query_id, pair[0].query.engine))
-    return ranked[:n]
-
-
-def _query_blocks(jq: JudgedQuery, what: str) -> list[Text | Table | Chart]:
-    """A query's heading, text, and one row per passage: excerpt, label, status, reason."""
-    by_id = {p.id: p for p in jq.query.passages}
-    rows, css = [], []
-    for v in sorted(jq.verdicts, key=lambda v: v.rank):
-        passage = by_id.get(v.passage_id)
-        reason = v.reason or v.error or (f"raw answer: {_excerpt(v.raw, 160)}" if v.raw else "")
-        text = _excerpt(passage.text) if passage else ""
-        rows.append([v.rank, v.passage_id, text, v.label or "", v.status, reason])
-        css.append("failed" if v.status != "ok" else "relevant" if v.relevant else "")
-    head = f"{jq.query.query_id} / {jq.query.engine} (repeat {jq.repeat}): {what}"
-    table = Table(["#", "passage", "text", "label", "status", "reason"], rows, frozenset({0}), css)
-    return [Text(head, "h3"), Text(jq.query.query, "quote"), table]
 
 
 def _overview(summary: Summary) -> list[Text | Table | Chart]:
@@ -121,16 +96,6 @@ def _health(summary: Summary, results: Sequence[JudgedQuery]) -> hc.JudgeHealth:
     )
 
 
-def _warning_section(health: hc.JudgeHealth) -> Section:
-    """The loud block a degenerate judge puts at the very top of the report."""
-    title = "WARNING: the judge is degenerate, so these metrics are not informative"
-    why = (
-        "A judge that gives nearly every passage the same answer makes every metric "
-        "meaningless: engines score about the same whatever they return."
-    )
-    return Section("warning", title, [Text(why), *(Text(p, "alert") for p in health.problems)])
-
-
 def _health_section(health: hc.JudgeHealth) -> Section:
     """Label distribution and P(relevant) spread, per engine and over all engines."""
     groups = {**health.engines, "all engines": health.overall}
@@ -144,7 +109,7 @@ def _health_section(health: hc.JudgeHealth) -> Section:
         [e, x.n, x.mean, x.std, x.p10, x.p90, x.distinct, x.peak_share] for e, x in p.items()
     ]
     head = ["engine", "with P(relevant)", "mean", "std", "p10", "p90", "distinct (0.01)", "peak"]
-    status = Text("Degenerate: see the warning at the top.", "bad")
+    status = Text("Degenerate: the metrics are not informative (see the top).", "bad")
     blocks: list[Text | Table | Chart] = [
         status if health.degenerate else Text("Not degenerate.", "ok"),
         *(Text(note) for note in health.notes),
@@ -163,48 +128,47 @@ def _health_section(health: hc.JudgeHealth) -> Section:
     return Section("health", "Judge health", blocks)
 
 
-def _mean_ci(data: EngineSummary, name: str) -> str:
-    m = data.metrics.get(name)
-    if m is None:
-        return format_value(None)
-    cell = format_value(m.mean)
-    if m.ci_low is not None and m.ci_high is not None:
-        cell += f" [{m.ci_low:.3f}, {m.ci_high:.3f}]"
-    return cell
+def _defined(summary: Summary) -> tuple[list[str], list[str]]:
+    """The metric names some engine has a mean for, and those no query defines."""
+    names = list(summary.metric_names)
+    some = [n for n in names if any(d.mean(n) is not None for d in summary.engines.values())]
+    return some, [n for n in names if n not in some]
 
 
-def _compare_section(cmp: Comparison) -> Section:
-    diffs = {(d.metric, d.engine): d for d in cmp.diffs}
-    rows: list[list[Any]] = []
-    for metric in cmp.metrics:
-        for engine in cmp.engines:
-            m, d = cmp.means[metric][engine], diffs.get((metric, engine))
-            if d is None:
-                rows.append([metric, engine, m.n, m.mean, "baseline", "", "", ""])
-                continue
-            ci = None if d.ci_low is None else f"[{d.ci_low:+.4f}, {d.ci_high or 0.0:+.4f}]"
-            diff = None if d.diff is None else f"{d.diff:+.4f}"
-            rows.append([metric, engine, m.n, m.mean, diff, ci, d.p_value, d.n])
-    head = ["metric", "engine", "n", "mean", f"diff vs {cmp.baseline}", "95% CI", "p", "paired"]
+def _metrics_section(summary: Summary, rows: Sequence[QueryRow], worst: int) -> Section:
+    """The headline: metrics down, engines across, mean [95% CI] (unpaired), then the lowest
+    queries on the first metric."""
+    names, undefined = _defined(summary)
+    engines = list(summary.engines)
+
+    def cell(engine: str, name: str) -> str:
+        m = summary.engines[engine].metrics.get(name)
+        if m is None or m.mean is None:
+            return format_value(None)
+        return f"{m.mean:.4f} {ci_text(m.ci_low, m.ci_high)}"
+
+    table = Table(["metric", *engines], [[n, *(cell(e, n) for e in engines)] for n in names])
+    n_queries = ", ".join(f"{e} {d.n_queries}" for e, d in summary.engines.items())
+    st = summary.stability
     blocks: list[Text | Table | Chart] = [
-        Table(head, rows, frozenset({2, 3, 4, 6, 7})),
+        table,
         Text(
-            "diff: mean paired difference over the queries both engines define (paired); CI: "
-            "bootstrap over queries; p: two-sided sign-flip test. pooled_*: the ideal ranking "
-            "comes from every engine's judged passages (de-duplicated by id and text).",
+            f"Unpaired: each engine's mean over its own queries ({n_queries}); 95% CI by "
+            f"bootstrap over queries ({st.n_boot} resamples, seed {st.seed}; judge compare on "
+            "this run prints the same).",
             "muted",
         ),
     ]
-    shown = list(dict.fromkeys([*cmp.metrics[:2], "pooled_ndcg"]))
-    for engine in cmp.engines[1:]:
-        pairs = {m: (cmp.per_query[m][cmp.baseline], cmp.per_query[m][engine]) for m in shown}
-        blocks.append(
-            Chart(
-                partial(_draw, "engine_scatter", pairs, cmp.baseline, engine),
-                f"per query: {engine} (y) against {cmp.baseline} (x)",
-            )
+    if undefined:
+        blocks.append(Text(f"Undefined for every query: {', '.join(undefined)}.", "muted"))
+    scored = [r for r in rows if names and r.metrics.get(names[0]) is not None]
+    low = sorted(scored, key=lambda r: (r.metrics[names[0]] or 0.0, r.query_id, r.engine))
+    if low[:worst] and low[0].metrics[names[0]] != low[-1].metrics[names[0]]:
+        listed = " · ".join(
+            f"{r.query_id}/{r.engine} {format_value(r.metrics[names[0]])}" for r in low[:worst]
         )
-    return Section("compare", f"Engines compared (baseline {cmp.baseline})", blocks)
+        blocks.append(Text(f"Lowest {names[0]}: {listed}"))
+    return Section("metrics", "Metrics (mean, 95% CI)", blocks)
 
 
 def _history_section(
@@ -231,7 +195,7 @@ def _history_section(
             status or Text("No regressions.", "ok"),
             Table(head, rows, frozenset(range(2, len(head) - 1))),
             Chart(
-                partial(_draw, "history_trend", runs, metrics, engines, flagged),
+                lazy_chart("history_trend", runs, metrics, engines, flagged),
                 "red crosses: runs flagged as regressions",
             ),
         ],
@@ -246,57 +210,80 @@ def _label_counts(results: Sequence[JudgedQuery]) -> dict[str, dict[str, int]]:
     return {engine: dict(c) for engine, c in sorted(counts.items())}
 
 
-_CHARTS = {
-    "distribution": ("Per-query metric distribution", "one dot per query (mean over repeats)"),
-    "stability": ("Stability across repeats", "per-repeat means"),
-    "labels": ("Verdict labels", "unparsed and error are failures, never 'not relevant'"),
-}
-
-
-def _draw(name: str, *args: Any) -> str:
-    """Chart ``name`` of :mod:`judge.report.charts`, imported only when a chart is drawn:
-    matplotlib takes about a second to import, and --no-charts or report.md need none."""
-    from judge.report import charts
-
-    draw: Callable[..., str] = getattr(charts, name)
-    return draw(*args)
-
-
-def _chart(ident: str, draw: Callable[[], str]) -> Section:
-    title, caption = _CHARTS[ident]
-    return Section(ident, title, [Chart(draw, caption)])
+def _distribution_section(
+    summary: Summary, results: Sequence[JudgedQuery], names: Sequence[str]
+) -> Section | None:
+    """Per-query values of the first metrics with something to show: a metric no query
+    defines gets no panel, one every query scores the same is named instead of drawn."""
+    engines = list(summary.engines)
+    values = per_query_values(results, names, summary.config.scale, policy=summary.policy)
+    dist = {m: {e: list(values[m].get(e, {}).values()) for e in engines} for m in names}
+    flat = {
+        m: vs[0]
+        for m in names
+        if len(vs := [v for e in engines for v in dist[m][e]]) and max(vs) == min(vs)
+    }
+    shown = {m: d for m, d in dist.items() if any(d.values()) and m not in flat}
+    same = ", ".join(f"{m} {v:.4f}" for m, v in flat.items())
+    if not shown and not flat:
+        return None
+    if not shown:
+        note = f"Not drawn: every query scores the same on each metric ({same})."
+        return Section("distribution", "Per-query metric distribution", [Text(note, "muted")])
+    caption = "one dot per query (mean over repeats)"
+    if flat:
+        caption += f"; not drawn, every query the same: {same}"
+    chart = Chart(lazy_chart("metric_distribution", shown, engines), caption)
+    return Section("distribution", "Per-query metric distribution", [chart])
 
 
 def _threshold_section(checks: Sequence[Check]) -> Section:
     rows = [
         [c.check, c.engine, c.value, c.limit, "ok" if c.ok else "BREACHED", c.note] for c in checks
     ]
-    table = Table(["check", "engine", "value", "limit", "result", "note"], rows, frozenset({2, 3}))
-    return Section("thresholds", "Thresholds", [table] if rows else [Text("None configured.")])
+    css = ["" if c.ok else "failed" for c in checks]
+    table = Table(
+        ["check", "engine", "value", "limit", "result", "note"], rows, frozenset({2, 3}), css
+    )
+    return Section("thresholds", "Thresholds", [table])
 
 
-def _stability_section(st: StabilityReport, shown: Sequence[str]) -> Section:
-    """Per-repeat means (chart), label flips and alpha per engine."""
+def _stability_section(st: StabilityReport, shown: Sequence[str]) -> Section | None:
+    """Per-repeat means (chart), label flips and alpha per engine; None with one repeat."""
+    if max((x.n_repeats for x in st.engines.values()), default=1) < 2:
+        return None
     per_repeat = {
-        e: {m: x.metrics[m].per_repeat for m in shown if m in x.metrics}
+        e: {
+            m: x.metrics[m].per_repeat
+            for m in shown
+            if m in x.metrics and any(v is not None for v in x.metrics[m].per_repeat)
+        }
         for e, x in st.engines.items()
     }
     firsts = {e: x.metrics.get(shown[0]) if shown else None for e, x in st.engines.items()}
     repeats = {e: first.repeats if first else () for e, first in firsts.items()}
     flips = [[e, x.flips.flip_rate, x.flips.n_passages, x.alpha] for e, x in st.engines.items()]
-    section = _chart("stability", partial(_draw, "stability_lines", per_repeat, repeats))
-    section.blocks[:0] = [
-        Text(f"Krippendorff's alpha ({st.alpha_level}): {format_value(st.alpha)}"),
-        Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
-    ]
-    return section
+    return Section(
+        "stability",
+        "Stability across repeats",
+        [
+            Text(f"Krippendorff's alpha ({st.alpha_level}): {format_value(st.alpha)}"),
+            Table(["engine", "label flip rate", "passages", "alpha"], flips, frozenset({1, 2, 3})),
+            Chart(lazy_chart("stability_lines", per_repeat, repeats), "per-repeat means"),
+        ],
+    )
 
 
 def _labels_section(results: Sequence[JudgedQuery], scale: Scale) -> Section:
     """Verdicts per label and failure kind, per engine (chart and table)."""
     labels = [lab.name for lab in sorted(scale.labels, key=lambda lab: lab.grade)]
     counts = _label_counts(results)
-    section = _chart("labels", partial(_draw, "label_distribution", counts, labels))
+    caption = "unparsed and error are failures, never 'not relevant'"
+    section = Section(
+        "labels",
+        "Verdict labels",
+        [Chart(lazy_chart("label_distribution", counts, labels), caption)],
+    )
     kinds = [*labels, "unparsed", "error"]
     rows = [[e, *(c.get(k, 0) for k in kinds)] for e, c in counts.items()]
     section.blocks.append(Table(["engine", *kinds], rows, frozenset(range(1, len(kinds) + 1))))
@@ -311,57 +298,48 @@ def sections(
     history: Sequence[HistoryRow] = (),
     worst: int = 5,
 ) -> list[Section]:
-    """The report's content, in order, for both renderers."""
-    names, engines = list(summary.metric_names), list(summary.engines)
-    shown = names[:CHART_METRICS]
-    metric_rows = [[e, *(_mean_ci(d, n) for n in names)] for e, d in summary.engines.items()]
-    values = per_query_values(results, shown, summary.config.scale, policy=summary.policy)
-    dist = {m: {e: list(values[m].get(e, {}).values()) for e in engines} for m in shown}
+    """The report's content below the header, in order, for both renderers."""
+    names = list(summary.metric_names)
+    defined, _ = _defined(summary)
+    rows = list(summary.queries) or list(
+        query_rows(results, names, summary.config.scale, summary.policy, summary.label_scale)
+    )
     health = _health(summary, results)
-    out = [_warning_section(health)] if health.degenerate else []
-    out += [
-        Section("overview", "Run", _overview(summary)),
+    found: list[Section | None] = [
+        _metrics_section(summary, rows, worst),
+        _threshold_section(summary.thresholds.checks) if summary.thresholds.checks else None,
+        compare_section(comparison) if comparison else None,
+        query_table_section(rows, defined),
+        failed_section(results, rows),
         _health_section(health),
-        Section("metrics", "Metrics (mean, 95% CI)", [Table(["engine", *names], metric_rows)]),
-        _chart("distribution", partial(_draw, "metric_distribution", dist, engines)),
-    ]
-    if comparison:
-        out.append(_compare_section(comparison))
-    out += [
-        _stability_section(summary.stability, shown),
+        _distribution_section(summary, results, defined[:CHART_METRICS]),
+        _stability_section(summary.stability, defined[:CHART_METRICS]),
         _labels_section(results, summary.config.scale),
+        agreement_section(summary.stability.engines),
+        corrected_section(summary),
+        _history_section(history, names, list(summary.engines)) if len(history) > 1 else None,
+        Section("overview", "Run", _overview(summary)),
+        passages_section(results, rows, defined, summary.config.scale, summary.label_scale),
     ]
-    out += [
-        s
-        for s in (agreement_section(summary.stability.engines), corrected_section(summary))
-        if s is not None
-    ]
-    if history:
-        out.append(_history_section(history, names, engines))
-    out.append(_threshold_section(summary.thresholds.checks))
-    if names:
-        low = worst_queries(results, names[0], worst)
-        what = f"{names[0]} {{}} (mean over repeats)"
-        blocks = [b for jq, v in low for b in _query_blocks(jq, what.format(format_value(v)))]
-        out.append(Section("worst", f"Lowest {names[0]}", blocks))
-    failed = [jq for jq in results if any(v.status != "ok" for v in jq.verdicts)]
-    if failed:
-        blocks = [b for jq in failed[:worst] for b in _query_blocks(jq, "metrics undefined")]
-        title = f"Queries with failed verdicts ({len(failed)}; showing {min(worst, len(failed))})"
-        out.append(Section("failed", title, blocks))
-    return out
+    return [s for s in found if s is not None]
+
+
+def report_header(summary: Summary, results: Sequence[JudgedQuery]) -> Header:
+    """The first screen: status, reasons, config, dataset, model and date."""
+    return header(summary, _health(summary, results))
 
 
 def markdown(summary: Summary, results: Sequence[JudgedQuery], **kwargs: Any) -> str:
-    """report.md: the sections without charts."""
-    return render_markdown(sections(summary, results, **kwargs))
+    """report.md: the header and the sections without charts."""
+    return render_markdown(report_header(summary, results), sections(summary, results, **kwargs))
 
 
 def html_report(
     summary: Summary, results: Sequence[JudgedQuery], *, charts: bool = True, **kwargs: Any
 ) -> str:
     """report.html: one page, no script, nothing loaded from anywhere."""
-    return render_html(sections(summary, results, **kwargs), charts=charts)
+    head = report_header(summary, results)
+    return render_html(head, sections(summary, results, **kwargs), charts=charts)
 
 
 def write_reports(
@@ -374,7 +352,8 @@ def write_reports(
     charts: bool = True,
 ) -> list[Path]:
     """Write report.md and report.html into ``out_dir``; ``history`` from
-    :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags."""
+    :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags;
+    ``worst`` lowest-scoring queries are named under the metrics."""
     kwargs: dict[str, Any] = {
         "comparison": run_comparison(summary, results),
         "history": history,

@@ -42,6 +42,8 @@ def corrected_section(summary: Summary) -> Section | None:
     rows: list[list[Any]] = []
     for engine, metrics in summary.corrected.items():
         for m in metrics:
+            if m.judge_only is None and m.human_only is None and m.corrected is None:
+                continue
             narrower = None if m.narrower is None else f"{m.narrower:.0%}"
             rows.append(
                 [

@@ -6,7 +6,8 @@ metric means with repeat stability and bootstrap CIs, label flips, alpha, agreem
 human labels, the judge's health (:mod:`judge.analysis.health`) and the threshold checks.
 ``SCHEMA_VERSION`` is bumped whenever a field changes meaning or moves (2: "gain" /
 "unjudged_policy" became ``policy``); version 1 still loads (:mod:`judge.report.legacy`). A
-field added since is filled when missing: ``health`` (added within version 2) loads as unknown.
+field added since is filled when missing: ``health`` (added within version 2) loads as unknown,
+``queries`` (per query and engine, :mod:`judge.report.queries`) as none, ``label_scale`` as None.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from judge.analysis.cascade import CascadeSummary, cascade_summary
+from judge.analysis.compare import N_BOOT
 from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
 from judge.analysis.stability import StabilityReport, majority_vote, stability_report
@@ -27,6 +30,7 @@ from judge.config import RunConfig
 from judge.errors import InputError
 from judge.metrics.compute import is_label_based
 from judge.report.legacy import V1Defaults, from_v1
+from judge.report.queries import QueryRow, query_rows
 from judge.run.runner import RunOutcome
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Usage
 from judge.version import __version__
@@ -145,6 +149,11 @@ class Summary(Record):
     # Per engine, each label-free metric judge-only, human-only and PPI-corrected; empty when
     # no query carries human labels (and in older files).
     corrected: dict[str, tuple[MetricPPI, ...]] = Field(default_factory=dict)
+    queries: tuple[QueryRow, ...] = ()  # each metric's mean over repeats, per query and engine
+    label_scale: Scale | None = None  # the human labels' scale, when not the judge's
+    # A [judge.cascade] run: passages and calls the reranker took from the LLM, cost saved,
+    # agreement with human labels (judge.analysis.cascade); None without a cascade.
+    cascade: CascadeSummary | None = None
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -221,12 +230,13 @@ def build_summary(
     results: Sequence[JudgedQuery],
     *,
     run: RunOutcome | None = None,
-    n_boot: int = 2000,
+    n_boot: int = N_BOOT,
 ) -> Summary:
     """The summary of ``results`` (one row per query, engine and repeat) under ``config``."""
     names = list(config.metrics.names)
     present = {name for jq in results for name in jq.metrics}
     names += sorted(present - set(names))
+    labels = config.comparable_label_scale()
     results = labels_on_scale(results, config)
     report = stability_report(results, names, config.scale(), n_boot=n_boot, seed=config.run.seed)
     summary = Summary(
@@ -245,6 +255,9 @@ def build_summary(
         health=judge_health(results, config.scale()),
         thresholds=ThresholdResult.of(()),
         corrected=_corrected(results, names, config),
+        cascade=cascade_summary(results, config),
+        queries=query_rows(results, names, config.scale(), config.metrics),
+        label_scale=None if labels == config.scale() else labels,
     )
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
 

@@ -6,6 +6,12 @@ from the requested reason length, capped by ``max_tokens``. Calls already in the
 units already in the run directory, are not counted as to-pay; a passage several engines
 returned is counted once per repeat, as the run asks it once. Re-asks and retries are not
 foreseen, so the figures are a floor for a judge that answers badly.
+
+A judge cascade (``[judge.cascade]``) sends the LLM only the passages in its band. Which those
+are is known when the reranker's answers are in the cache (a dry run never calls the reranker,
+even the free embedded one): then the LLM figures count exactly those passages. Otherwise every
+passage whose score is unknown is counted as going to the LLM, and the estimate says it is an
+upper bound. A band from the run's scores (quantiles, max_error) needs every query's scores.
 """
 
 from __future__ import annotations
@@ -13,15 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from judge.calling.cache import open_cache
+from judge.calling.cache import Cache, open_cache
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE
+from judge.judging.cascade import fit_band, rerank_request
 from judge.judging.context import count_tokens
 from judge.judging.judge import Judge
 from judge.providers import planning_only
-from judge.providers.base import request_key
+from judge.providers.base import ChatRequest, RerankResult, request_key
 from judge.run.resume import finished_units
 from judge.schema import Query, Record, Usage
+
+# Per query with passages: its first-round LLM requests and how many passages they judge.
+Plan = list[tuple[Query, list[ChatRequest], int]]
 
 
 class Estimate(Record):
@@ -32,6 +42,13 @@ class Estimate(Record):
     completion_tokens: int
     cost_usd: float | None  # None when the config has no price for the model
     tokens_per_passage: float
+    # A judge cascade: its rerank requests (one per query, whatever the repeats), those already
+    # cached, the passages the reranker labels (per repeat, as far as known), and whether the
+    # LLM figures are an upper bound (scores not cached: those passages counted as the LLM's).
+    rerank_calls: int = 0
+    rerank_cached: int = 0
+    reranker_passages: int = 0
+    upper_bound: bool = False
 
 
 def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Estimate:
@@ -44,18 +61,19 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
     answer_tokens = min(
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
     )
-    units = calls = cached = prompt = completion = passages = 0
+    units = calls = cached = prompt = completion = passages = decided = 0
     seen: set[str] = set()
     listwise = config.judge.mode == "listwise"
     # Rendered once per query; only the repeat index (part of the key) differs per repeat.
-    rendered = [(q, judge.first_requests(q)) for q in queries if q.passages]
+    plan, cascade = _plan(judge, config, queries, cache_db)
     for repeat in range(config.run.repeats):
-        for q, requests in rendered:
+        for q, requests, n_llm in plan:
             if (q.query_id, q.engine, repeat) in done:
                 continue
             units += 1
             passages += len(q.passages)
-            per_call_answer = answer_tokens * (len(q.passages) if listwise else 1)
+            decided += len(q.passages) - n_llm
+            per_call_answer = answer_tokens * (n_llm if listwise else 1)
             for request in requests:
                 key = request_key(identity, request, repeat)
                 if key in seen:  # the same passage from another engine: asked once
@@ -79,4 +97,40 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
         completion_tokens=completion,
         cost_usd=cost,
         tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
+        reranker_passages=decided,
+        **cascade,
     )
+
+
+def _plan(
+    judge: Judge, config: RunConfig, queries: Sequence[Query], cache: Cache
+) -> tuple[Plan, dict[str, int | bool]]:
+    """Each query's first LLM requests, and the cascade's rerank counts and upper-bound flag."""
+    with_passages = [judge.fit(q) for q in queries if q.passages]
+    if judge.cascade is None or judge.caller.reranker is None:
+        return [(q, judge.asker.first_requests(q), len(q.passages)) for q in with_passages], {}
+    identity, model = judge.caller.reranker.identity, judge.cascade.model
+    scores: dict[int, dict[str, float]] = {}
+    for i, q in enumerate(with_passages):
+        got = cache.get(request_key(identity, rerank_request(model, q), 0), RerankResult)
+        if got is not None and len(got.scores) == len(q.passages):
+            scores[i] = dict(zip((p.id for p in q.passages), got.scores, strict=True))
+    band = judge.cascade.band
+    if band is None and len(scores) == len(with_passages):
+        scored = [(q, scores[i]) for i, q in enumerate(with_passages)]
+        band = fit_band(judge.cascade.section, scored, config.label_scale())
+    plan: Plan = []
+    for i, q in enumerate(with_passages):
+        if band is not None and i in scores:
+            inside = tuple(p for p in q.passages if band.side(scores[i][p.id]) == "band")
+            q_llm = q.model_copy(update={"passages": inside})
+        else:
+            q_llm = q
+        requests = judge.asker.first_requests(q_llm) if q_llm.passages else []
+        plan.append((q, requests, len(q_llm.passages)))
+    counts = {
+        "rerank_calls": len(with_passages),
+        "rerank_cached": len(scores),
+        "upper_bound": band is None or len(scores) < len(with_passages),
+    }
+    return plan, counts

@@ -7,8 +7,9 @@ fixes a file once, not once per problem.
 
 Checked: the dataset (read strictly by :mod:`judge.data.datasets`), human labels against the
 scale they are on, ids the outputs must carry (TREC files split on whitespace), the provider
-URLs and the price a dollar budget needs, template and output paths, and the regression
-baseline when drop thresholds are set.
+URLs and the price a dollar budget needs, template and output paths, the regression
+baseline when drop thresholds are set, and what a judge cascade needs (a reranker; human labels
+for a ``max_error`` band).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.errors import ConfigError, InputError, JudgeError
+from judge.judging.cascade import label_problem
 from judge.providers import resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
@@ -43,6 +45,7 @@ def preflight(
     if out_dir is not None:
         problems += _writable(out_dir, "the run directory (--out)")
     problems += _baseline_problems(config, first_night)
+    problems += _cascade_problems(config, queries)
     rows = _row_problems(config, queries)
     if not problems and not rows:
         return
@@ -89,6 +92,23 @@ def _config_problems(config: RunConfig) -> list[str]:
     except ConfigError as exc:
         problems.append(str(exc))
     return problems
+
+
+def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
+    """A cascade needs a reranker, and a max_error band enough human labels."""
+    cascade, where = config.judge.cascade, config.source or "<config>"
+    if cascade is None:
+        return []
+    if config.rerank is None:
+        return [
+            f"{where}: judge.cascade needs a rerank provider: add a [rerank] table (e.g. "
+            'provider = "embedded-rerank", model = "all-MiniLM-L6-v2")'
+        ]
+    try:
+        problem = label_problem(cascade, queries, config.label_scale())
+    except ConfigError:
+        return []  # an unknown label scale is reported with the config problems
+    return [f"{where}: {problem}"] if problem else []
 
 
 def _writable(directory: Path, what: str) -> list[str]:

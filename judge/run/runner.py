@@ -17,13 +17,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from judge.calling.cache import open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, compact_results
-from judge.errors import BudgetExceeded, ConfigError
+from judge.errors import BudgetExceeded, ConfigError, ProviderError
+from judge.judging.cascade import Band
 from judge.judging.judge import Judge
 from judge.run.progress import Progress
 from judge.run.resume import (
@@ -65,6 +66,9 @@ class RunOutcome(Record):
     cost_usd: float
     elapsed_s: float
     errors_by_kind: dict[str, int]
+    # The band of reranker scores a [judge.cascade] run sent to the LLM judge (None: no cascade,
+    # or it stopped before the band was known).
+    cascade_band: Band | None = None
 
 
 async def run_async(
@@ -97,7 +101,7 @@ async def run_async(
             if (q.query_id, q.engine, r) not in done
         ]
         planned = len(queries) * config.run.repeats
-        batch = _Batch(config, units, results_path)
+        batch = _Batch(config, units, results_path, queries)
         start = time.monotonic()
         with _signals_stop(batch):
             await batch.run()
@@ -149,6 +153,8 @@ class _Batch:
     config: RunConfig
     units: list[tuple[Query, int]]
     results_path: Path
+    # Every query of the run, finished or not: a cascade band from the run's scores uses all.
+    queries: Sequence[Query]
     reason: str | None = None
     stopped_by: StopKind | None = None
 
@@ -168,7 +174,7 @@ class _Batch:
             self.queue.put_nowait(unit)
         self.stopped = asyncio.Event()
         self.grace_s = self.config.run.grace_s
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: list[asyncio.Task[Any]] = []
 
     async def run(self) -> None:
         """Workers pull units until the queue is empty or a stop reason is set.
@@ -178,8 +184,12 @@ class _Batch:
         """
         n_workers = max(1, min(len(self.units), self.config.run.concurrency * 2))
         self.writer = ResultsWriter(self.results_path)
-        tasks = self.tasks = [asyncio.create_task(self._worker()) for _ in range(n_workers)]
+        tasks: list[asyncio.Task[Any]] = []
         try:
+            if self.units and not await self._fit_cascade():
+                return
+            tasks = [asyncio.create_task(self._worker()) for _ in range(n_workers)]
+            self.tasks = tasks
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
             if self.stopped_by != "interrupted" or _cancelling():
@@ -200,6 +210,24 @@ class _Batch:
                     self.progress.show(final=True)
                 await self.judge.aclose()
                 self.cache.close()
+
+    async def _fit_cascade(self) -> bool:
+        """Set a cascade's band from the run's reranker scores before the first LLM call
+        (judging/cascade.py); False when the run stopped instead."""
+        cascade = self.judge.cascade
+        if cascade is None or cascade.band is not None:
+            return True
+        fit = asyncio.create_task(self.judge.afit_cascade(self.queries, self.config.label_scale()))
+        self.tasks = [fit]  # a signal's cancel() reaches it too
+        try:
+            await fit
+        except BudgetExceeded as exc:
+            self.stop(str(exc), "budget")
+            return False
+        except ProviderError as exc:
+            self.stop(f"the reranker failed while setting the cascade band: {exc}", "errors")
+            return False
+        return True
 
     def stop(self, reason: str, kind: StopKind) -> None:
         if self.reason is None:
@@ -266,6 +294,7 @@ class _Batch:
             cost_usd=spent.cost,
             elapsed_s=elapsed_s,
             errors_by_kind=dict(s.errors),
+            cascade_band=self.judge.cascade.band if self.judge.cascade else None,
         )
 
 

@@ -1,0 +1,140 @@
+"""Pooled metrics: the ideal ranking comes from every engine's judged passages.
+
+Pooled metrics (``pooled_ndcg``, ``pooled_ndcg@k``, ``pooled_recall@k``) are computed per
+(query id, repeat) over the pool of every engine's ``ok`` verdicts. Passages are the same
+when they share an id or their normalised text (NFKC, casefolded, whitespace collapsed);
+a pooled passage's grade is the highest grade any engine's verdict gave it. Then::
+
+    pooled_ndcg@k   = DCG@k / IDCG@k, DCG over the engine's list, IDCG over the pool's
+                      grades sorted descending (gain rel or 2^rel - 1, discount log2(i + 1))
+    pooled_recall@k = |relevant pooled passages in the engine's top k| / |relevant in pool|
+
+A passage repeated lower in an engine's list (same id or text) gains nothing, so an engine
+cannot pad its score with duplicates and an engine that found fewer good passages than the
+pool holds cannot reach 1. Both are undefined when the pool holds nothing graded above 0
+(nothing relevant, for recall). Unparsed/error verdicts follow the ``unjudged`` policy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from judge.errors import ConfigError
+from judge.metrics.compute import Gain, normalise_text
+from judge.schema import JudgedQuery, MetricPolicy, Scale
+
+__all__ = ["DEFAULT_POOLED", "POOLED_BASES", "PassagePool", "parse_pooled", "pooled_metrics"]
+
+FloatArray = npt.NDArray[np.float64]
+POOLED_BASES = ("pooled_ndcg", "pooled_recall")
+DEFAULT_POOLED = ("pooled_ndcg", "pooled_ndcg@5", "pooled_recall@5")
+_POOLED = re.compile(r"^(pooled_ndcg|pooled_recall)(?:@(\d+))?$")
+
+
+def parse_pooled(name: str) -> tuple[str, int | None] | None:
+    """``"pooled_ndcg@5" -> ("pooled_ndcg", 5)``; None when ``name`` is not a pooled metric."""
+    match = _POOLED.match(name)
+    if not match:
+        return None
+    k = None if match.group(2) is None else int(match.group(2))
+    if k is not None and k < 1:
+        raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
+    return match.group(1), k
+
+
+class PassagePool:
+    """Union-find over passage keys: a passage's id and its normalised text are one passage."""
+
+    def __init__(self) -> None:
+        self.parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def find(self, key: tuple[str, str]) -> tuple[str, str]:
+        self.parent.setdefault(key, key)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def add(self, passage_id: str, text: str) -> None:
+        root = self.find(("id", passage_id))
+        norm = normalise_text(text)
+        if norm:
+            self.parent[root] = self.find(("text", norm))
+
+    def root(self, passage_id: str) -> tuple[str, str]:
+        return self.find(("id", passage_id))
+
+
+def _gain(grades: Sequence[float], gain: Gain) -> FloatArray:
+    values = np.asarray(grades, dtype=np.float64)
+    return values if gain == "linear" else np.exp2(values) - 1.0
+
+
+def _discounted(gains: FloatArray, k: int | None) -> float:
+    top = gains[:k]
+    return float((top / np.log2(np.arange(2, top.size + 2))).sum())
+
+
+def _build_pool(rows: Sequence[JudgedQuery]) -> tuple[PassagePool, dict[tuple[str, str], int]]:
+    pool = PassagePool()
+    for jq in rows:
+        for p in jq.query.passages:
+            pool.add(p.id, p.text)
+    grades: dict[tuple[str, str], int] = {}
+    for jq in rows:
+        for v in jq.verdicts:
+            if v.status == "ok" and v.grade is not None:
+                root = pool.root(v.passage_id)
+                grades[root] = max(grades.get(root, 0), v.grade)
+    return pool, grades
+
+
+def pooled_metrics(
+    results: Sequence[JudgedQuery],
+    names: Sequence[str],
+    scale: Scale,
+    policy: MetricPolicy = MetricPolicy(),
+) -> list[dict[str, float | None]]:
+    """Pooled metric values (None = undefined) for each result, in order; see the module doc."""
+    parsed = [(name, parse_pooled(name)) for name in names]
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, jq in enumerate(results):
+        groups[(jq.query.query_id, jq.repeat)].append(i)
+    out: list[dict[str, float | None]] = [{} for _ in results]
+    for members in groups.values():
+        pool, pooled = _build_pool([results[i] for i in members])
+        ideal = _gain(sorted(pooled.values(), reverse=True), policy.gain)
+        n_relevant = sum(1 for g in pooled.values() if scale.relevant(g))
+        for i in members:
+            ordered = sorted(results[i].verdicts, key=lambda v: v.rank)
+            failed = any(v.status != "ok" for v in ordered)
+            grades: list[int] = []
+            hits: list[bool] = []
+            seen: set[tuple[str, str]] = set()
+            for v in ordered:
+                if v.status != "ok" or v.grade is None:
+                    continue
+                root = pool.root(v.passage_id)
+                fresh = root not in seen
+                seen.add(root)
+                grades.append(v.grade if fresh else 0)
+                hits.append(fresh and scale.relevant(v.grade))
+            for name, spec in parsed:
+                if spec is None:
+                    raise ConfigError(f"'{name}' is not a pooled metric")
+                base, k = spec
+                value: float | None = None
+                if not (failed and policy.unjudged == "undefined"):
+                    if base == "pooled_ndcg":
+                        ideal_dcg = _discounted(ideal, k)
+                        dcg = _discounted(_gain(grades, policy.gain), k)
+                        value = dcg / ideal_dcg if ideal_dcg > 0 else None
+                    elif n_relevant:
+                        value = sum(hits[:k]) / n_relevant
+                out[i][name] = value
+    return out

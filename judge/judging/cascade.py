@@ -1,0 +1,285 @@
+"""The judge cascade (``[judge.cascade]``): the reranker labels the passages it is sure of, the
+LLM judge the uncertain band between.
+
+Every passage of a query is scored by the ``[rerank]`` provider through the Caller (cached,
+budgeted, retried like any call), once per query: with repeat index 0 whatever the repeat, as a
+reranker is a deterministic scorer and repeats measure the LLM. Then, per passage::
+
+    score <  low            -> the scale's lowest label   (source "reranker")
+    low <= score < high     -> the LLM judge              (source "judge")
+    score >= high           -> the scale's highest label  (source "reranker")
+
+A reranker verdict costs no LLM call; its ``probability`` is the reranker score (clipped to
+[0, 1]), so soft metrics and ``rerank_*`` work as with any rerank provider. On a graded scale
+the reranker gives only the two ends: it can tell sure-relevant from sure-irrelevant, not
+"partial" from "answers", so the grades between come from the LLM alone and a reranker
+"relevant" counts with the top grade's gain. ``low == high`` is the reranker alone, cut there.
+
+The band, one of (:class:`~judge.config.CascadeSection`):
+
+- ``low`` and ``high``, as given;
+- ``quantiles = [q_low, q_high]`` of every reranker score of the run: about
+  ``q_high - q_low`` of the passages go to the LLM;
+- ``max_error = e``, from the run's human labels: ``low`` is the highest cut with at most a
+  share ``e`` of relevant passages below it, ``high`` the lowest cut (>= low) with at most ``e``
+  irrelevant at or above it. So the reranker decides only where its labels were at least
+  ``1 - e`` right on the labelled passages (in-sample on those passages: the summary's
+  agreement with the same labels is optimistic).
+
+The last two need every score of the run before the first LLM call: the runner scores every
+query first (:meth:`Cascade.fit`); the judging that follows reads those scores from the cache,
+and a resumed run computes them again from the cache, so it gets the same band for the same
+queries. Quantiles per query would need no pre-pass, but they would send a fixed share of every
+list to the LLM however sure the reranker is.
+
+A reranker failure (after the Caller's retries) makes every verdict of the query ``error``, so
+the unit is asked again on resume; its passages are neither labelled nor sent to the LLM
+instead (that would spend what the cascade was asked to save).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+
+from judge.calling.caller import Caller
+from judge.config import CascadeSection
+from judge.errors import ConfigError, InputError, ProviderError
+from judge.providers.base import RerankRequest
+from judge.schema import Passage, Query, Record, Scale, Verdict
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Band", "Cascade", "fit_band", "label_problem", "rerank_request", "rerank_scores"]
+
+# Labelled passages a max_error band needs (as judge calibrate), some relevant and some not.
+MIN_LABELLED = 20
+Side = Literal["below", "band", "above"]
+Ask = Callable[[Query], Awaitable[list[Verdict]]]
+
+
+class Band(Record):
+    """Reranker scores in [low, high) go to the LLM judge; ``how`` says how it was set."""
+
+    low: float
+    high: float
+    how: str
+
+    def side(self, score: float) -> Side:
+        if score < self.low:
+            return "below"
+        return "band" if score < self.high else "above"
+
+
+def rerank_request(model: str, query: Query) -> RerankRequest:
+    """The one rerank request that scores every passage of ``query``."""
+    documents = tuple(p.text for p in query.passages)
+    return RerankRequest(model=model, query=query.query, documents=documents, top_n=len(documents))
+
+
+async def rerank_scores(
+    caller: Caller, model: str, query: Query, repeat: int
+) -> tuple[dict[str, float], bool]:
+    """Score per passage id, and whether the answer came from the cache."""
+    result = await caller.rerank(rerank_request(model, query), repeat)
+    scores = dict(zip((p.id for p in query.passages), result.answer.scores, strict=True))
+    return scores, result.cached
+
+
+def fixed_band(section: CascadeSection) -> Band | None:
+    """The band when the config gives it; None when it comes from the run's scores."""
+    if section.low is None or section.high is None:
+        return None
+    return Band(low=section.low, high=section.high, how="low and high from the config")
+
+
+def band_from_quantiles(scores: Sequence[float], quantiles: tuple[float, float]) -> Band:
+    if not scores:
+        raise InputError("the cascade's quantile band needs reranker scores: no passages")
+    low, high = np.quantile(np.asarray(scores, dtype=np.float64), quantiles)
+    how = f"quantiles {list(quantiles)} of {len(scores)} reranker scores"
+    return Band(low=float(low), high=float(high), how=how)
+
+
+def band_from_labels(scores: Sequence[float], relevant: Sequence[bool], max_error: float) -> Band:
+    """The band outside which the reranker was wrong on at most ``max_error`` of the labelled
+    passages on each side (see the module docstring)."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(relevant, dtype=bool)
+    if s.size < MIN_LABELLED or y.all() or not y.any():
+        raise InputError(
+            f"the cascade's max_error band needs at least {MIN_LABELLED} labelled passages, "
+            f"some relevant and some not; got {s.size} ({int(y.sum())} relevant)"
+        )
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
+    # Candidate cuts: every score, and one above them all (nothing at or above it).
+    cuts = np.append(np.unique(s), np.nextafter(s[-1], np.inf))
+    n_below = np.searchsorted(s, cuts, side="left")
+    relevant_below = np.concatenate([[0], np.cumsum(y)])[n_below]
+    n_above = s.size - n_below
+    irrelevant_above = n_above - (int(y.sum()) - relevant_below)
+    below_ok = relevant_below <= max_error * n_below
+    low = float(cuts[below_ok].max())  # the lowest cut (nothing below) always qualifies
+    above_ok = (irrelevant_above <= max_error * n_above) & (cuts >= low)
+    high = float(cuts[above_ok].min())  # the cut above every score always qualifies
+    how = f"max_error {max_error} on {s.size} labelled passages ({int(y.sum())} relevant)"
+    return Band(low=low, high=high, how=how)
+
+
+def _labelled(
+    scored: Sequence[tuple[Query, Mapping[str, float]]], label_scale: Scale
+) -> tuple[list[float], list[bool]]:
+    scores: list[float] = []
+    relevant: list[bool] = []
+    for query, by_id in scored:
+        for pid, grade in (query.labels or {}).items():
+            if pid in by_id:
+                scores.append(by_id[pid])
+                relevant.append(label_scale.relevant(grade))
+    return scores, relevant
+
+
+def fit_band(
+    section: CascadeSection,
+    scored: Sequence[tuple[Query, Mapping[str, float]]],
+    label_scale: Scale,
+) -> Band:
+    """The band ``section`` describes, given the run's reranker scores (query, scores by id)."""
+    band = fixed_band(section)
+    if band is not None:
+        return band
+    if section.quantiles is not None:
+        every = [score for _, by_id in scored for score in by_id.values()]
+        return band_from_quantiles(every, section.quantiles)
+    if section.max_error is None:  # the config's validator allows no other shape
+        raise ConfigError("judge.cascade: no band")
+    return band_from_labels(*_labelled(scored, label_scale), section.max_error)
+
+
+def label_problem(
+    section: CascadeSection | None, queries: Sequence[Query], label_scale: Scale
+) -> str | None:
+    """Why a max_error band cannot be fitted from ``queries``' human labels, before any call."""
+    if section is None or section.max_error is None:
+        return None
+    relevant = [
+        label_scale.relevant(grade)
+        for q in queries
+        for pid, grade in (q.labels or {}).items()
+        if any(p.id == pid for p in q.passages)
+    ]
+    if len(relevant) >= MIN_LABELLED and 0 < sum(relevant) < len(relevant):
+        return None
+    return (
+        f"judge.cascade.max_error needs at least {MIN_LABELLED} human-labelled passages in the "
+        f"dataset, some relevant and some not; it has {len(relevant)} ({sum(relevant)} relevant)"
+    )
+
+
+def reranker_verdict(
+    passage: Passage, rank: int, score: float, band: Band, scale: Scale, *, cached: bool
+) -> Verdict:
+    """The verdict of a passage outside the band: the scale's highest or lowest label."""
+    above = band.side(score) == "above"
+    label = scale.by_grade(scale.max_grade if above else 0)
+    edge = f">= {band.high:.3f}" if above else f"< {band.low:.3f}"
+    return Verdict(
+        passage_id=passage.id,
+        rank=rank,
+        status="ok",
+        label=label.name,
+        grade=label.grade,
+        relevant=scale.relevant(label.grade),
+        probability=min(max(score, 0.0), 1.0),
+        reason=f"reranker score {score:.3f} {edge} (band [{band.low:.3f}, {band.high:.3f}))",
+        attempts=0,
+        cached=cached,
+        source="reranker",
+    )
+
+
+class Cascade:
+    """Routes one query's passages between the reranker and the LLM judge."""
+
+    def __init__(self, section: CascadeSection, scale: Scale, caller: Caller, model: str) -> None:
+        self.section, self.scale, self.caller, self.model = section, scale, caller, model
+        self.band = fixed_band(section)
+
+    @classmethod
+    def of(
+        cls, section: CascadeSection | None, scale: Scale, caller: Caller, model: str | None
+    ) -> Cascade | None:
+        """The cascade a judge's config asks for (None: no cascade); it needs a reranker."""
+        if section is None:
+            return None
+        if caller.reranker is None or model is None:
+            raise ConfigError("judge.cascade needs a rerank provider ([rerank] in the config)")
+        return cls(section, scale, caller, model)
+
+    async def fit(self, queries: Sequence[Query], label_scale: Scale) -> Band:
+        """Score every passage of ``queries`` and set the band from the scores (a band the
+        config gives needs none). ``queries`` must be cut to the context as they are judged."""
+        fixed = fixed_band(self.section)
+        if fixed is not None:
+            return fixed
+        todo = [q for q in queries if q.passages]
+        log.info(
+            "cascade: scoring %d passages with the reranker to set the band",
+            sum(len(q.passages) for q in todo),
+        )
+        tasks = [asyncio.ensure_future(rerank_scores(self.caller, self.model, q, 0)) for q in todo]
+        try:
+            got = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        scored = [(q, scores) for q, (scores, _) in zip(todo, got, strict=True)]
+        self.band = fit_band(self.section, scored, label_scale)
+        log.info("cascade band [%.3f, %.3f): %s", self.band.low, self.band.high, self.band.how)
+        return self.band
+
+    async def verdicts(
+        self, query: Query, ask: Ask
+    ) -> tuple[list[Verdict], dict[str, float] | None]:
+        """One verdict per passage in rank order, and the reranker's scores (None when the
+        reranker failed: every verdict is then an error). ``ask`` judges a query with the
+        LLM; it gets ``query`` holding only the passages in the band."""
+        if self.band is None:
+            raise ConfigError(
+                "the cascade's band comes from the run's reranker scores (quantiles or "
+                "max_error): call Judge.afit_cascade(queries) before judging"
+            )
+        if not query.passages:
+            return [], None
+        try:
+            scores, cached = await rerank_scores(self.caller, self.model, query, 0)
+        except ProviderError as exc:
+            failed = [
+                Verdict(
+                    passage_id=p.id,
+                    rank=rank,
+                    status="error",
+                    error=f"reranker: {exc}",
+                    attempts=exc.attempts,
+                    source="reranker",
+                )
+                for rank, p in enumerate(query.passages, start=1)
+            ]
+            return failed, None
+        ranks = {p.id: rank for rank, p in enumerate(query.passages, start=1)}
+        band = self.band
+        in_band = tuple(p for p in query.passages if band.side(scores[p.id]) == "band")
+        asked = await ask(query.model_copy(update={"passages": in_band})) if in_band else []
+        out = {v.passage_id: v.model_copy(update={"rank": ranks[v.passage_id]}) for v in asked}
+        for p in query.passages:
+            if band.side(scores[p.id]) != "band":
+                out[p.id] = reranker_verdict(
+                    p, ranks[p.id], scores[p.id], band, self.scale, cached=cached
+                )
+        return [out[p.id] for p in query.passages], scores

@@ -1,0 +1,181 @@
+"""Engines or runs compared, for people: the run report's comparison section and the page
+``judge compare --html`` writes, both from one :class:`~judge.analysis.compare.Comparison`.
+
+Numbers are labelled *unpaired* (an engine's mean over its own queries, with a 95% CI) or
+*paired* (the mean difference over the queries both define, with its CI, sign-flip p-value and
+win / tie / loss count). A p-value the test could not push below 0.05 whatever the data (too
+few differing pairs, see :func:`judge.analysis.compare.sign_flip_floor`) says so beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from judge.analysis.compare import SIGNIFICANCE, Comparison, PairedDiff
+from judge.report.blocks import (
+    Chart,
+    Header,
+    Section,
+    Table,
+    Text,
+    format_value,
+    lazy_chart,
+    render_html,
+)
+
+# Metrics drawn in the per-query scatter (the table holds them all).
+SCATTER_METRICS = 3
+
+
+def _signed(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.4f}"
+
+
+def ci_text(low: float | None, high: float | None, *, signed: bool = False) -> str:
+    if low is None or high is None:
+        return "—"
+    return f"[{_signed(low)}, {_signed(high)}]" if signed else f"[{low:.4f}, {high:.4f}]"
+
+
+def p_text(d: PairedDiff) -> str:
+    """The p-value, and when the pairs are too few for any p < 0.05, that it is so."""
+    if d.p_value is None:
+        return "—"
+    text = f"{d.p_value:.4f}" + ("" if d.exact else "~")
+    if d.too_few and d.p_floor is not None:
+        text += f" (too few pairs: min {d.p_floor:.4f})"
+    return text
+
+
+def wtl(d: PairedDiff) -> str:
+    return f"{d.wins} / {d.ties} / {d.losses}"
+
+
+def one_line(d: PairedDiff) -> str:
+    """A paired difference in one sentence, for a page's first screen."""
+    return (
+        f"{d.engine} vs {d.baseline} on {d.metric}: {_signed(d.diff)} "
+        f"{ci_text(d.ci_low, d.ci_high, signed=True)}, p = {p_text(d)} "
+        f"(paired over {d.n} queries; better / tie / worse {wtl(d)})"
+    )
+
+
+FOOTNOTE = (
+    "Paired: over the queries both the engine and its baseline define; diff = mean of the "
+    "per-query differences, 95% CI by bootstrap over queries, p from the two-sided exact "
+    "sign-flip test ('~': sampled). With m queries that differ no p can fall below 2 / 2^m, so "
+    f"fewer than 6 give no p < {SIGNIFICANCE}. Unpaired means cover each engine's own queries "
+    "and can disagree with the paired diff when the engines define different queries."
+)
+
+
+def paired_table(cmp: Comparison) -> Table:
+    """Per metric and compared engine: pairs, paired diff, CI, p, win / tie / loss."""
+    rows: list[list[Any]] = []
+    css = []
+    for d in cmp.diffs:
+        if not d.n:
+            continue
+        rows.append(
+            [
+                d.metric,
+                d.engine,
+                d.baseline,
+                d.n,
+                _signed(d.diff),
+                ci_text(d.ci_low, d.ci_high, signed=True),
+                p_text(d),
+                wtl(d),
+            ]
+        )
+        css.append("failed" if d.worse() else "")
+    head = ["metric", "engine", "vs", "pairs", "diff (paired)", "95% CI", "p", "better/tie/worse"]
+    return Table(head, rows, frozenset({3, 4}), css)
+
+
+def means_table(cmp: Comparison) -> Table:
+    """Metrics down, engines across: unpaired mean [95% CI] (n queries)."""
+    rows = [
+        [m]
+        + [
+            f"{format_value(x.mean)} {ci_text(x.ci_low, x.ci_high)} n={x.n}"
+            for e in cmp.engines
+            for x in [cmp.means[m][e]]
+        ]
+        for m in cmp.metrics
+    ]
+    return Table(["metric", *cmp.engines], rows)
+
+
+def scatter_charts(cmp: Comparison, metrics: Sequence[str]) -> list[Chart]:
+    """Per compared engine, its per-query values against its baseline's."""
+    shown = [m for m in metrics if m in cmp.per_query][:SCATTER_METRICS]
+    charts = []
+    for engine, base in cmp.baselines.items():
+        pairs = {m: (cmp.per_query[m][base], cmp.per_query[m][engine]) for m in shown}
+        caption = f"per query: {engine} (y) against {base} (x); above the diagonal: {engine} better"
+        charts.append(Chart(lazy_chart("engine_scatter", pairs, base, engine), caption))
+    return charts
+
+
+def compare_section(cmp: Comparison) -> Section:
+    """The run report's comparison of its engines (paired; the unpaired means are above)."""
+    shown = list(dict.fromkeys([*cmp.metrics[:2], "pooled_ndcg"]))
+    blocks: list[Text | Table | Chart] = [paired_table(cmp), Text(FOOTNOTE, "muted")]
+    blocks += scatter_charts(cmp, shown)
+    return Section("compare", f"Engines compared, paired (baseline {cmp.baseline})", blocks)
+
+
+def _bars(cmp: Comparison) -> Chart:
+    means = {
+        m: {e: (x.mean, x.ci_low, x.ci_high) for e, x in cmp.means[m].items()}
+        for m in cmp.metrics
+        if any(x.mean is not None for x in cmp.means[m].values())
+    }
+    caption = "unpaired: each engine's mean over its own queries; whiskers: 95% bootstrap CI"
+    return Chart(lazy_chart("metric_bars", means, list(cmp.engines)), caption)
+
+
+def compare_header(
+    cmp: Comparison, sources: Sequence[str], fail_if_worse: Sequence[str] = ()
+) -> Header:
+    """The first screen of ``judge compare --html``: worse or not, and the headline diffs."""
+    worse = [d for d in cmp.diffs if d.metric in fail_if_worse and d.worse()]
+    lines = [f"significantly worse: {one_line(d)}" for d in worse]
+    headline = [d for d in cmp.diffs if d.metric in (fail_if_worse or cmp.metrics[:1])]
+    lines += [one_line(d) for d in headline if d not in worse]
+    if fail_if_worse:
+        word, css = ("WORSE", "failed") if worse else ("NOT WORSE", "passed")
+    else:
+        word, css = "COMPARED", "neutral"
+    meta = [
+        f"baseline {cmp.baseline}",
+        f"sources {', '.join(sources)}",
+        f"{cmp.n_query_ids} query ids",
+        f"{cmp.n_boot} bootstrap resamples, {cmp.n_permutations} permutations, seed {cmp.seed}",
+    ]
+    return Header(f"{word} · judge compare · {' vs '.join(cmp.engines)}", css, lines, meta)
+
+
+def compare_page(
+    cmp: Comparison,
+    sources: Sequence[str],
+    fail_if_worse: Sequence[str] = (),
+    *,
+    charts: bool = True,
+) -> str:
+    """``judge compare --html``: one offline page like report.html."""
+    means = Section(
+        "means",
+        "Mean per engine (unpaired, 95% CI)",
+        [means_table(cmp), _bars(cmp)],
+    )
+    paired = Section(
+        "paired",
+        "Paired differences against the baseline",
+        [paired_table(cmp), Text(FOOTNOTE, "muted")],
+    )
+    scatter = Section("scatter", "Per query, paired", [*scatter_charts(cmp, cmp.metrics)])
+    sections = [means, paired] + ([scatter] if scatter.blocks else [])
+    return render_html(compare_header(cmp, sources, fail_if_worse), sections, charts=charts)

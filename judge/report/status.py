@@ -1,0 +1,108 @@
+"""The report's first screen: one status word, its reasons one line each, and what was run.
+
+The status is the first that applies of:
+
+- ``INCOMPLETE``: the run stopped before every (query, repeat) was judged; its numbers cover
+  part of the queries, and a rerun resumes;
+- ``JUDGE UNRELIABLE``: the judge is degenerate (:mod:`judge.analysis.health`), so no metric
+  says anything about the engines, breached or not;
+- ``FAILED``: a threshold check was breached (``judge run`` exits 1);
+- ``PASSED``: none of these.
+
+Every reason that applies is listed, not only the winning one's, and so are notes of checks
+that passed but did not run as configured (a missing baseline on the first night).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+
+from judge.analysis.health import JudgeHealth
+from judge.report.blocks import Header, format_value
+from judge.report.summary import Check, Summary
+
+STATUS_CSS = {
+    "INCOMPLETE": "incomplete",
+    "JUDGE UNRELIABLE": "unreliable",
+    "FAILED": "failed",
+    "PASSED": "passed",
+}
+
+
+def describe_check(check: Check) -> str:
+    """One line saying what a threshold check found."""
+    where = f" ({check.engine})" if check.engine else ""
+    name = f"{check.check}{where}"
+    if check.check == "degenerate judge" and not check.ok:  # the reasons are listed already
+        return f"{name}: fail_on_degenerate_judge is set, so a degenerate judge fails the run"
+    if check.value is None:
+        return f"{name}: {check.note or 'no value'}"
+    value, limit = format_value(check.value), format_value(check.limit)
+    if check.check.startswith("drop ") and check.baseline is not None:
+        before, now = format_value(check.baseline), format_value(check.current)
+        return f"{name}: fell {value} (from {before} to {now}); at most {limit} allowed"
+    if check.check.startswith("min "):
+        return f"{name}: {value}; at least {limit} required"
+    return f"{name}: {value}; at most {limit} allowed"
+
+
+def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
+    """The status word and every reason behind it, one line each (see the module doc)."""
+    run = summary.run
+    reasons: list[str] = []
+    if run is not None and run.status != "complete":
+        why = run.reason or "stopped"
+        reasons.append(
+            f"incomplete: {run.done} of {run.planned} query-repeats judged ({why}); "
+            "rerun the same command to resume"
+        )
+    reasons += [f"judge unreliable: {p}" for p in health.problems]
+    breaches = summary.thresholds.breaches
+    reasons += [f"breached: {describe_check(c)}" for c in breaches]
+    notes = [f"note: {describe_check(c)}" for c in summary.thresholds.checks if c.ok and c.note]
+    if run is not None and run.status != "complete":
+        word = "INCOMPLETE"
+    elif health.degenerate:
+        word = "JUDGE UNRELIABLE"
+    elif breaches:
+        word = "FAILED"
+    else:
+        word = "PASSED"
+        checks = len(summary.thresholds.checks)
+        reasons.append(
+            f"all {checks} threshold check(s) passed" if checks else "no thresholds configured"
+        )
+    return word, reasons + notes
+
+
+def _when(created: str) -> str:
+    try:
+        stamp = dt.datetime.fromisoformat(created)
+    except ValueError:
+        return created or "date unknown"
+    return stamp.strftime("%Y-%m-%d %H:%M %Z").strip()
+
+
+def config_name(source: str | None) -> str:
+    """A config's short name: its file name without the extension."""
+    return Path(source).stem if source and not source.startswith("<") else "default config"
+
+
+def header(summary: Summary, health: JudgeHealth) -> Header:
+    """The first screen: status, reasons, then config, dataset, model, date and counts."""
+    word, reasons = status(summary, health)
+    judge, c = summary.config.judge, summary.counts
+    model = " ".join(str(judge[k]) for k in ("provider", "model") if judge.get(k))
+    how = ", ".join(str(judge[k]) for k in ("scale", "mode") if judge.get(k))
+    meta: Sequence[str] = [
+        f"config {summary.config.source or 'defaults'}",
+        f"dataset {summary.dataset or 'not recorded'}",
+        f"judge {model or 'unknown'}" + (f" ({how})" if how else ""),
+        _when(summary.created),
+        f"{c.query_ids} query ids × {len(c.engines)} engine(s) × {c.repeats} repeat(s): "
+        f"{c.verdicts} verdicts, {c.unparsed} unparsed, {c.error} error",
+    ]
+    title = f"{word} · judge report · {config_name(summary.config.source)}"
+    return Header(title, STATUS_CSS[word], reasons, meta)
