@@ -115,3 +115,20 @@ def test_relevance_threshold_decides_relevance_from_the_probability() -> None:
     assert strict["precision"] == pytest.approx(1 / 3) and strict["ap"] == 1.0
     with pytest.raises(ConfigError, match="binary scale"):
         metrics_for_queries(names, [(QUERY, verdicts)], Scale.graded(), cut)
+
+
+def test_reranker_scores_feed_only_the_rerank_metrics() -> None:
+    """With a reranker beside the judge, rerank_* come from its scores, while the soft
+    metrics and a relevance threshold keep using the judge's own P(relevant)."""
+    verdicts = _verdicts([0.9, 0.2, 0.7], ["yes", "no", "yes"])
+    passage_ids = [v.passage_id for v in verdicts]
+    scores = dict(zip(passage_ids, [0.1, 0.95, 0.3], strict=True))
+    names = ["rerank_max", "soft_precision", "precision"]
+    cut = MetricPolicy(relevance_threshold=0.8)
+    (row,) = metrics_for_queries(names, [(QUERY, verdicts)], Scale.binary(), cut, [scores])
+    assert row["rerank_max"] == pytest.approx(0.95)
+    assert row["soft_precision"] == pytest.approx((0.9 + 0.2 + 0.7) / 3)
+    assert row["precision"] == pytest.approx(1 / 3)  # only 0.9 passes the 0.8 cut
+    # Without the reranker's scores for a query, rerank_* fall back to the judge's.
+    (alone,) = metrics_for_queries(names, [(QUERY, verdicts)], Scale.binary(), cut, [None])
+    assert alone["rerank_max"] == pytest.approx(0.9)

@@ -303,6 +303,7 @@ def majority_vote(
         [(row.query, row.verdicts) for row in voted],
         scale,
         policy,
+        [row.rerank_scores for row in voted],
     )
     return [row.model_copy(update={"metrics": m}) for row, m in zip(voted, values, strict=True)]
 

@@ -190,7 +190,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     scale = resolve_scale(results, config)
     policy = config.metrics if config else MetricPolicy()
     names = args.metric or (list(policy.names) if config else list(results[0].metrics))
-    rows = metrics_for_queries(names, [(jq.query, jq.verdicts) for jq in results], scale, policy)
+    pairs = [(jq.query, jq.verdicts) for jq in results]
+    reranked = [jq.rerank_scores for jq in results]
+    rows = metrics_for_queries(names, pairs, scale, policy, reranked)
     by_engine: dict[str, list[dict[str, float | None]]] = {}
     for jq, row in zip(results, rows, strict=True):
         by_engine.setdefault(jq.query.engine, []).append(row)

@@ -284,15 +284,10 @@ class Judge:
         verdicts: Sequence[Verdict],
         rerank_scores: dict[str, float] | None = None,
     ) -> JudgedQuery:
-        """Attach metrics to a query's verdicts (rerank_* from reranker scores when given)."""
-        scored = verdicts
-        if rerank_scores is not None:
-            scored = [
-                v.model_copy(update={"probability": rerank_scores.get(v.passage_id)})
-                for v in verdicts
-            ]
+        """Attach metrics to a query's verdicts: rerank_* from the reranker's scores when
+        given, everything else (soft metrics, a relevance threshold) from the judge's own."""
         metrics = metrics_for_queries(
-            self.policy.names, [(query, scored)], self.scale, self.policy
+            self.policy.names, [(query, verdicts)], self.scale, self.policy, [rerank_scores]
         )[0]
         usage = Usage()
         for v in verdicts:

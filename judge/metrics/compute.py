@@ -19,6 +19,7 @@ import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -340,6 +341,7 @@ def metrics_for_queries(
     queries: Sequence[tuple[Query, Sequence[Verdict]]],
     scale: Scale,
     policy: MetricPolicy = MetricPolicy(),
+    rerank_scores: Sequence[dict[str, float] | None] | None = None,
 ) -> list[dict[str, float | None]]:
     """Per-query metric dicts (None = undefined) from each query's verdicts, in rank order.
 
@@ -347,9 +349,11 @@ def metrics_for_queries(
     how they are computed.
 
     A verdict gives its grade when ``status == "ok"`` and is unjudged otherwise; its
-    ``probability`` feeds ``rerank_*`` and ``soft_*`` (and, with ``relevance_threshold``, the
-    grade itself; with ``grade_cuts``, the expected grade does). Label-based names are None
-    for a query without expected ids or texts; they never depend on the verdicts.
+    ``probability`` feeds ``soft_*`` (and, with ``relevance_threshold``, the grade itself;
+    with ``grade_cuts``, the expected grade does) and ``rerank_*``, unless the query has a
+    reranker's scores (``rerank_scores``, by passage id, aligned with ``queries``): then
+    ``rerank_*`` come from those. Label-based names are None for a query without expected
+    ids or texts; they never depend on the verdicts.
     """
     policy.check_scale(scale)
     free = [n for n in names if not is_label_based(n)]
@@ -357,17 +361,25 @@ def metrics_for_queries(
     ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]
     grades, lengths = pad([[_grade(v, scale, policy) for v in vs] for vs in ordered])
     probs, _ = pad([[v.probability for v in vs] for vs in ordered])
-    values = compute_label_free(
-        free,
-        grades,
-        lengths,
-        max_grade=scale.max_grade,
-        threshold=scale.threshold,
-        gain=policy.gain,
-        probabilities=probs,
-        unjudged=policy.unjudged,
-        undefined_ap=policy.undefined_ap,
-    )
+    options: dict[str, Any] = {
+        "max_grade": scale.max_grade,
+        "threshold": scale.threshold,
+        "gain": policy.gain,
+        "unjudged": policy.unjudged,
+        "undefined_ap": policy.undefined_ap,
+    }
+    reranked = [n for n in free if rerank_scores is not None and n.startswith("rerank_")]
+    own = [n for n in free if n not in reranked]
+    values = compute_label_free(own, grades, lengths, probabilities=probs, **options)
+    if reranked:
+        assert rerank_scores is not None
+        scores, _ = pad(
+            [
+                [v.probability if by_id is None else by_id.get(v.passage_id) for v in vs]
+                for vs, by_id in zip(ordered, rerank_scores, strict=True)
+            ]
+        )
+        values |= compute_label_free(reranked, grades, lengths, probabilities=scores, **options)
     if label:
         matches = [match_expected(query) for query, _ in queries]
         rows = [i for i, m in enumerate(matches) if m is not None]
