@@ -122,6 +122,7 @@ class Asker:
             grade=parsed.grade,
             relevant=self.scale.relevant(parsed.grade),
             probability=parsed.probability,
+            expected_grade=parsed.expected_grade,
             reason=parsed.reason,
             **extra,
         )
