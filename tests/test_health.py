@@ -115,6 +115,17 @@ def test_a_balanced_judge_is_healthy() -> None:
     assert p.p10 is not None and p.p90 is not None and p.p90 - p.p10 > 0.5
 
 
+def test_a_judge_measured_too_weak_is_unreliable_whatever_its_verdicts_look_like() -> None:
+    """The embedded 0.5B LLM failed the quality bench on TREC passages: a run with it says so
+    plainly even when its labels happen to vary, and another provider on the same verdicts
+    stays healthy."""
+    embedded = judge_health(balanced(), BINARY, "embedded")
+    assert embedded.degenerate
+    assert embedded.problems[0].startswith("The embedded 0.5B LLM judge cannot tell")
+    assert "AUC" in embedded.problems[0] and "rerank_*" in embedded.problems[0]
+    assert not judge_health(balanced(), BINARY, "openai").degenerate
+
+
 def test_flat_probabilities_are_flagged_even_when_labels_vary() -> None:
     """Labels split half and half, but P(relevant) is 0.50 +- 0.02: coin flips, nothing ranks."""
     rows = [

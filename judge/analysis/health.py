@@ -137,6 +137,19 @@ class JudgeHealth(Record):
         )
 
 
+# Judges measured too weak to be informative, whatever their labels look like on a run: the
+# health check marks them unreliable with this reason (figures: README, bench_quality.py).
+KNOWN_WEAK: dict[str, str] = {
+    "embedded": (
+        "The embedded 0.5B LLM judge cannot tell relevant from irrelevant passages: on human-"
+        "labelled TREC DL passages its P(relevant) ranked them barely above chance (AUC about "
+        "0.6, kappa near 0 even at a calibrated cut), short of the AUC 0.65 and kappa 0.25 a "
+        "useful judge needs. Use it to try the tool; for numbers, use a capable model "
+        "(provider openai, dashscope or local) or the embedded reranker's rerank_* metrics."
+    ),
+}
+
+
 def _advice(scale: Scale) -> str:
     graded = ', or use a graded scale (judge.scale = "graded")' if scale.is_binary else ""
     return (
@@ -242,8 +255,11 @@ def _ok(results: Iterable[JudgedQuery]) -> list[Verdict]:
     return [v for jq in results for v in jq.verdicts if v.status == "ok"]
 
 
-def judge_health(results: Sequence[JudgedQuery], scale: Scale) -> JudgeHealth:
-    """The judge's health over ``results`` (every repeat), per engine and over all engines."""
+def judge_health(
+    results: Sequence[JudgedQuery], scale: Scale, provider: str | None = None
+) -> JudgeHealth:
+    """The judge's health over ``results`` (every repeat), per engine and over all engines;
+    a ``provider`` in :data:`KNOWN_WEAK` is unreliable whatever its verdicts look like."""
     overall = _stats(_ok(results), scale, None)
     engines = {
         engine: _stats(_ok(jq for jq in results if jq.query.engine == engine), scale, engine)
@@ -257,12 +273,13 @@ def judge_health(results: Sequence[JudgedQuery], scale: Scale) -> JudgeHealth:
             for stats in engines.values()
             for problem in stats.problems
         ]
-    if overall.degenerate:
-        log.debug("degenerate judge: %s", " ".join(overall.problems))
+    weak = (KNOWN_WEAK[provider],) if provider in KNOWN_WEAK else ()
+    if overall.degenerate or weak:
+        log.debug("unreliable judge: %s", " ".join(weak + overall.problems))
     return JudgeHealth(
         known=True,
-        degenerate=overall.degenerate,
-        problems=overall.problems,
+        degenerate=overall.degenerate or bool(weak),
+        problems=weak + overall.problems,
         notes=tuple(notes),
         overall=overall,
         engines=engines,

@@ -252,7 +252,7 @@ def build_summary(
         run=run,
         engines=_engines(results, names, report, config),
         stability=report,
-        health=judge_health(results, config.scale()),
+        health=judge_health(results, config.scale(), config.judge.provider),
         thresholds=ThresholdResult.of(()),
         corrected=_corrected(results, names, config),
         cascade=cascade_summary(results, config),
