@@ -5,7 +5,8 @@ grade >= 2. Ours computes ap, ndcg@10, precision@5 and mrr in one compute_label_
 over the whole matrix; pytrec_eval is timed on the first 50,000 queries only (its per-query
 dicts for 1M queries take minutes and several GB), from ready-made qrels/run dicts.
 
-Run: /work/venv/bin/python bench/bench_metrics.py [n_queries]
+Run from the repository root, in the environment judge is installed in (with the dev extras,
+for ir_measures): python bench/bench_metrics.py [n_queries]
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from tests.wire import (
     hashed_responder,
     keyword_responder,
     label_responder,
+    listing_responder,
     openai_error,
     overlap_scorer,
     probs_answer,
@@ -95,6 +96,7 @@ __all__ = [
     "hashed_responder",
     "keyword_responder",
     "label_responder",
+    "listing_responder",
     "main",
     "overlap_scorer",
     "probs_answer",
@@ -360,13 +362,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fault-rate", type=float, default=0.0)
     parser.add_argument("--faults", default="rate_limit,server_error,drop", help=",".join(FAULTS))
     parser.add_argument("--hang-seconds", type=float, default=5.0)
-    parser.add_argument("--responder", choices=("hashed", "random"), default="hashed")
+    parser.add_argument(
+        "--responder",
+        choices=("hashed", "random", "listing"),
+        default="hashed",
+        help="listing: hashed, and listwise prompts get one verdict per passage id",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     faults = [FAULTS[name.strip()] for name in args.faults.split(",") if name.strip()]
     faults = [Fault("hang", seconds=args.hang_seconds) if f is HANG else f for f in faults]
     server = ScriptedServer(
-        responder=random_responder(seed=args.seed) if args.responder == "random" else None,
+        responder={
+            "hashed": None,
+            "random": random_responder(seed=args.seed),
+            "listing": listing_responder(),
+        }[args.responder],
         latency=args.latency,
         fault_rate=args.fault_rate,
         faults=faults,

@@ -392,3 +392,59 @@ def test_a_provider_refusing_every_request_stops_the_run_early(
     assert "refuses every request" in err and "401" in err
     # Stopped after the first few refusals, not after judging all 56 distinct passages.
     assert 3 <= asked < 20
+
+
+HOLD_S = 1.5  # how long the scripted server holds one answer
+
+
+def test_latency_counts_time_in_flight_not_the_wait_for_a_slot(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """One slot: the second passage waits HOLD_S for it behind the held answer, yet its
+    latency is its own round trip; the held one's covers the hold."""
+    server = make_server()
+    server.enqueue(Fault("hang", seconds=HOLD_S))
+    dataset = write_dataset(tmp_path / "data.jsonl", 1, 2)
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"run": {"concurrency": 1, "adaptive_concurrency": False}},
+    )
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "out")]) == 0
+    [jq] = read_results(tmp_path / "out" / RESULTS_FILE)
+    held, other = sorted((v.latency_s for v in jq.verdicts), reverse=True)
+    assert held >= HOLD_S
+    assert other < HOLD_S / 2  # with the wait for the slot it would be HOLD_S or more
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["elapsed_s"] >= held
+
+
+def test_a_resumed_run_reports_the_judging_time_of_every_invocation(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The first invocation judges one query whose answer is held HOLD_S; the second resumes
+    the directory and judges one more: its run.elapsed_s counts both invocations."""
+    server = make_server()
+    server.enqueue(Fault("hang", seconds=HOLD_S))
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    both = write_dataset(tmp_path / "both.jsonl", 2, 1)
+    first = tmp_path / "first.jsonl"
+    first.write_text(both.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+
+    def elapsed() -> float:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        return float(summary["run"]["elapsed_s"])
+
+    assert main(["run", str(config), str(first), "--out", str(out)]) == 0
+    phase_one = elapsed()
+    assert phase_one >= HOLD_S
+    assert main(["run", str(config), str(both), "--out", str(out)]) == 0
+    assert elapsed() > phase_one
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert (summary["run"]["resumed"], summary["run"]["done"]) == (1, 2)
+    # --fresh starts the count over with the directory.
+    assert main(["run", str(config), str(both), "--out", str(out), "--fresh"]) == 0
+    run_file = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run_file["elapsed_s"] == elapsed()

@@ -190,6 +190,26 @@ def random_responder(
     return label_responder(choose, labels, render)
 
 
+_FENCED_ID = re.compile(r'<passage id=("(?:[^"\\]|\\.)*")>')
+
+
+def listing_responder(inner: Responder | None = None) -> Responder:
+    """``inner`` (default: hashed) for a pointwise prompt; a listwise prompt (one asking for
+    ``"verdicts"``) gets one verdict per fenced passage id, each hashed from the id."""
+    single = inner or hashed_responder()
+
+    def respond(request: Recorded) -> Item:
+        text = "\n".join(str(m.get("content", "")) for m in request.messages)
+        if '"verdicts"' not in text:
+            return single(request)
+        ids = [json.loads(raw) for raw in _FENCED_ID.findall(text)]
+        labels = ["yes" if hashlib.sha256(i.encode()).digest()[0] % 2 else "no" for i in ids]
+        items = [{"id": i, "verdict": label} for i, label in zip(ids, labels, strict=True)]
+        return Answer(json.dumps({"verdicts": items}))
+
+    return respond
+
+
 def overlap_scorer(query: str, document: str) -> float:
     """Share of the query's distinct words found in the document, in [0, 1]."""
     words = set(re.findall(r"\w+", query.casefold()))

@@ -57,6 +57,8 @@ def _majority(grades: Sequence[int]) -> tuple[int, bool]:
 
 
 def _consensus(passage_id: str, verdicts: Sequence[Verdict]) -> tuple[Verdict, bool]:
+    if len(verdicts) == 1 and verdicts[0].grade is not None:
+        return _single(passage_id, verdicts[0]), False
     ok = [v for v in verdicts if v.status == "ok" and v.grade is not None]
     rank = min(v.rank for v in verdicts)
     usage = sum((v.usage for v in verdicts), Usage())
@@ -83,6 +85,22 @@ def _consensus(passage_id: str, verdicts: Sequence[Verdict]) -> tuple[Verdict, b
         usage=usage,
     )
     return consensus, tied
+
+
+def _single(passage_id: str, verdict: Verdict) -> Verdict:
+    """The consensus of one ok verdict (one repeat): what the general case gives, without its
+    counting, which a large single-repeat run would pay for every passage."""
+    return Verdict(
+        passage_id=passage_id,
+        rank=verdict.rank,
+        status="ok",
+        label=verdict.label,
+        grade=verdict.grade,
+        relevant=verdict.relevant,
+        probability=verdict.probability,
+        reason=f"majority of 1 ok verdicts (grade x count: {verdict.grade} x1)",
+        usage=verdict.usage,
+    )
 
 
 def consensus_votes(results: Sequence[JudgedQuery]) -> tuple[list[JudgedQuery], int]:

@@ -29,21 +29,38 @@ def bootstrap_ci(
     and returns the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of
     their means.
     """
-    data = np.asarray(values, dtype=np.float64)
+    return bootstrap_cis([values], n_boot=n_boot, seed=seed, confidence=confidence)[0]
+
+
+def bootstrap_cis(
+    samples: Sequence[ArrayLike], *, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> list[tuple[float, float] | None]:
+    """:func:`bootstrap_ci` of each sample, the same numbers as one call each, but samples of
+    one size share their resampled positions (the same seed draws the same ones): one draw
+    serves every metric defined on the same queries, which is most of a large summary's work.
+    """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    if data.size == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot)
-    step = max(1, _BOOT_BLOCK_CELLS // data.size)
-    for start in range(0, n_boot, step):
-        stop = min(n_boot, start + step)
-        picks = rng.integers(0, data.size, size=(stop - start, data.size))
-        means[start:stop] = data[picks].mean(axis=1)
+    data = [np.asarray(values, dtype=np.float64) for values in samples]
+    by_size: dict[int, list[int]] = {}
+    for i, d in enumerate(data):
+        if d.size:
+            by_size.setdefault(d.size, []).append(i)
+    out: list[tuple[float, float] | None] = [None] * len(data)
     tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(low), float(high)
+    for size, members in by_size.items():
+        rng = np.random.default_rng(seed)
+        means = np.empty((len(members), n_boot))
+        step = max(1, _BOOT_BLOCK_CELLS // size)
+        for start in range(0, n_boot, step):
+            stop = min(n_boot, start + step)
+            picks = rng.integers(0, size, size=(stop - start, size))
+            for row, i in enumerate(members):
+                means[row, start:stop] = data[i][picks].mean(axis=1)
+        for row, i in enumerate(members):
+            low, high = np.quantile(means[row], [tail, 1.0 - tail])
+            out[i] = (float(low), float(high))
+    return out
 
 
 def _alpha_deltas(level: AlphaLevel, values: FloatArray, n_c: FloatArray) -> FloatArray:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from judge.analysis.agreement import Agreement, consensus_votes, human_agreement
-from judge.analysis.reliability import AlphaLevel, FloatArray, bootstrap_ci, krippendorff_alpha
+from judge.analysis.reliability import AlphaLevel, FloatArray, bootstrap_cis, krippendorff_alpha
 from judge.errors import InputError
 from judge.metrics.compute import metrics_for_queries
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Verdict
@@ -169,17 +169,21 @@ def metric_stability(
     q_pos = {qid: i for i, qid in enumerate(query_ids)}
     r_pos = {rep: j for j, rep in enumerate(repeats)}
     out: dict[str, MetricStability] = {}
+    grids = {}
     for name in metrics:
         grid = np.full((len(query_ids), len(repeats)), np.nan)
         for row in results:
             value = row.metrics.get(name)
             if value is not None:
                 grid[q_pos[row.query.query_id], r_pos[row.repeat]] = value
+        grids[name] = grid
+    per_query_means = [_masked_mean(grid, axis=1) for grid in grids.values()]
+    cis = bootstrap_cis([m[~np.isnan(m)] for m in per_query_means], n_boot=n_boot, seed=seed)
+    for name, ci in zip(metrics, cis, strict=True):
+        grid = grids[name]
         defined = ~np.isnan(grid)
         per_repeat = _masked_mean(grid, axis=0)
         means = per_repeat[~np.isnan(per_repeat)]
-        per_query = _masked_mean(grid, axis=1)
-        ci = bootstrap_ci(per_query[~np.isnan(per_query)], n_boot=n_boot, seed=seed)
         std = float(np.std(means, ddof=1)) if means.size >= 2 else 0.0
         any_defined = defined.any(axis=1)
         out[name] = MetricStability(
@@ -217,15 +221,21 @@ def _disagreement(counts: Sequence[int]) -> float:
     return 1.0 - sum(c * (c - 1) for c in counts) / (n * (n - 1))
 
 
-def passage_flips(results: Sequence[JudgedQuery], scale: Scale | None = None) -> FlipStats:
+def passage_flips(
+    results: Sequence[JudgedQuery],
+    scale: Scale | None = None,
+    table: dict[PassageKey, dict[int, Verdict]] | None = None,
+) -> FlipStats:
     """Label flips per (query, engine, passage) across repeats; see :class:`FlipStats`.
 
     Relevance is ``scale.relevant(grade)`` when ``scale`` is given, else ``Verdict.relevant``.
+    ``table``: ``results``' verdicts by passage, when already made.
     """
     unstable: list[UnstablePassage] = []
     n_passages = n_single = n_relevance = n_relevance_flipped = 0
     total_disagreement = 0.0
-    for (query_id, engine, passage_id), verdicts in _by_passage(results).items():
+    table = _by_passage(results) if table is None else table
+    for (query_id, engine, passage_id), verdicts in table.items():
         ok = [v for v in verdicts.values() if v.status == "ok"]
         if len(ok) < 2:
             n_single += 1
@@ -266,9 +276,11 @@ def passage_flips(results: Sequence[JudgedQuery], scale: Scale | None = None) ->
     )
 
 
-def _grade_matrix(results: Sequence[JudgedQuery]) -> FloatArray:
+def _grade_matrix(
+    results: Sequence[JudgedQuery], table: dict[PassageKey, dict[int, Verdict]] | None = None
+) -> FloatArray:
     """Passages x repeats grades of ok verdicts, NaN where a repeat has no ok verdict."""
-    table = _by_passage(results)
+    table = _by_passage(results) if table is None else table
     repeats = sorted({row.repeat for row in results})
     column = {rep: j for j, rep in enumerate(repeats)}
     grid = np.full((len(table), len(repeats)), np.nan)
@@ -326,22 +338,29 @@ def stability_report(
         raise InputError(f"results were judged on scale {other}, not '{scale.name}'", field="scale")
     level: AlphaLevel = "nominal" if scale.is_binary else "ordinal"
     engines: dict[str, EngineStability] = {}
-    for engine, rows in by_engine(results).items():
+    grouped = by_engine(results)
+    for engine, rows in grouped.items():
         voted, ties = consensus_votes(rows)
+        table = _by_passage(rows)  # once for the flips and alpha: a large run's passages
         engines[engine] = EngineStability(
             engine=engine,
             n_queries=len({row.query.query_id for row in rows}),
             n_repeats=len({row.repeat for row in rows}),
             metrics=metric_stability(rows, metrics, n_boot=n_boot, seed=seed),
-            flips=passage_flips(rows, scale),
-            alpha=krippendorff_alpha(_grade_matrix(rows), level),
+            flips=passage_flips(rows, scale, table),
+            alpha=krippendorff_alpha(_grade_matrix(rows, table), level),
             majority_ties=ties,
             agreement=human_agreement(rows, scale, voted=voted),
         )
+    alpha = (
+        next(iter(engines.values())).alpha
+        if len(engines) == 1
+        else krippendorff_alpha(_grade_matrix(results), level)
+    )
     return StabilityReport(
         scale=scale.name,
         alpha_level=level,
-        alpha=krippendorff_alpha(_grade_matrix(results), level),
+        alpha=alpha,
         n_boot=n_boot,
         seed=seed,
         engines=engines,

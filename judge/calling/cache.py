@@ -1,8 +1,19 @@
 """Content-addressed cache of provider answers in SQLite (WAL mode).
 
-The key is :func:`judge.providers.base.request_key`: provider identity, model, rendered
-messages, sampling params and the repeat index (DESIGN rule 3). Only answers that parsed
-into verdicts are stored; errors and unparsed answers never are. Secrets never enter it.
+An answer's key is :func:`judge.providers.base.request_key`: provider identity, model, rendered
+messages, sampling params and the repeat index (DESIGN rule 3). Only answers that parsed into
+verdicts are stored; errors and unparsed answers never are. Secrets never enter it.
+
+An *alias* names an answer by a cheaper key: a first-round prompt's digest, known before the
+prompt is rendered (:meth:`judge.calling.caller.Caller.key`), so a hit renders nothing. An alias
+only ever points at a content-addressed answer; a digest that changes (another judge version)
+costs a rendering and a lookup by the rendered request's key, never a paid call.
+
+Beside an answer the cache may keep its *reading*: what the caller's parser made of it, with a
+tag naming that parser, so a hit with the same tag parses nothing. A row without one (written
+by an older judge) or with another tag is simply parsed again. The alias table and the reading
+columns were added to the first schema: older files gain them when opened; an older judge
+reads and writes the answers as it always did, and leaves the readings empty.
 
 One connection per process, guarded by a lock, serves every task of that process; WAL and
 a busy timeout let two processes share the file. Each ``put`` commits at once, so a killed
@@ -20,8 +31,9 @@ import random
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -43,6 +55,18 @@ CREATE TABLE IF NOT EXISTS answers (
 );
 CREATE INDEX IF NOT EXISTS answers_created ON answers(created);
 """
+# Added since the first schema: the parsed answer and the tag of the parser that read it,
+# and the table of aliases.
+_READING_COLUMNS = ("reading_tag", "reading")
+_ALIASES = "CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, target TEXT NOT NULL)"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a parser made of a stored answer (``value``, JSON) and the parser's ``tag``."""
+
+    tag: str
+    value: str
 
 
 class CacheStats(Record):
@@ -69,6 +93,7 @@ def _open(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
+            _upgrade(conn)
             return conn
         except sqlite3.OperationalError as exc:
             conn.close()
@@ -78,6 +103,46 @@ def _open(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
         except BaseException:
             conn.close()
             raise
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """Give a file made by an older judge the reading columns and the alias table. Another
+    process may be adding them at the same moment (then SQLite says they exist, which is as
+    good); a read-only file keeps its schema and is read without them (see :func:`_queries`)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
+    steps = [f"ALTER TABLE answers ADD COLUMN {c} TEXT" for c in _READING_COLUMNS if c not in have]
+    for step in [*steps, _ALIASES]:
+        try:
+            conn.execute(step)
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc) and "readonly" not in str(exc):
+                raise
+
+
+def _queries(conn: sqlite3.Connection) -> tuple[str, str]:
+    """The queries for an answer by key and by alias: (key, value, reading tag, reading), with
+    NULLs for what a file without the newer columns or table lacks."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
+    columns = ", ".join(f"a.{c}" if c in have else "NULL" for c in _READING_COLUMNS)
+    by_key = f"SELECT a.key, a.value, {columns} FROM answers a WHERE a.key = ?"
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    by_alias = (
+        f"SELECT a.key, a.value, {columns} FROM aliases x JOIN answers a ON a.key = x.target "
+        "WHERE x.key = ?"
+        if "aliases" in tables
+        else "SELECT NULL, NULL, NULL, NULL WHERE 0 AND ? IS NULL"
+    )
+    return by_key, by_alias
+
+
+@dataclass(frozen=True)
+class Stored(Generic[T]):
+    """An answer as stored: its value, its reading (None: none, or an older judge's row) and
+    the key it is stored under."""
+
+    value: T
+    reading: Reading | None
+    key: str
 
 
 class Cache:
@@ -91,6 +156,7 @@ class Cache:
         self._conn: sqlite3.Connection | None = None
         self.hits = 0
         self.misses = 0
+        self._sql: tuple[str, str] | None = None  # made on first use, again after a recovery
         if self.path is None:
             return
         try:
@@ -130,19 +196,26 @@ class Cache:
         self._move_aside(exc)
         assert self.path is not None
         self._conn = _open(self.path)
+        self._sql = None
 
     @property
     def enabled(self) -> bool:
         return self._conn is not None
 
     def get(self, key: str, model: type[T]) -> T | None:
+        found = self.get_stored(key, model)
+        return None if found is None else found.value
+
+    def get_stored(self, key: str, model: type[T], *, alias: bool = False) -> Stored[T] | None:
+        """The answer stored under ``key`` (``alias``: under the answer ``key`` names), or None
+        when there is no usable one."""
         if self._conn is None:
             return None
         with self._lock:
             try:
-                row = self._conn.execute(
-                    "SELECT value FROM answers WHERE key = ?", (key,)
-                ).fetchone()
+                if self._sql is None:
+                    self._sql = _queries(self._conn)
+                row = self._conn.execute(self._sql[alias], (key,)).fetchone()
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
                 row = None
@@ -150,32 +223,68 @@ class Cache:
             self.misses += 1
             return None
         try:
-            value = model.model_validate_json(row[0])
+            value = model.model_validate_json(row[1])
         except ValidationError:
             # Written by another version of judge: ask again (and overwrite) rather than fail.
             log.warning("%s: unreadable cache entry %s treated as a miss", self.path, key[:12])
             self.misses += 1
             return None
         self.hits += 1
-        return value
+        reading = Reading(row[2], row[3]) if row[2] is not None and row[3] is not None else None
+        return Stored(value, reading, row[0])
 
-    def contains(self, key: str) -> bool:
+    def contains(self, key: str, *, alias: bool = False) -> bool:
+        """Whether an answer is stored under ``key`` (``alias``: named by it)."""
         if self._conn is None:
             return False
         with self._lock:
             try:
-                row = self._conn.execute("SELECT 1 FROM answers WHERE key = ?", (key,)).fetchone()
+                if self._sql is None:
+                    self._sql = _queries(self._conn)
+                row = self._conn.execute(self._sql[alias], (key,)).fetchone()
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
                 row = None
         return row is not None
 
-    def put(self, key: str, value: BaseModel, *, kind: str, model: str) -> None:
+    def put(
+        self,
+        key: str,
+        value: BaseModel,
+        *,
+        kind: str,
+        model: str,
+        reading: Reading | None = None,
+        alias: str | None = None,
+    ) -> None:
+        """Store ``value`` under ``key`` (and its ``reading``), named by ``alias`` too."""
         if self._conn is None:
             return
         blob = value.model_dump_json()
-        row = (key, kind, model, blob, time.time())
-        sql = "INSERT OR REPLACE INTO answers(key, kind, model, value, created) VALUES (?,?,?,?,?)"
+        tag, read = (reading.tag, reading.value) if reading is not None else (None, None)
+        row = (key, kind, model, blob, time.time(), tag, read)
+        sql = (
+            "INSERT OR REPLACE INTO answers(key, kind, model, value, created, reading_tag, reading)"
+            " VALUES (?,?,?,?,?,?,?)"
+        )
+        self._write(sql, row)
+        if alias is not None:
+            self.add_alias(alias, key)
+
+    def add_alias(self, alias: str, key: str) -> None:
+        """Name the answer stored under ``key`` by ``alias`` too."""
+        if self._conn is not None:
+            self._write("INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)", (alias, key))
+
+    def set_reading(self, key: str, reading: Reading) -> None:
+        """Keep ``reading`` beside the answer already stored under ``key``."""
+        if self._conn is None:
+            return
+        sql = "UPDATE answers SET reading_tag = ?, reading = ? WHERE key = ?"
+        self._write(sql, (reading.tag, reading.value, key))
+
+    def _write(self, sql: str, row: tuple[object, ...]) -> None:
+        assert self._conn is not None
         with self._lock:
             try:
                 self._conn.execute(sql, row)
@@ -230,6 +339,7 @@ class Cache:
             raise CacheError("the cache is disabled")
         with self._lock:
             count = self._conn.execute(sql, args).rowcount
+            self._conn.execute("DELETE FROM aliases WHERE target NOT IN (SELECT key FROM answers)")
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.execute("VACUUM")
         return int(count)

@@ -5,22 +5,24 @@ authority). Providers only classify errors; here tenacity retries with exponenti
 and jitter, honouring a server's Retry-After (capped), up to ``max_attempts`` tries. The
 cache is consulted first. A chat answer is read by the caller's ``parse`` function exactly
 once; only an answer that parses is cached (rule 3), and the parsed value comes back with it.
+
+A :class:`Prompt` is known by a digest before it is rendered, and a :class:`Reader`'s readings
+are kept beside the answers: a hit renders and parses nothing. Answers stay keyed by the
+rendered request; a digest is an alias, and one that misses costs a rendering, not a call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import functools
+import hashlib
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-
-from judge.calling.cache import Cache
+from judge.calling.cache import Cache, Reading
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
@@ -28,6 +30,7 @@ from judge.calling.limits import (
     RateLimiter,
     worst_case_prompt_tokens,
 )
+from judge.calling.retries import CallStats, RetryPolicy
 from judge.errors import BudgetExceeded, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
@@ -48,18 +51,7 @@ _NOT_BILLED = frozenset({"rate_limit", "server", "client", "config"})
 # a slot, a rate token or a retry's backoff): a verdict's latency_s.
 _IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
 P = TypeVar("P")
-
-
-@dataclass
-class CallStats:
-    """Counters for progress lines and the summary (mutated only on the event loop)."""
-
-    requests: int = 0  # HTTP calls made to providers (every attempt)
-    successes: int = 0
-    cache_hits: int = 0
-    retries: int = 0
-    failures: int = 0  # calls that failed after all retries
-    errors: Counter[str] = field(default_factory=Counter)  # by kind, every failed attempt
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -79,9 +71,27 @@ class ChatAnswer(Generic[P]):
     error: ParseError | None
 
 
-def _estimate_tokens(request: ChatRequest) -> int:
-    chars = sum(len(m.content) for m in request.messages)
-    return chars // 3 + (request.params.max_tokens or 256)
+@dataclass
+class Prompt:
+    """A chat request known by a digest of all that makes it before ``render`` makes it."""
+
+    digest: str
+    render: Callable[[], ChatRequest]
+
+    @functools.cached_property
+    def request(self) -> ChatRequest:
+        return self.render()
+
+
+@dataclass(frozen=True)
+class Reader(Generic[P]):
+    """A parser whose readings the cache keeps: ``dump`` and ``load`` carry a value to and from
+    JSON; ``tag`` changes whenever ``parse`` could read the same answer differently."""
+
+    parse: Callable[[Completion], P]
+    tag: str
+    dump: Callable[[P], str]
+    load: Callable[[str], P]
 
 
 class Caller:
@@ -109,13 +119,24 @@ class Caller:
         }
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
-        self._inflight: dict[str, asyncio.Future[ChatAnswer[Any]]] = {}
-        self._inflight_rerank: dict[str, asyncio.Future[CallResult[RerankResult]]] = {}
+        self._inflight: dict[str, asyncio.Future[Any]] = {}  # by key: chat and rerank keys differ
         # The providers enforce timeout_s themselves; this backstop catches one that does not.
         self._hard_timeout_s = self.limits.timeout_s + 5.0
 
+    def key(self, request: ChatRequest | Prompt, repeat: int) -> str:
+        """The cache key of ``request`` for repeat ``repeat`` to the chat provider (a prompt's:
+        the alias that names its answer)."""
+        identity = self.chat.identity if self.chat is not None else ""
+        if isinstance(request, Prompt):
+            blob = f"{identity}\x00{request.digest}\x00{repeat}".encode()
+            return hashlib.sha256(blob).hexdigest()
+        return request_key(identity, request, repeat)
+
     async def complete(
-        self, request: ChatRequest, repeat: int, parse: Callable[[Completion], P]
+        self,
+        request: ChatRequest | Prompt,
+        repeat: int,
+        parse: Callable[[Completion], P] | Reader[P],
     ) -> ChatAnswer[P]:
         """The answer to ``request`` for repeat ``repeat`` (cache or provider), parsed once.
 
@@ -126,31 +147,52 @@ class Caller:
         provider = self.chat
         if provider is None:
             raise ProviderError("no chat provider is configured")
-        key = request_key(provider.identity, request, repeat)
+        key = self.key(request, repeat)
+
+        def share(got: ChatAnswer[P]) -> ChatAnswer[P]:
+            hit = replace(got.call, cached=True, attempts=0, latency_s=0.0)
+            return ChatAnswer(hit, got.value, got.error)
+
+        async def fetch() -> ChatAnswer[P]:
+            if not isinstance(request, Prompt):
+                return await self._complete_uncached(provider, request, key, parse)
+            rendered = request.request
+            stored = self.key(rendered, repeat)
+            return await self._complete_uncached(provider, rendered, stored, parse, alias=key)
+
+        cached = functools.partial(self._cached, key, request, repeat, parse)
+        return await self._once(key, cached, fetch, share)
+
+    async def _once(
+        self,
+        key: str,
+        cached: Callable[[], R | None],
+        fetch: Callable[[], Awaitable[R]],
+        share: Callable[[R], R],
+    ) -> R:
+        """``cached()``; else, ``share``d, the answer to the same request in flight (one
+        passage from two engines); else ``fetch()``'s, which later askers wait for."""
         while True:
-            cached = self.cache.get(key, Completion)
-            if cached is not None:
+            hit = cached()
+            if hit is not None:
                 self.stats.cache_hits += 1
-                return _parsed(CallResult(cached, cached=True, attempts=0, latency_s=0.0), parse)
-            # The same request already in flight (e.g. one passage returned by two engines):
-            # wait for that answer instead of paying twice.
+                return hit
             pending = self._inflight.get(key)
             if pending is None:
                 break
             try:
-                shared = await asyncio.shield(pending)
+                got: R = await asyncio.shield(pending)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if pending.cancelled() and task is not None and not task.cancelling():
                     continue  # the owner was cancelled, not us: ask again ourselves
                 raise
             self.stats.cache_hits += 1
-            hit = CallResult(shared.call.answer, cached=True, attempts=0, latency_s=0.0)
-            return ChatAnswer(hit, shared.value, shared.error)
-        future: asyncio.Future[ChatAnswer[Any]] = asyncio.get_running_loop().create_future()
+            return share(got)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            result = await self._complete_uncached(provider, request, key, parse)
+            result = await fetch()
         except BaseException as exc:
             if isinstance(exc, Exception):
                 future.set_exception(exc)
@@ -164,14 +206,47 @@ class Caller:
         finally:
             del self._inflight[key]
 
+    def _cached(
+        self,
+        key: str,
+        request: ChatRequest | Prompt,
+        repeat: int,
+        parse: Callable[[Completion], P] | Reader[P],
+    ) -> ChatAnswer[P] | None:
+        """The cached answer: a prompt's by its digest, else by its rendered request's key
+        (then named by the digest too); read from its reading when the parser's tag matches."""
+        found = self.cache.get_stored(key, Completion, alias=isinstance(request, Prompt))
+        if found is None and isinstance(request, Prompt):
+            found = self.cache.get_stored(self.key(request.request, repeat), Completion)
+            if found is not None:
+                self.cache.add_alias(key, found.key)
+        if found is None:
+            return None
+        call, reading = (
+            CallResult(found.value, cached=True, attempts=0, latency_s=0.0),
+            found.reading,
+        )
+        if isinstance(parse, Reader) and reading is not None and reading.tag == parse.tag:
+            try:
+                return ChatAnswer(call, parse.load(reading.value), None)
+            except ValueError:  # unreadable as this version's value: read the answer again
+                pass
+        result = _parsed(call, parse)
+        stored = _reading(parse, result)
+        if stored is not None:
+            self.cache.set_reading(found.key, stored)
+        return result
+
     async def _complete_uncached(
         self,
         provider: ChatProvider,
         request: ChatRequest,
         key: str,
-        parse: Callable[[Completion], P],
+        parse: Callable[[Completion], P] | Reader[P],
+        alias: str | None = None,
     ) -> ChatAnswer[P]:
-        estimate = _estimate_tokens(request)
+        estimate = sum(len(m.content) for m in request.messages) // 3  # tokens, for the TPM
+        estimate += request.params.max_tokens or 256
         worst = worst_case_prompt_tokens([m.content for m in request.messages])
 
         async def send() -> Completion:
@@ -191,7 +266,11 @@ class Caller:
 
         result = _parsed(await self._call(once, provider.classify), parse)
         if result.error is None:
-            self.cache.put(key, result.call.answer, kind="chat", model=request.model)
+            reading = _reading(parse, result)
+            answer = result.call.answer
+            self.cache.put(
+                key, answer, kind="chat", model=request.model, reading=reading, alias=alias
+            )
         return result
 
     async def rerank(self, request: RerankRequest, repeat: int = 0) -> CallResult[RerankResult]:
@@ -199,43 +278,18 @@ class Caller:
         if provider is None:
             raise ProviderError("no rerank provider is configured ([rerank] in the config)")
         key = request_key(provider.identity, request, repeat)
-        while True:
-            cached = self.cache.get(key, RerankResult)
-            if cached is not None:
-                self.stats.cache_hits += 1
-                return CallResult(cached, cached=True, attempts=0, latency_s=0.0)
-            # The same request in flight (a cascade scores a query once for all its repeats):
-            # wait for that answer instead of paying twice.
-            pending = self._inflight_rerank.get(key)
-            if pending is None:
-                break
-            try:
-                shared = await asyncio.shield(pending)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if pending.cancelled() and task is not None and not task.cancelling():
-                    continue  # the owner was cancelled, not us: ask again ourselves
-                raise
-            self.stats.cache_hits += 1
-            return CallResult(shared.answer, cached=True, attempts=0, latency_s=0.0)
-        future: asyncio.Future[CallResult[RerankResult]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._inflight_rerank[key] = future
-        try:
-            result = await self._rerank_uncached(provider, request, key)
-        except BaseException as exc:
-            if isinstance(exc, Exception):
-                future.set_exception(exc)
-                future.exception()  # mark retrieved: waiters re-raise it themselves
-            else:
-                future.cancel()
-            raise
-        else:
-            future.set_result(result)
-            return result
-        finally:
-            del self._inflight_rerank[key]
+
+        def cached() -> CallResult[RerankResult] | None:
+            got = self.cache.get(key, RerankResult)
+            return None if got is None else CallResult(got, cached=True, attempts=0, latency_s=0)
+
+        def share(got: CallResult[RerankResult]) -> CallResult[RerankResult]:
+            return CallResult(got.answer, cached=True, attempts=0, latency_s=0.0)
+
+        async def fetch() -> CallResult[RerankResult]:
+            return await self._rerank_uncached(provider, request, key)
+
+        return await self._once(key, cached, fetch, share)
 
     async def _rerank_uncached(
         self, provider: RerankProvider, request: RerankRequest, key: str
@@ -293,7 +347,7 @@ class Caller:
         classify: Callable[[BaseException], RetryDecision],
     ) -> CallResult[A]:
         """``once`` until it succeeds, a failure is final, or the attempts are spent."""
-        policy = _RetryPolicy(classify, self.limits, self.stats)
+        policy = RetryPolicy(classify, self.limits, self.stats)
         _IN_FLIGHT_S.set(0.0)
         attempts = 0
 
@@ -328,62 +382,18 @@ class Caller:
         return CallResult(answer, cached=False, attempts=attempts, latency_s=_IN_FLIGHT_S.get())
 
 
-class _RetryPolicy:
-    """Retry decisions and waits for one call (the provider classifies, we decide)."""
-
-    def __init__(
-        self,
-        classify: Callable[[BaseException], RetryDecision],
-        limits: Limits,
-        stats: CallStats,
-    ) -> None:
-        self.classify = classify
-        self.limits = limits
-        self.stats = stats
-        # The decision for the latest failure, classified (and counted) once. Keyed by the
-        # exception itself, not id(): a freed exception's id is soon reused by the next one.
-        self._last: tuple[BaseException, RetryDecision] | None = None
-
-    def decide(self, exc: BaseException) -> RetryDecision:
-        if isinstance(exc, BudgetExceeded):  # not a provider failure: stop, never retry
-            return RetryDecision(retry=False, kind="budget")
-        if self._last is None or self._last[0] is not exc:
-            if isinstance(exc, TimeoutError):
-                decision = RetryDecision(retry=True, kind="timeout")
-            else:
-                decision = self.classify(exc)
-            self.stats.errors[decision.kind] += 1
-            self._last = (exc, decision)
-        return self._last[1]
-
-    def delay(self, failed: int, exc: BaseException | None) -> float:
-        """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if it
-        sent one, else full jitter: uniform(0, min(base * 2^(failed-1), max_backoff))."""
-        decision = self.decide(exc) if exc is not None else None
-        if decision is not None and decision.retry_after is not None:
-            return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(0, 0.1)
-        ceiling = self.limits.backoff_base_s * 2 ** (failed - 1)
-        return random.uniform(0, min(ceiling, self.limits.max_backoff_s))
-
-    def retrying(self) -> AsyncRetrying:
-        """Tenacity for the attempts after the first (which the caller made itself)."""
-
-        def before_sleep(_state: RetryCallState) -> None:
-            self.stats.retries += 1
-
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.limits.max_attempts - 1),
-            wait=lambda st: self.delay(
-                st.attempt_number + 1, st.outcome.exception() if st.outcome else None
-            ),
-            retry=retry_if_exception(lambda e: self.decide(e).retry),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-
-
-def _parsed(call: CallResult[Completion], parse: Callable[[Completion], P]) -> ChatAnswer[P]:
+def _parsed(
+    call: CallResult[Completion], parse: Callable[[Completion], P] | Reader[P]
+) -> ChatAnswer[P]:
+    read = parse.parse if isinstance(parse, Reader) else parse
     try:
-        return ChatAnswer(call, parse(call.answer), None)
+        return ChatAnswer(call, read(call.answer), None)
     except ParseError as exc:
         return ChatAnswer(call, None, exc)
+
+
+def _reading(parse: Callable[[Completion], P] | Reader[P], result: ChatAnswer[P]) -> Reading | None:
+    """What the cache keeps of a successful reading (None: a parser without a tag)."""
+    if not isinstance(parse, Reader) or result.error is not None or result.value is None:
+        return None
+    return Reading(parse.tag, parse.dump(result.value))

@@ -14,10 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from judge.calling.caller import Caller, CallResult
+from judge.calling.caller import Caller, CallResult, Prompt, Reader
 from judge.errors import ProviderError
+from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate
-from judge.judging.verdicts import Parsed, parse_listwise, parse_pointwise, reask_messages
+from judge.judging.verdicts import (
+    ListwiseParsed,
+    Parsed,
+    parse_listwise,
+    parse_pointwise,
+    reask_messages,
+)
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict
 
@@ -77,6 +84,47 @@ class Asker:
     shape: AnswerShape
     reask: bool
 
+    def __post_init__(self) -> None:
+        # First-round prompts are known by digests before they are rendered, and their
+        # readings are kept in the cache: a cached re-run renders and parses nothing.
+        options = self.shape.options()
+        self._keys = PromptKeys(self.template, self.scale, options, self.model, self.params)
+        self._point_keys = self._keys
+        if self.pointwise_template is not self.template or self.pointwise_params != self.params:
+            self._point_keys = PromptKeys(
+                self.pointwise_template, self.scale, options, self.model, self.pointwise_params
+            )
+        self._point_reader = Reader(
+            lambda c: parse_pointwise(c, self.scale),
+            parser_tag("pointwise", self.scale),
+            Parsed.model_dump_json,
+            Parsed.model_validate_json,
+        )
+
+    def _pointwise_prompt(self, query: Query, passage: Passage) -> Prompt:
+        def render() -> ChatRequest:
+            messages = self.pointwise_template.render_pointwise(
+                query, passage, self.scale, **self.shape.options()
+            )
+            return ChatRequest(model=self.model, messages=messages, params=self.pointwise_params)
+
+        return Prompt(self._point_keys.pointwise(query, passage), render)
+
+    def _listwise_prompt(self, query: Query, passages: list[Passage]) -> Prompt:
+        def render() -> ChatRequest:
+            messages = self.template.render_listwise(
+                query, passages, self.scale, **self.shape.options()
+            )
+            return ChatRequest(model=self.model, messages=messages, params=self.params)
+
+        return Prompt(self._keys.listwise(query, passages), render)
+
+    def first_prompts(self, query: Query) -> list[Prompt]:
+        """The first-round prompts a query needs (:meth:`first_requests`, unrendered)."""
+        if self.mode != "listwise" or not query.passages:
+            return [self._pointwise_prompt(query, p) for p in query.passages]
+        return [self._listwise_prompt(query, list(query.passages))]
+
     async def verdicts(self, query: Query, repeat: int) -> list[Verdict]:
         """One verdict per passage of ``query``, in rank order."""
         if self.mode == "listwise" and query.passages:
@@ -128,23 +176,13 @@ class Asker:
         )
 
     async def _pointwise(self, query: Query, passage: Passage, rank: int, repeat: int) -> Verdict:
-        messages = self.pointwise_template.render_pointwise(
-            query,
-            passage,
-            self.scale,
-            **self.shape.options(),
-        )
+        prompt = self._pointwise_prompt(query, passage)
         tally = _Tally()
         error = ""
-        conversation: tuple[Message, ...] = messages
+        request: ChatRequest | Prompt = prompt
         for round_ in range(2 if self.reask else 1):
-            request = ChatRequest(
-                model=self.model, messages=conversation, params=self.pointwise_params
-            )
             try:
-                got = await self.caller.complete(
-                    request, repeat, lambda c: parse_pointwise(c, self.scale)
-                )
+                got = await self.caller.complete(request, repeat, self._point_reader)
             except ProviderError as exc:
                 fields = tally.fields() | {"attempts": tally.attempts + exc.attempts}
                 return Verdict(
@@ -159,9 +197,11 @@ class Asker:
                 return self._ok(passage, rank, got.value, **tally.fields())
             error = str(got.error)
             if round_ == 0:
+                first = prompt.request
                 conversation = reask_messages(
-                    messages, got.call.answer.text, error, language=self.language
+                    first.messages, got.call.answer.text, error, language=self.language
                 )
+                request = first.model_copy(update={"messages": conversation})
         return Verdict(
             passage_id=passage.id, rank=rank, status="unparsed", error=error, **tally.fields()
         )
@@ -192,28 +232,28 @@ class Asker:
     async def _listwise_round(
         self, query: Query, passages: list[Passage], ranks: dict[str, int], repeat: int
     ) -> dict[str, Verdict] | None:
-        messages = self.template.render_listwise(
-            query,
-            passages,
-            self.scale,
-            **self.shape.options(),
-        )
+        prompt = self._listwise_prompt(query, passages)
         ids = [p.id for p in passages]
-        conversation = messages
+        reader = Reader(
+            lambda c: parse_listwise(c, self.scale, ids),
+            parser_tag("listwise", self.scale, ids),
+            ListwiseParsed.model_dump_json,
+            ListwiseParsed.model_validate_json,
+        )
+        request: ChatRequest | Prompt = prompt
         for round_ in range(2 if self.reask else 1):
-            request = ChatRequest(model=self.model, messages=conversation, params=self.params)
             try:
-                got = await self.caller.complete(
-                    request, repeat, lambda c: parse_listwise(c, self.scale, ids)
-                )
+                got = await self.caller.complete(request, repeat, reader)
             except ProviderError:
                 return None
             res, parsed = got.call, got.value
             if parsed is None:
                 if round_ == 0:
+                    first = prompt.request
                     conversation = reask_messages(
-                        messages, res.answer.text, str(got.error), language=self.language
+                        first.messages, res.answer.text, str(got.error), language=self.language
                     )
+                    request = first.model_copy(update={"messages": conversation})
                 continue
             by_id = {p.id: p for p in passages}
             shares = _split_usage(res.answer.usage, max(1, len(parsed.verdicts)))

@@ -19,12 +19,24 @@ from functools import cache
 from typing import Any
 
 from judge.data.passages import TRUNCATION_MARKER
-from judge.providers.base import Message
+from judge.providers.base import Message, ProviderSpec
 from judge.schema import Passage, Query
 
-__all__ = ["SAFETY", "count_tokens", "fit_to_context"]
+__all__ = [
+    "DEFAULT_ANSWER_TOKENS",
+    "EMBEDDED_CONTEXT",
+    "SAFETY",
+    "count_tokens",
+    "fit_to_context",
+    "preset_context",
+]
 
 SAFETY = 1.15
+# Answer room for a request that sets no max_tokens, when fitting passages to the window.
+DEFAULT_ANSWER_TOKENS = 1024
+# The embedded llama.cpp server's default n_ctx (providers/embedded/server.py, kept in step by a
+# test): its window is known, so its passages are fitted without a setting.
+EMBEDDED_CONTEXT = 4096
 # What a chat template adds around the messages (role markers, the assistant priming).
 FRAMING = 16
 
@@ -87,3 +99,11 @@ def fit_to_context(
     if all(a is b for a, b in zip(fitted, passages, strict=True)):
         return query
     return query.model_copy(update={"passages": tuple(fitted)})
+
+
+def preset_context(spec: ProviderSpec) -> int | None:
+    """The context window a provider preset is known to have (the embedded server's)."""
+    if spec.kind != "embedded":
+        return None
+    n_ctx = spec.options.get("n_ctx", EMBEDDED_CONTEXT)
+    return int(n_ctx) if isinstance(n_ctx, int | str) and str(n_ctx).isdigit() else None

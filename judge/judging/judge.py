@@ -2,7 +2,7 @@
 
 Async core (:meth:`Judge.ajudge`), one sync wrapper at the edge (:meth:`Judge.judge`, which
 runs the core on an event loop the Judge owns, so its HTTP clients survive between calls).
-How verdicts are asked for (pointwise, listwise, re-asks) lives in :mod:`judge.asking`.
+How verdicts are asked for (pointwise, listwise, re-asks) lives in :mod:`judge.judging.asker`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from judge.config import DEFAULT_PARAMS, CascadeSection, RunConfig
 from judge.errors import ConfigError
 from judge.judging.asker import Asker
 from judge.judging.cascade import Band, Cascade, rerank_scores
-from judge.judging.context import fit_to_context
+from judge.judging.context import (
+    DEFAULT_ANSWER_TOKENS,
+    EMBEDDED_CONTEXT,
+    fit_to_context,
+    preset_context,
+)
 from judge.judging.prompts import (
     AnswerShape,
     Mode,
@@ -45,8 +50,12 @@ from judge.schema import (
     Verdict,
 )
 
+__all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "as_passages"]
+
 T = TypeVar("T")
 PassageLike = Passage | str | Mapping[str, Any]
+# One query's judging before its metrics: (query, repeat, verdicts, reranker scores).
+Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None]
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "max": max,
     "mean": statistics.fmean,
@@ -74,6 +83,14 @@ def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
     return tuple(out)
 
 
+def _as_query(query: str | Query, passages: Sequence[PassageLike] | None) -> Query:
+    """A Query from a query text and passages, or a Query (its passages replaced if given)."""
+    if isinstance(query, str):
+        return Query(query_id="q", query=query, passages=as_passages(passages or ()))
+    update = {} if passages is None else {"passages": as_passages(passages)}
+    return query.model_copy(update=update)
+
+
 def _templates(name: str, template_dir: str | Path | None) -> tuple[PromptTemplate, PromptTemplate]:
     """The named template, and the pointwise one listwise falls back to for passages the list
     answer never covered (the template itself when it is pointwise)."""
@@ -92,20 +109,6 @@ def _with_schema(
         return params
     schema = json_schema_for(scale, mode, shape=shape)
     return params.model_copy(update={"json_schema": schema})
-
-
-# Answer room for a request that sets no max_tokens, when fitting passages to the window.
-DEFAULT_ANSWER_TOKENS = 1024
-# The embedded llama.cpp server's default n_ctx (providers/embedded/server.py, kept in step by a
-# test): its window is known, so its passages are fitted without a setting.
-EMBEDDED_CONTEXT = 4096
-
-
-def _preset_context(spec: ProviderSpec) -> int | None:
-    if spec.kind != "embedded":
-        return None
-    n_ctx = spec.options.get("n_ctx", EMBEDDED_CONTEXT)
-    return int(n_ctx) if isinstance(n_ctx, int | str) and str(n_ctx).isdigit() else None
 
 
 def _reranker(
@@ -248,7 +251,7 @@ class Judge:
             max_reason_words=j.max_reason_words,
             reasons=j.reasons,
             reask=j.reask,
-            context_tokens=j.context_tokens or _preset_context(spec),
+            context_tokens=j.context_tokens or preset_context(spec),
             cascade=j.cascade,
         )
 
@@ -262,45 +265,50 @@ class Judge:
         repeat: int = 0,
     ) -> JudgedQuery:
         """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
-        if isinstance(query, str):
-            query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
-        elif passages is not None:
-            query = query.model_copy(update={"passages": as_passages(passages)})
-        query = self.fit(query)
+        return self.finish_many([await self.averdicts(query, passages, repeat=repeat)])[0]
+
+    async def averdicts(
+        self,
+        query: str | Query,
+        passages: Sequence[PassageLike] | None = None,
+        *,
+        repeat: int = 0,
+    ) -> Judged:
+        """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once."""
+        query = self.fit(_as_query(query, passages))
         if self.cascade is not None:
             ask = self.asker.verdicts
             routed, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))
-            return self.finish(query, repeat, routed, scores)
+            return query, repeat, routed, scores
         verdicts = await self.asker.verdicts(query, repeat)
         rerank_scores = None
         if self._reranker is not None and query.passages:
             rerank_scores = await self._rerank_scores(query, repeat)
-        return self.finish(query, repeat, verdicts, rerank_scores)
+        return query, repeat, verdicts, rerank_scores
 
-    def finish(
-        self,
-        query: Query,
-        repeat: int,
-        verdicts: Sequence[Verdict],
-        rerank_scores: dict[str, float] | None = None,
-    ) -> JudgedQuery:
-        """Attach metrics to a query's verdicts: rerank_* from the reranker's scores when
-        given, everything else (soft metrics, a relevance threshold) from the judge's own."""
-        metrics = metrics_for_queries(
-            self.policy.names, [(query, verdicts)], self.scale, self.policy, [rerank_scores]
-        )[0]
-        usage = Usage()
-        for v in verdicts:
-            usage = usage + v.usage
-        return JudgedQuery(
-            query=query,
-            repeat=repeat,
-            scale=self.scale.name,
-            verdicts=tuple(verdicts),
-            metrics=metrics,
-            usage=usage,
-            rerank_scores=rerank_scores,
+    def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
+        """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed
+        cost is most of a cached run's): rerank_* from the reranker's scores when given,
+        everything else (soft metrics, a relevance threshold) from the judge's own."""
+        values = metrics_for_queries(
+            self.policy.names,
+            [(query, verdicts) for query, _, verdicts, _ in judged],
+            self.scale,
+            self.policy,
+            [scores for *_, scores in judged],
         )
+        return [
+            JudgedQuery(
+                query=query,
+                repeat=repeat,
+                scale=self.scale.name,
+                verdicts=tuple(verdicts),
+                metrics=metrics,
+                usage=sum((v.usage for v in verdicts), Usage()),
+                rerank_scores=scores,
+            )
+            for (query, repeat, verdicts, scores), metrics in zip(judged, values, strict=True)
+        ]
 
     async def arerank_relevancy(
         self,
@@ -316,10 +324,7 @@ class Judge:
         """
         if agg not in _AGGREGATES:
             raise ConfigError(f"agg must be one of {sorted(_AGGREGATES)}")
-        if isinstance(query, str):
-            query = Query(query_id="q", query=query, passages=as_passages(passages or ()))
-        elif passages is not None:
-            query = query.model_copy(update={"passages": as_passages(passages)})
+        query = _as_query(query, passages)
         if self._reranker is not None:
             scores = list((await self._rerank_scores(query, 0)).values())
         else:

@@ -4,15 +4,17 @@ Ollama, llama.cpp server, LM Studio — any endpoint is only a ``base_url``.
 The SDK's own retries are off (``max_retries=0``): the runner is the one retry authority,
 so a complete() is exactly one HTTP request. Features an endpoint lacks are left out of the
 request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather than failing it.
+
+The SDK is imported, and its client made, on the first request: importing ``openai`` takes
+longer than a fully cached run of a hundred queries, which never sends one. The API key is
+read when the provider is made, so a missing one still stops a run before anything else.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-import httpx2
-import openai
-from openai.types.chat import ChatCompletion
+import json
+from functools import cache
+from typing import TYPE_CHECKING, Any, cast
 
 from judge.errors import ResponseError
 from judge.providers.base import (
@@ -21,59 +23,73 @@ from judge.providers.base import (
     ErrorTable,
     ProviderSpec,
     RetryDecision,
-    TokenLogprob,
-    TopLogprob,
     classify_by_type,
     parse_retry_after,
     read_api_key,
     sampling_fields,
     status_decision,
 )
-from judge.schema import Usage
+
+if TYPE_CHECKING:
+    import httpx2
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
-_ERRORS: ErrorTable = (
-    # APITimeoutError subclasses APIConnectionError, so it comes first.
-    (openai.APITimeoutError, RetryDecision(retry=True, kind="timeout")),
-    (
-        (openai.APIConnectionError, httpx2.TransportError),
-        RetryDecision(retry=True, kind="connection"),
-    ),
-    (openai.APIResponseValidationError, RetryDecision(retry=True, kind="protocol")),
-)
 
+@cache
+def _errors() -> ErrorTable:
+    """The SDK's exceptions and what they mean (imported with the SDK, on first use)."""
+    import httpx2
+    import openai
 
-def _token_logprobs(content: Any) -> tuple[TokenLogprob, ...]:
-    return tuple(
-        TokenLogprob(
-            token=item.token,
-            logprob=item.logprob,
-            top=tuple(
-                TopLogprob(token=t.token, logprob=t.logprob) for t in item.top_logprobs or ()
-            ),
-        )
-        for item in content
+    return (
+        # APITimeoutError subclasses APIConnectionError, so it comes first.
+        (openai.APITimeoutError, RetryDecision(retry=True, kind="timeout")),
+        (
+            (openai.APIConnectionError, httpx2.TransportError),
+            RetryDecision(retry=True, kind="connection"),
+        ),
+        (openai.APIResponseValidationError, RetryDecision(retry=True, kind="protocol")),
     )
 
 
-def to_completion(response: ChatCompletion, model: str) -> Completion:
-    """Our Completion from the SDK's object (built without validation, so checked here)."""
+def _tokens(content: Any) -> list[dict[str, Any]]:
+    """The fields of each token's logprobs that a TokenLogprob holds (the rest, e.g.
+    ``bytes``, dropped)."""
+    return [
+        {
+            "token": item["token"],
+            "logprob": item["logprob"],
+            "top": [
+                {"token": t["token"], "logprob": t["logprob"]}
+                for t in item.get("top_logprobs") or ()
+            ],
+        }
+        for item in content
+    ]
+
+
+def to_completion(raw: bytes, model: str) -> Completion:
+    """Our Completion from a chat completion's JSON body, read and checked here: the SDK's
+    response objects cost more than the rest of a call (most of it for the logprobs)."""
     try:
-        choice = response.choices[0]
-        logprobs = choice.logprobs
-        usage = response.usage
-        return Completion(
-            text=choice.message.content or "",
-            model=response.model or model,
-            finish_reason=choice.finish_reason,
-            logprobs=_token_logprobs(logprobs.content) if logprobs and logprobs.content else None,
-            usage=Usage(
-                prompt_tokens=(usage.prompt_tokens or 0) if usage else 0,
-                completion_tokens=(usage.completion_tokens or 0) if usage else 0,
-            ),
+        data = json.loads(raw)
+        choice = data["choices"][0]
+        logprobs = choice.get("logprobs") or {}
+        usage = data.get("usage") or {}
+        return Completion.model_validate(
+            {
+                "text": choice["message"].get("content") or "",
+                "model": data.get("model") or model,
+                "finish_reason": choice.get("finish_reason"),
+                "logprobs": _tokens(logprobs["content"]) if logprobs.get("content") else None,
+                "usage": {
+                    "prompt_tokens": usage.get("prompt_tokens") or 0,
+                    "completion_tokens": usage.get("completion_tokens") or 0,
+                },
+            }
         )
-    except (AttributeError, IndexError, TypeError, ValueError) as exc:
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         raise ResponseError(f"malformed chat completion from the server: {exc}") from exc
 
 
@@ -90,18 +106,29 @@ class OpenAICompatProvider:
         self._spec = spec
         self._base_url = (spec.base_url or DEFAULT_BASE_URL).rstrip("/")
         self._owns_client = http_client is None
-        self._client = openai.AsyncOpenAI(
-            base_url=self._base_url,
-            api_key=read_api_key(spec),
-            max_retries=0,
-            http_client=http_client,
-        )
+        self._http_client = http_client
+        self._api_key = read_api_key(spec)
+        self._identity = f"openai:{self._base_url}{spec.body_fingerprint()}"  # once: every key
+        self._sdk: Any = None  # openai.AsyncOpenAI, made on the first request
+
+    @property
+    def _client(self) -> Any:
+        if self._sdk is None:
+            import openai
+
+            self._sdk = openai.AsyncOpenAI(
+                base_url=self._base_url,
+                api_key=self._api_key,
+                max_retries=0,
+                http_client=self._http_client,
+            )
+        return self._sdk
 
     @property
     def identity(self) -> str:
         """``openai:<base URL>``, plus the spec's body fingerprint when it adds fields (the
         local presets' neutral sampling, a config's ``extra_body``): they change the answer."""
-        return f"openai:{self._base_url}{self._spec.body_fingerprint()}"
+        return self._identity
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON fields besides model and messages that ``request`` sends to this endpoint."""
@@ -113,18 +140,20 @@ class OpenAICompatProvider:
         body = {"model": request.model, "messages": messages, **self.request_body(request)}
         # The SDK's documented way to POST a body we built ourselves: the same request as
         # chat.completions.create, without re-walking every field through its type
-        # transforms (a third of our CPU per call at high throughput).
+        # transforms, and the raw answer back (its error statuses still raised by the SDK).
+        import httpx2
+
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         response = await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=cast(Any, options)
+            "/chat/completions", body=body, cast_to=httpx2.Response, options=cast(Any, options)
         )
-        if not isinstance(response, ChatCompletion):
-            raise ResponseError(f"expected a chat completion, got {type(response).__name__}")
-        return to_completion(response, request.model)
+        return to_completion(await response.aread(), request.model)
 
     def classify(self, exc: BaseException) -> RetryDecision:
         """Retry rate limits (honouring Retry-After), 5xx/408/409, timeouts, dropped
         connections and bodies that are not a chat completion; never other 4xx."""
+        import openai
+
         if isinstance(exc, openai.APIStatusError):
             headers = exc.response.headers
             retry_after = parse_retry_after(headers.get("retry-after"))
@@ -132,8 +161,8 @@ class OpenAICompatProvider:
             if retry_after is None and millis is not None:
                 retry_after = millis / 1000
             return status_decision(exc.status_code, retry_after)
-        return classify_by_type(exc, _ERRORS)
+        return classify_by_type(exc, _errors())
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.close()
+        if self._owns_client and self._sdk is not None:
+            await self._sdk.close()

@@ -360,6 +360,8 @@ def write_reports(
         "worst": worst,
     }
     md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
-    md.write_text(markdown(summary, results, **kwargs), encoding="utf-8")
-    page.write_text(html_report(summary, results, charts=charts, **kwargs), encoding="utf-8")
+    # Built once for both pages: for a large run the sections are most of the work.
+    head, body = report_header(summary, results), sections(summary, results, **kwargs)
+    md.write_text(render_markdown(head, body), encoding="utf-8")
+    page.write_text(render_html(head, body, charts=charts), encoding="utf-8")
     return [md, page]

@@ -20,18 +20,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from judge.calling.cache import Cache, open_cache
+from judge.calling.caller import Prompt
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE
 from judge.judging.cascade import fit_band, rerank_request
 from judge.judging.context import count_tokens
 from judge.judging.judge import Judge
 from judge.providers import planning_only
-from judge.providers.base import ChatRequest, RerankResult, request_key
+from judge.providers.base import RerankResult, request_key
 from judge.run.resume import finished_units
 from judge.schema import Query, Record, Usage
 
-# Per query with passages: its first-round LLM requests and how many passages they judge.
-Plan = list[tuple[Query, list[ChatRequest], int]]
+# Per query with passages: its first-round LLM prompts and how many passages they judge.
+Plan = list[tuple[Query, list[Prompt], int]]
 
 
 class Estimate(Record):
@@ -57,7 +58,6 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
     cache_db = open_cache(cache_file if cache_file.exists() else None)
     with planning_only():
         judge = Judge.from_config(config)
-    identity = judge.caller.chat.identity if judge.caller.chat else ""
     answer_tokens = min(
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
     )
@@ -67,23 +67,26 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
     # Rendered once per query; only the repeat index (part of the key) differs per repeat.
     plan, cascade = _plan(judge, config, queries, cache_db)
     for repeat in range(config.run.repeats):
-        for q, requests, n_llm in plan:
+        for q, prompts, n_llm in plan:
             if (q.query_id, q.engine, repeat) in done:
                 continue
             units += 1
             passages += len(q.passages)
             decided += len(q.passages) - n_llm
             per_call_answer = answer_tokens * (n_llm if listwise else 1)
-            for request in requests:
-                key = request_key(identity, request, repeat)
+            for ask in prompts:
+                key = judge.caller.key(ask, repeat)
                 if key in seen:  # the same passage from another engine: asked once
                     continue
                 seen.add(key)
                 calls += 1
-                if cache_db.contains(key):
+                # As the run looks it up: by its digest, else by the rendered request.
+                if cache_db.contains(key, alias=True) or cache_db.contains(
+                    judge.caller.key(ask.request, repeat)
+                ):
                     cached += 1
                     continue
-                prompt += count_tokens(request.messages)
+                prompt += count_tokens(ask.request.messages)
                 completion += per_call_answer
     cache_db.close()
     price = config.price()
@@ -108,7 +111,7 @@ def _plan(
     """Each query's first LLM requests, and the cascade's rerank counts and upper-bound flag."""
     with_passages = [judge.fit(q) for q in queries if q.passages]
     if judge.cascade is None or judge.caller.reranker is None:
-        return [(q, judge.asker.first_requests(q), len(q.passages)) for q in with_passages], {}
+        return [(q, judge.asker.first_prompts(q), len(q.passages)) for q in with_passages], {}
     identity, model = judge.caller.reranker.identity, judge.cascade.model
     scores: dict[int, dict[str, float]] = {}
     for i, q in enumerate(with_passages):
@@ -126,8 +129,8 @@ def _plan(
             q_llm = q.model_copy(update={"passages": inside})
         else:
             q_llm = q
-        requests = judge.asker.first_requests(q_llm) if q_llm.passages else []
-        plan.append((q, requests, len(q_llm.passages)))
+        prompts = judge.asker.first_prompts(q_llm) if q_llm.passages else []
+        plan.append((q, prompts, len(q_llm.passages)))
     counts = {
         "rerank_calls": len(with_passages),
         "rerank_cached": len(scores),

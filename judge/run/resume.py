@@ -10,33 +10,38 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from judge.config import RunConfig
-from judge.data.results import RESULTS_FILE, read_results
+from judge.data.results import RESULTS_FILE, UnitKey, unit_statuses
 from judge.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+_TAIL = 1 << 16  # bytes read at a time when looking for a partial last line
 
 
 Redo = frozenset[Literal["error", "unparsed"]]
 
 
-def finished_units(results_path: Path, redo: Redo = frozenset()) -> set[tuple[str, str, int]]:
-    """(query_id, engine, repeat) units a rerun skips.
+def finished_units(results_path: Path, redo: Redo = frozenset()) -> set[UnitKey]:
+    """(query_id, engine, repeat) units a rerun skips (see :func:`finished_of`)."""
+    if not results_path.exists():
+        return set()
+    return finished_of(unit_statuses(results_path)[0], redo)
+
+
+def finished_of(recorded: dict[UnitKey, frozenset[str]], redo: Redo = frozenset()) -> set[UnitKey]:
+    """The recorded units a rerun skips, from each unit's statuses in its last line.
 
     A unit whose last recorded line has an ``error`` verdict is always judged again, and one
     with an ``unparsed`` verdict too when ``redo`` names it (``--redo unparsed``); its good
     answers come from the cache, and the newer line supersedes the older one.
     """
-    if not results_path.exists():
-        return set()
     again = {"error", *redo}
-    recorded = {jq.key: jq for jq in read_results(results_path)}
-    done = {k for k, jq in recorded.items() if all(v.status not in again for v in jq.verdicts)}
+    done = {k for k, statuses in recorded.items() if not statuses & again}
     if len(done) < len(recorded):
         what = " or ".join(sorted(again))
         log.info(
@@ -48,20 +53,47 @@ def finished_units(results_path: Path, redo: Redo = frozenset()) -> set[tuple[st
 
 
 def repair_results(path: Path) -> None:
-    """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
+    """Cut a partial last line left by a killed writer, so appends start on a fresh line.
+    Only the file's tail is read: a finished run's results are never read for this."""
     if not path.exists() or path.stat().st_size == 0:
         return
     with open(path, "rb+") as fh:
-        data = fh.read()
-        if data.endswith(b"\n"):
+        end = fh.seek(0, 2)
+        fh.seek(end - 1)
+        if fh.read(1) == b"\n":
             return
-        cut = data.rfind(b"\n") + 1
+        cut = 0
+        for start in range(end - (end % _TAIL or _TAIL), -1, -_TAIL):
+            fh.seek(start)
+            newline = fh.read(min(_TAIL, end - start)).rfind(b"\n")
+            if newline >= 0:
+                cut = start + newline + 1
+                break
         fh.truncate(cut)
         log.warning(
             "%s: dropped a partial last line (%d bytes) from an interrupted run",
             path,
-            len(data) - cut,
+            end - cut,
         )
+
+
+def _run_file(out_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((out_dir / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def add_elapsed(out_dir: Path, seconds: float) -> float:
+    """Add one invocation's ``seconds`` to the run directory's judging time (in run.json);
+    return the total over every invocation since the directory was made (or ``--fresh``)."""
+    data = _run_file(out_dir)
+    earlier = data.get("elapsed_s")
+    total = seconds + (float(earlier) if isinstance(earlier, int | float) else 0.0)
+    data["elapsed_s"] = total
+    (out_dir / RUN_FILE).write_text(json.dumps(data, indent=2, ensure_ascii=False), "utf-8")
+    return total
 
 
 def _flatten(value: object, prefix: str = "") -> dict[str, object]:
@@ -114,9 +146,13 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
                 "use --fresh to start over or another --out"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
+    # The judging time of earlier invocations is kept (add_elapsed adds this one's).
+    elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k == "elapsed_s"}
     run_file.write_text(
         json.dumps(
-            {"fingerprint": fingerprint, "source": config.source}, indent=2, ensure_ascii=False
+            {"fingerprint": fingerprint, "source": config.source, **elapsed},
+            indent=2,
+            ensure_ascii=False,
         ),
         encoding="utf-8",
     )

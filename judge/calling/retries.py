@@ -1,0 +1,88 @@
+"""Retry decisions and waits for one call, and the counters they keep (the one retry
+authority's policy, used by :class:`judge.calling.caller.Caller`).
+
+The provider classifies a failure (``RetryDecision``); here it is decided on, counted once, and
+waited for: the server's Retry-After (capped) when it sent one, else full jitter. Tenacity runs
+the attempts after the first.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from judge.calling.limits import Limits
+from judge.errors import BudgetExceeded
+from judge.providers.base import RetryDecision
+
+__all__ = ["CallStats", "RetryPolicy"]
+
+
+@dataclass
+class CallStats:
+    """Counters for progress lines and the summary (mutated only on the event loop)."""
+
+    requests: int = 0  # HTTP calls made to providers (every attempt)
+    successes: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    failures: int = 0  # calls that failed after all retries
+    errors: Counter[str] = field(default_factory=Counter)  # by kind, every failed attempt
+
+
+class RetryPolicy:
+    """Retry decisions and waits for one call (the provider classifies, we decide)."""
+
+    def __init__(
+        self,
+        classify: Callable[[BaseException], RetryDecision],
+        limits: Limits,
+        stats: CallStats,
+    ) -> None:
+        self.classify = classify
+        self.limits = limits
+        self.stats = stats
+        # The decision for the latest failure, classified (and counted) once. Keyed by the
+        # exception itself, not id(): a freed exception's id is soon reused by the next one.
+        self._last: tuple[BaseException, RetryDecision] | None = None
+
+    def decide(self, exc: BaseException) -> RetryDecision:
+        if isinstance(exc, BudgetExceeded):  # not a provider failure: stop, never retry
+            return RetryDecision(retry=False, kind="budget")
+        if self._last is None or self._last[0] is not exc:
+            if isinstance(exc, TimeoutError):
+                decision = RetryDecision(retry=True, kind="timeout")
+            else:
+                decision = self.classify(exc)
+            self.stats.errors[decision.kind] += 1
+            self._last = (exc, decision)
+        return self._last[1]
+
+    def delay(self, failed: int, exc: BaseException | None) -> float:
+        """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if it
+        sent one, else full jitter: uniform(0, min(base * 2^(failed-1), max_backoff))."""
+        decision = self.decide(exc) if exc is not None else None
+        if decision is not None and decision.retry_after is not None:
+            return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(0, 0.1)
+        ceiling = self.limits.backoff_base_s * 2 ** (failed - 1)
+        return random.uniform(0, min(ceiling, self.limits.max_backoff_s))
+
+    def retrying(self) -> AsyncRetrying:
+        """Tenacity for the attempts after the first (which the caller made itself)."""
+
+        def before_sleep(_state: RetryCallState) -> None:
+            self.stats.retries += 1
+
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.limits.max_attempts - 1),
+            wait=lambda st: self.delay(
+                st.attempt_number + 1, st.outcome.exception() if st.outcome else None
+            ),
+            retry=retry_if_exception(lambda e: self.decide(e).retry),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
