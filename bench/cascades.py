@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from judge.analysis.calibration import cluster_ci
 from judge.analysis.reliability import cohen_kappa, roc_auc
 from judge.calling.cache import open_cache
 from judge.calling.limits import Limits
@@ -94,21 +95,8 @@ def kappa_ci(
     rows: Sequence[tuple[str, bool, bool, float | None]], n_boot: int = 1000, seed: int = 0
 ) -> tuple[float, float] | None:
     """95% percentile CI of kappa over bootstrap resamples of the queries."""
-    by_query: dict[str, list[tuple[str, bool, bool, float | None]]] = {}
-    for row in rows:
-        by_query.setdefault(row[0], []).append(row)
-    groups = list(by_query.values())
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n_boot):
-        pick = rng.integers(0, len(groups), len(groups))
-        value = _kappa([row for i in pick for row in groups[i]])
-        if value is not None:
-            values.append(value)
-    if len(values) < n_boot // 2:
-        return None
-    low, high = np.quantile(values, [0.025, 0.975])
-    return float(low), float(high)
+    groups = np.array([row[0] for row in rows])
+    return cluster_ci(groups, lambda pick: _kappa([rows[i] for i in pick]), n_boot, seed)
 
 
 def figures(name: str, results: Sequence[JudgedQuery], band: Band | None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "Pairs",
     "calibrate",
     "calibrate_grades",
+    "cluster_ci",
     "grade_pairs",
     "relevance_pairs",
 ]
@@ -143,7 +144,7 @@ def _cross_validated(
     return out
 
 
-def _cluster_ci(
+def cluster_ci(
     groups: np.ndarray, stat: Callable[[np.ndarray], float | None], n_boot: int, seed: int
 ) -> tuple[float, float] | None:
     """95% percentile CI of ``stat(index array)`` over bootstrap resamples of the queries."""
@@ -184,12 +185,12 @@ def calibrate(pairs: Pairs, *, folds: int = 5, n_boot: int = 1000, seed: int = 0
         n_queries=int(np.unique(groups).size),
         folds=folds,
         kappa_before=_kappa(said, truth),
-        kappa_before_ci=_cluster_ci(groups, lambda i: _kappa(said[i], truth[i]), n_boot, seed),
+        kappa_before_ci=cluster_ci(groups, lambda i: _kappa(said[i], truth[i]), n_boot, seed),
         kappa_after=_kappa(oof, truth),
-        kappa_after_ci=_cluster_ci(groups, lambda i: _kappa(oof[i], truth[i]), n_boot, seed),
+        kappa_after_ci=cluster_ci(groups, lambda i: _kappa(oof[i], truth[i]), n_boot, seed),
         kappa_in_sample=_kappa(p >= threshold, truth),
         auc=roc_auc(p, truth),
-        auc_ci=_cluster_ci(groups, lambda i: roc_auc(p[i], truth[i]), n_boot, seed),
+        auc_ci=cluster_ci(groups, lambda i: roc_auc(p[i], truth[i]), n_boot, seed),
     )
 
 
@@ -292,7 +293,7 @@ def calibrate_grades(
     relevant = np.asarray(pairs.human_grade) >= scale.threshold
 
     def ci(stat: Callable[[np.ndarray], float | None]) -> tuple[float, float] | None:
-        return _cluster_ci(groups, stat, n_boot, seed)
+        return cluster_ci(groups, stat, n_boot, seed)
 
     return GradeCalibration(
         scale=scale.name,

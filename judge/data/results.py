@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -120,21 +120,22 @@ def _first_error(exc: ValidationError) -> tuple[str | None, str]:
     return field, f"not a judged result: {err['msg']}{more}"
 
 
-def read_results(path: str | Path, *, problems: list[str] | None = None) -> list[JudgedQuery]:
-    """Every judged query in a results JSONL, in file order.
+M = TypeVar("M", bound=BaseModel)
 
-    An incomplete last line (no newline after it, and unreadable: a killed writer) is dropped,
-    logged and added to ``problems``; any other bad line is an InputError naming file:line.
-    """
+
+def _read_lines(path: Path, model: type[M], problems: list[str] | None = None) -> list[M]:
+    """Every line of a results JSONL read as ``model``, in file order. An incomplete last line
+    (a killed writer) is dropped, logged and added to ``problems``; any other bad line is an
+    InputError naming file:line and field."""
     name = str(path)
-    lines = read_bytes(Path(path)).split(b"\n")
+    lines = read_bytes(path).split(b"\n")
     sink = Sink()
-    out: list[JudgedQuery] = []
+    out: list[M] = []
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            out.append(JudgedQuery.model_validate_json(raw))
+            out.append(model.model_validate_json(raw))
         except ValidationError as exc:
             if n == len(lines):
                 sink.note(
@@ -149,6 +150,15 @@ def read_results(path: str | Path, *, problems: list[str] | None = None) -> list
     if problems is not None:
         problems.extend(sink.problems)
     return out
+
+
+def read_results(path: str | Path, *, problems: list[str] | None = None) -> list[JudgedQuery]:
+    """Every judged query in a results JSONL, in file order.
+
+    An incomplete last line (no newline after it, and unreadable: a killed writer) is dropped,
+    logged and added to ``problems``; any other bad line is an InputError naming file:line.
+    """
+    return _read_lines(Path(path), JudgedQuery, problems)
 
 
 class _UnitKey(BaseModel):
@@ -178,32 +188,12 @@ def unit_statuses(path: Path) -> tuple[dict[UnitKey, frozenset[str]], int]:
     """Each (query_id, engine, repeat) unit's verdict statuses in its last line, and how many
     lines the file holds: what a resumed run needs, read without building the records
     (several times faster than :func:`read_results`). Bad lines are reported as it does."""
-    name = str(path)
-    lines = read_bytes(path).split(b"\n")
-    sink = Sink()
     units: dict[UnitKey, frozenset[str]] = {}
-    count = 0
-    for n, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            unit = _Unit.model_validate_json(raw)
-        except ValidationError as exc:
-            if n == len(lines):
-                sink.note(
-                    "incomplete last line (the writer was stopped mid-line); dropped", name, n
-                )
-            else:
-                field, message = _first_error(exc)
-                sink.error(message, name, n, field)
-            continue
-        count += 1
+    lines = _read_lines(path, _Unit)
+    for unit in lines:
         key = (unit.query.query_id, unit.query.engine, unit.repeat)
         units[key] = frozenset(v.status for v in unit.verdicts)
-    sink.raise_if_any()
-    for note in sink.problems:
-        log.warning("%s", note)
-    return units, count
+    return units, len(lines)
 
 
 def _majority(grades: Sequence[int]) -> int:
