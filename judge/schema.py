@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from judge.aspects import Coverage, Credibility
 from judge.errors import ConfigError
 
 VerdictStatus = Literal["ok", "unparsed", "error"]
@@ -300,6 +301,9 @@ class JudgedQuery(Record):
     usage: Usage = Usage()
     # Per-passage scores in [0, 1] from a rerank provider, when one is configured.
     rerank_scores: dict[str, float] | None = None
+    # Nugget support and source credibility, when those dimensions are on (judge/aspects.py).
+    coverage: Coverage | None = None
+    credibility: tuple[Credibility, ...] | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
