@@ -25,171 +25,42 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError
 
 from judge.errors import ConfigError
-from judge.schema import (
-    BUILTIN_SCALES,
-    MetricPolicy,
-    Record,
-    SamplingParams,
-    Scale,
-    ScaleLabel,
-    Usage,
+from judge.schema import BUILTIN_SCALES, MetricPolicy, Record, Scale
+from judge.sections import (
+    DEFAULT_PARAMS,
+    CascadeSection,
+    DatasetSection,
+    JudgeSection,
+    Price,
+    ProviderSection,
+    RerankSection,
+    RunSection,
+    ScaleSection,
+    ThresholdsSection,
 )
 
-Share = Annotated[float, Field(ge=0, le=1)]
-# What judge asks for unless a config says otherwise: deterministic, with logprobs (for the
-# probability of relevance) where the endpoint supports them.
-DEFAULT_PARAMS = SamplingParams(temperature=0.0, max_tokens=512, logprobs=True, top_logprobs=5)
-
-
-class CascadeSection(Record):
-    """``[judge.cascade]`` (judging/cascade.py): reranker scores in [low, high) go to the LLM
-    judge; lower ones get the scale's lowest label, the rest its highest. The band, one way:
-    ``low`` and ``high``; ``quantiles`` of the run's scores; ``max_error`` on its human labels."""
-
-    low: Share | None = None
-    high: Share | None = None
-    quantiles: tuple[Share, Share] | None = None
-    max_error: float | None = Field(default=None, gt=0, lt=0.5)
-
-    @model_validator(mode="after")
-    def _one_band(self) -> CascadeSection:
-        ways = [name for name, value in self if value is not None]
-        if ways not in (["low", "high"], ["quantiles"], ["max_error"]):
-            raise ValueError(f"set the band one way: low and high, quantiles or max_error: {ways}")
-        low, high = self.quantiles or (self.low, self.high)
-        if low is not None and high is not None and low > high:
-            names = ("quantiles[0]", "quantiles[1]") if self.quantiles else ("low", "high")
-            raise ValueError(f"{names[0]} {low} is above {names[1]} {high}")
-        return self
-
-
-class JudgeSection(Record):
-    provider: str = "openai"
-    model: str = "gpt-4o-mini"
-    scale: str = "binary"
-    mode: Literal["pointwise", "listwise"] = "pointwise"
-    language: Literal["en", "zh"] = "en"
-    # Explicit template name; default is "<scale>.<mode>.<language>".
-    template: str | None = None
-    template_dir: str | None = None
-    verdict_first: bool = False
-    max_reason_words: int = Field(default=30, ge=1)
-    # False: ask for the verdict alone, without a reason. On a local llama.cpp server, whose
-    # logprobs cost grows with every generated token, this is several times faster.
-    reasons: bool = True
-    # One re-ask carrying the validation error when an answer does not parse.
-    reask: bool = True
-    # The model's context window in tokens: passages are cut (visibly) so that every request
-    # fits. None: the embedded judge's own n_ctx, otherwise not enforced.
-    context_tokens: int | None = Field(default=None, ge=256)
-    params: SamplingParams = DEFAULT_PARAMS
-    # Opt-in: the [rerank] provider decides the passages it is sure of (see CascadeSection).
-    cascade: CascadeSection | None = None
-
-    @field_validator("params", mode="before")
-    @classmethod
-    def _over_defaults(cls, value: Any) -> Any:
-        """A partial [judge.params] table changes only the keys it names."""
-        if isinstance(value, dict):
-            return {**DEFAULT_PARAMS.model_dump(exclude_defaults=True), **value}
-        return value
-
-
-class ProviderSection(Record):
-    """Overrides of the preset named by ``judge.provider`` (see judge.providers.PRESETS)."""
-
-    kind: Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"] | None = None
-    base_url: str | None = None
-    api_key_env: str | None = None
-    supports_json_mode: bool | None = None
-    supports_logprobs: bool | None = None
-    extra_body: dict[str, Any] | None = None
-    options: dict[str, Any] | None = None
-    # Calls in flight to this provider (0 = [run] concurrency).
-    concurrency: int = Field(default=0, ge=0)
-
-    def overrides(self) -> dict[str, Any]:
-        """The preset fields this table sets ([rerank]'s provider and model name no field)."""
-        return self.model_dump(exclude_none=True, exclude={"concurrency", "provider", "model"})
-
-
-class RerankSection(ProviderSection):
-    provider: str
-    model: str
-
-
-class ScaleSection(Record):
-    threshold: int
-    labels: tuple[ScaleLabel, ...]
-
-
-class DatasetSection(Record):
-    path: str | None = None
-    columns: dict[str, str] = Field(default_factory=dict)
-    # The scale the rows' human labels use, when it is not the judge's (e.g. 0-3 labels
-    # with a yes/no judge: a label counts as relevant at that scale's threshold).
-    label_scale: str | None = None
-    max_passage_chars: int = Field(default=8000, ge=0)
-    # A TREC run + passage store + query texts instead of JSONL rows.
-    trec_run: str | None = None
-    passage_store: str | None = None
-    queries: str | None = None
-
-
-class RunSection(Record):
-    out: str = "runs/latest"
-    repeats: int = Field(default=1, ge=1)
-    # Calls in flight: a hard ceiling. The limit starts at it (at most 64) and adapts to the
-    # provider (halved on 429s and rising latency, grown one slot per round) unless
-    # adaptive_concurrency = false keeps it fixed.
-    concurrency: int = Field(default=64, ge=1)
-    adaptive_concurrency: bool = True
-    timeout_s: float = Field(default=60.0, gt=0)
-    max_attempts: int = Field(default=6, ge=1)
-    # Backoff: random in [0, base * 2^(attempt-1)], capped; a Retry-After is honoured (capped).
-    backoff_base_s: float = Field(default=0.5, ge=0)
-    max_backoff_s: float = Field(default=60.0, gt=0)
-    requests_per_minute: float = Field(default=0.0, ge=0)
-    tokens_per_minute: float = Field(default=0.0, ge=0)
-    sample: int = Field(default=0, ge=0)
-    seed: int = 0
-    max_cost: float = Field(default=0.0, ge=0)
-    max_tokens: int = Field(default=0, ge=0)
-    # Stop with exit 3 once this share of finished passages has status "error".
-    abort_error_rate: float = Field(default=0.5, ge=0, le=1)
-    cache: str | None = None  # default: <user cache dir>/judge/cache.sqlite
-    history: str | None = None  # default: <user cache dir>/judge/history.sqlite
-    progress_interval_s: float = Field(default=10.0, gt=0)
-    # Charts in report.html (drawing them is most of the time a cached re-run takes).
-    charts: bool = True
-    # After SIGINT/SIGTERM/SIGHUP, seconds the calls in flight get to finish before they are
-    # cancelled (their units stay unfinished and resume on the next run).
-    grace_s: float = Field(default=10.0, ge=0)
-
-
-class ThresholdsSection(Record):
-    min: dict[str, float] = Field(default_factory=dict)
-    max_drop: dict[str, float] = Field(default_factory=dict)
-    baseline: str | None = None
-    # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
-    max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
-    # Fail a run (exit 1) when the judge is degenerate (one label for nearly every passage, or
-    # probabilities too flat to rank; see judge.analysis.health). Off: the report warns only.
-    fail_on_degenerate_judge: bool = False
-
-
-class Price(Record):
-    prompt: float = Field(ge=0)  # USD per 1M prompt tokens
-    completion: float = Field(ge=0)  # USD per 1M completion tokens
-
-    def cost(self, usage: Usage) -> float:
-        """USD for ``usage`` at this price: the one place a cost is computed."""
-        return (usage.prompt_tokens * self.prompt + usage.completion_tokens * self.completion) / 1e6
+__all__ = [
+    "DEFAULT_PARAMS",
+    "CascadeSection",
+    "DatasetSection",
+    "JudgeSection",
+    "Price",
+    "ProviderSection",
+    "RerankSection",
+    "RunConfig",
+    "RunSection",
+    "ScaleSection",
+    "ThresholdsSection",
+    "load_config",
+    "parse_override",
+    "set_config_value",
+    "user_cache_dir",
+]
 
 
 class RunConfig(Record):
