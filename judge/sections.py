@@ -84,6 +84,7 @@ class ProviderSection(Record):
     api_key_env: str | None = None
     supports_json_mode: bool | None = None
     supports_logprobs: bool | None = None
+    schema_spelling: Literal["json_schema", "json_object"] | None = None
     extra_body: dict[str, Any] | None = None
     options: dict[str, Any] | None = None
     # Calls in flight to this provider (0 = [run] concurrency).

@@ -55,3 +55,38 @@ def test_the_pointwise_fallback_of_a_listwise_judge_sends_the_pointwise_schema()
     assert shapes[0] == ["verdicts"]
     pointwise = [s for s in shapes if s != ["verdicts"]]
     assert pointwise and all(s == ["reason", "verdict"] for s in pointwise)
+
+
+def test_a_json_object_spelling_sends_the_schema_the_way_llama_cpp_python_reads_it() -> None:
+    """llama-cpp-python's server (the embedded judge's) rejects ``"type": "json_schema"`` with
+    HTTP 500; it takes ``{"type": "json_object", "schema": ...}`` and decodes by that schema.
+    Without it a small model copied passage text into the "verdict" of a list answer."""
+    seen: list[dict[str, Any]] = []
+
+    def answer(request: Recorded) -> Item:
+        fmt = request.body["response_format"]
+        seen.append(fmt)
+        assert fmt["type"] == "json_object"
+        verdict = fmt["schema"]["properties"]["verdicts"]["items"]["properties"]["verdict"]
+        assert sorted(verdict["enum"]) == ["no", "yes"]
+        items = [{"id": str(i), "verdict": "yes" if i != 2 else "no"} for i in (1, 2, 3)]
+        return Answer(text=json.dumps({"verdicts": items}))
+
+    with ScriptedServer(responder=answer) as srv:
+        with Judge(
+            provider="llamacpp",
+            model="judge-model",
+            base_url=srv.openai_base_url,
+            schema_spelling="json_object",
+            mode="listwise",
+            reasons=False,
+            params=SamplingParams(response_format="json_schema", max_tokens=256),
+            limits=Limits(max_attempts=1, timeout_s=10.0),
+        ) as judge:
+            jq = judge.judge("what does a kettle do?", PASSAGES)
+            identity = judge.caller.chat.identity
+    assert len(seen) == 1 and srv.successes == 1
+    assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
+    # The spelling changes the body, so it is part of the provider's identity (cache keys).
+    with Judge(provider="llamacpp", model="m", base_url="http://127.0.0.1:9/v1") as plain:
+        assert plain.caller.chat.identity != identity

@@ -187,11 +187,13 @@ def _dashscope_chat(spec: ProviderSpec) -> ChatProvider:
 
 
 def _embedded_chat(spec: ProviderSpec) -> ChatProvider:
-    """The embedded judge, its llama.cpp penalties off unless the spec's extra_body says."""
+    """The embedded judge, its llama.cpp penalties off unless the spec's extra_body says, and
+    JSON schemas spelled the one way its llama-cpp-python server reads them."""
     from judge.providers.embedded.provider import make_embedded_chat_provider
 
     extra_body = {**NEUTRAL_SAMPLING["embedded"], **spec.extra_body}
-    return make_embedded_chat_provider(spec.model_copy(update={"extra_body": extra_body}))
+    update = {"extra_body": extra_body, "schema_spelling": "json_object"}
+    return make_embedded_chat_provider(spec.model_copy(update=update))
 
 
 def _http_rerank(spec: ProviderSpec) -> RerankProvider:

@@ -158,6 +158,10 @@ class ProviderSpec(Record):
     # Whether the endpoint honours response_format / logprobs (many local servers differ).
     supports_json_mode: bool = True
     supports_logprobs: bool = True
+    # How a JSON schema travels: OpenAI's {"type": "json_schema", "json_schema": {...}}, or
+    # {"type": "json_object", "schema": {...}}, the only form llama-cpp-python's server takes
+    # (it turns the schema into a grammar; llama.cpp's llama-server reads both).
+    schema_spelling: Literal["json_schema", "json_object"] = "json_schema"
     # Merged into every request's extra_body (e.g. {"enable_thinking": False}).
     extra_body: dict[str, Any] = Field(default_factory=dict)
     # For kind="embedded": extra llama.cpp server options.
@@ -166,13 +170,16 @@ class ProviderSpec(Record):
     def body_fingerprint(self) -> str:
         """What this spec adds to or takes from every request body, for the provider's identity
         (and so every cache key): "" for a spec that changes nothing (a plain endpoint keeps
-        the keys it always had), else "+" and a digest of ``extra_body`` and the two
-        ``supports_*`` switches. A changed ``extra_body`` value is a changed key."""
-        shaping = {
+        the keys it always had), else "+" and a digest of ``extra_body``, the two
+        ``supports_*`` switches and a non-default ``schema_spelling``. A changed ``extra_body``
+        value is a changed key."""
+        shaping: dict[str, Any] = {
             "extra_body": self.extra_body,
             "json_mode": self.supports_json_mode,
             "logprobs": self.supports_logprobs,
         }
+        if self.schema_spelling != "json_schema":
+            shaping["schema_spelling"] = self.schema_spelling
         if shaping == {"extra_body": {}, "json_mode": True, "logprobs": True}:
             return ""
         blob = json.dumps(
@@ -299,14 +306,17 @@ def sampling_fields(params: SamplingParams, spec: ProviderSpec) -> dict[str, Any
         fields["logprobs"] = True
         fields["top_logprobs"] = params.top_logprobs
     if spec.supports_json_mode:
-        fields["response_format"] = response_format(params)
+        fields["response_format"] = response_format(params, spec.schema_spelling)
     sent = {k: v for k, v in fields.items() if v is not None and k not in params.omit}
     return {**sent, **spec.extra_body, **params.extra_body}
 
 
-def response_format(params: SamplingParams) -> dict[str, Any] | None:
+def response_format(
+    params: SamplingParams, spelling: Literal["json_schema", "json_object"] = "json_schema"
+) -> dict[str, Any] | None:
     """The ``response_format`` request field for ``params`` (None: plain text), as both the
-    OpenAI and the DashScope protocols spell it.
+    OpenAI and the DashScope protocols spell it, or (``spelling="json_object"``) as
+    llama-cpp-python's server takes a schema.
 
     ``json_schema`` takes a bare JSON schema or OpenAI's ``{"name", "schema"}`` wrapper;
     without a schema it degrades to ``json_object``.
@@ -314,6 +324,8 @@ def response_format(params: SamplingParams) -> dict[str, Any] | None:
     if params.response_format == "json_schema" and params.json_schema is not None:
         schema = params.json_schema
         named = {"name", "schema"} <= schema.keys()
+        if spelling == "json_object":
+            return {"type": "json_object", "schema": schema["schema"] if named else schema}
         return {
             "type": "json_schema",
             "json_schema": schema if named else {"name": "verdict", "schema": schema},
