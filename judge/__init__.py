@@ -20,6 +20,9 @@ from judge.version import __version__
 # Public name -> the module that defines it.
 _EXPORTS = {
     "Judge": "judge.judging.judge",
+    "Judgements": "judge.judging.tables",
+    "JudgedRun": "judge.report.read",
+    "read_run": "judge.report.read",
     "load_config": "judge.config",
     "RunConfig": "judge.config",
     "Price": "judge.config",
@@ -62,6 +65,8 @@ __all__ = [
     "JudgeError",
     "JudgeHealth",
     "JudgedQuery",
+    "JudgedRun",
+    "Judgements",
     "Limits",
     "MetricPolicy",
     "ModelError",
@@ -85,6 +90,7 @@ __all__ = [
     "calibrate",
     "finish_run",
     "load_config",
+    "read_run",
     "relevance_pairs",
     "run_async",
 ]
@@ -108,7 +114,9 @@ if TYPE_CHECKING:
         TemplateError,
     )
     from judge.judging.judge import Judge
+    from judge.judging.tables import Judgements
     from judge.report.finish import finish_run
+    from judge.report.read import JudgedRun, read_run
     from judge.report.summary import Summary
     from judge.run.runner import RunOutcome, run_async
     from judge.schema import (

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 NuggetSource = Literal["judge", "human"]
 AspectStatus = Literal["ok", "unparsed", "error"]
+# The credibility scale's highest grade: 0 low, 1 medium, 2 high (judging/credibility.py).
+CREDIBILITY_MAX = 2
 
 
 class _Record(BaseModel):
@@ -64,6 +66,16 @@ class Credibility(_Record):
 
     passage_id: str = Field(min_length=1)
     status: AspectStatus
-    grade: int | None = Field(default=None, ge=0)
+    grade: int | None = Field(default=None, ge=0, le=CREDIBILITY_MAX)
     reason: str | None = None
     error: str | None = None
+
+
+class Aspects(_Record):
+    """What one unit's coverage and credibility calls gave, before they join its JudgedQuery,
+    and their tokens (nugget creation's are the run's, not a unit's: it serves every engine)."""
+
+    coverage: Coverage | None = None
+    credibility: tuple[Credibility, ...] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

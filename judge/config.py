@@ -15,8 +15,11 @@ Sections::
     [dataset]    path, columns, max_passage_chars, or a TREC run + passage store
     [run]        out, repeats, concurrency, timeouts, retries, rate limits, sample, budget, cache
     [metrics]    names, gain, unjudged, undefined_ap, relevance_threshold, grade_cuts
-    [thresholds] min metric values, max drop against a baseline, max error/unparsed rate
+    [metrics.authority]  source tiers: rules per tier, scores, defaults (judge/tiers.py)
+    [thresholds] min / max metric values, max drop against a baseline, max unparsed rate
     [prices.MODEL]  USD per million prompt / completion tokens
+    [nuggets]    opt-in coverage: nugget creation and assignment (path: a nugget file)
+    [credibility]  opt-in: the judge grades each passage's source
 """
 
 from __future__ import annotations
@@ -34,21 +37,26 @@ from judge.schema import BUILTIN_SCALES, MetricPolicy, Record, Scale
 from judge.sections import (
     DEFAULT_PARAMS,
     CascadeSection,
+    CredibilitySection,
     DatasetSection,
     JudgeSection,
+    NuggetsSection,
     Price,
     ProviderSection,
     RerankSection,
     RunSection,
     ScaleSection,
     ThresholdsSection,
+    aspect_metric_problem,
 )
 
 __all__ = [
     "DEFAULT_PARAMS",
     "CascadeSection",
+    "CredibilitySection",
     "DatasetSection",
     "JudgeSection",
+    "NuggetsSection",
     "Price",
     "ProviderSection",
     "RerankSection",
@@ -72,6 +80,8 @@ class RunConfig(Record):
     run: RunSection = RunSection()
     metrics: MetricPolicy = MetricPolicy()
     thresholds: ThresholdsSection = ThresholdsSection()
+    nuggets: NuggetsSection = NuggetsSection()
+    credibility: CredibilitySection = CredibilitySection()
     prices: dict[str, Price] = Field(default_factory=dict)
     # Where the config came from (for messages); not part of any fingerprint.
     source: str | None = None
@@ -119,12 +129,18 @@ class RunConfig(Record):
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a run directory to be resumed (everything that changes answers)."""
+        aspects = {
+            "nuggets": self.nuggets.model_dump(mode="json") if self.nuggets.enabled else None,
+            "credibility": self.credibility.enabled or None,
+        }
         return {
             "judge": self.judge.model_dump(mode="json"),
             "provider": self.provider.overrides(),
             "rerank": self.rerank.model_dump(mode="json") if self.rerank else None,
             "scale": self.scale().model_dump(mode="json"),
             "repeats": self.run.repeats,
+            # Only when on, so a run directory made without them still resumes.
+            **({"aspects": aspects} if any(aspects.values()) else {}),
         }
 
 
@@ -204,6 +220,7 @@ _PATH_KEYS = (
     ("run", "history"),
     ("thresholds", "baseline"),
     ("judge", "template_dir"),
+    ("nuggets", "path"),
 )
 
 
@@ -242,6 +259,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_first_error(exc)}") from None
     config.metrics.check_scale(config.scale(), source)  # custom scales, grade_cuts: early
+    if problem := aspect_metric_problem(config.metrics.names, config.nuggets, config.credibility):
+        raise ConfigError(f"{source}: {problem}")
     return config
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from judge.aspects import Coverage, Credibility
 from judge.errors import ConfigError
+from judge.tiers import AuthorityTiers
 
 VerdictStatus = Literal["ok", "unparsed", "error"]
 VerdictSource = Literal["judge", "reranker"]
@@ -368,6 +369,7 @@ class MetricPolicy(Record):
     # two grades; its grade is the j-th lowest, j = #{i: c_i <= E[g]} (judge.metrics.cuts), and
     # it is relevant at the scale's threshold. ``judge calibrate`` chooses them. None: the label.
     grade_cuts: tuple[float, ...] | None = None
+    authority: AuthorityTiers = AuthorityTiers()  # [metrics.authority]: judge/tiers.py
 
     @field_validator("grade_cuts")
     @classmethod

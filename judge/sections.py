@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -147,10 +147,23 @@ class RunSection(Record):
     # After SIGINT/SIGTERM/SIGHUP, seconds the calls in flight get to finish before they are
     # cancelled (their units stay unfinished and resume on the next run).
     grace_s: float = Field(default=10.0, ge=0)
+    # Batch mode (`judge run --batch`, judge/run/batch.py): first-round requests go through the
+    # provider's Batch API at its batch price, within 24 h; the run then reads them from the cache.
+    batch: bool = False
+    # What a batch left without a usable answer (unparsed, failed, expired, cancelled): asked in
+    # real time at list price, or in one follow-up batch first (what that leaves: real time).
+    batch_followup: Literal["realtime", "batch"] = "realtime"
+    # Seconds between a batch's status checks: the first wait, growing by half each check up to
+    # the cap (a batch takes minutes to hours; tests make these small).
+    batch_poll_s: float = Field(default=30.0, gt=0)
+    batch_max_poll_s: float = Field(default=600.0, gt=0)
 
 
 class ThresholdsSection(Record):
     min: dict[str, float] = Field(default_factory=dict)
+    # Upper bounds on a mean, for lower-is-better metrics such as near_dup@10, low_quality@10.
+    max: dict[str, float] = Field(default_factory=dict)
+    # Worst allowed fall against the baseline; for a lower-is-better metric, the worst rise.
     max_drop: dict[str, float] = Field(default_factory=dict)
     baseline: str | None = None
     # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
@@ -159,11 +172,79 @@ class ThresholdsSection(Record):
     # probabilities too flat to rank; see judge.analysis.health). Off: the report warns only.
     fail_on_degenerate_judge: bool = False
 
+    def bounds(self) -> list[tuple[str, str, float]]:
+        """Every bound on a metric's mean: ("min" or "max", metric, limit)."""
+        return [*(("min", *i) for i in self.min.items()), *(("max", *i) for i in self.max.items())]
+
 
 class Price(Record):
     prompt: float = Field(ge=0)  # USD per 1M prompt tokens
     completion: float = Field(ge=0)  # USD per 1M completion tokens
+    # Through the provider's Batch API (`judge run --batch`): batch_prompt / batch_completion
+    # when given, else these prices times batch_factor (OpenAI and DashScope: half).
+    batch_factor: float = Field(default=0.5, gt=0, le=1)
+    batch_prompt: float | None = Field(default=None, ge=0)
+    batch_completion: float | None = Field(default=None, ge=0)
+
+    def batch(self) -> Price:
+        """The price of the same tokens through the provider's Batch API."""
+        f = self.batch_factor
+        prompt = self.prompt * f if self.batch_prompt is None else self.batch_prompt
+        completion = self.completion * f if self.batch_completion is None else self.batch_completion
+        return Price(prompt=prompt, completion=completion, batch_factor=1.0)
 
     def cost(self, usage: Usage) -> float:
         """USD for ``usage`` at this price: the one place a cost is computed."""
         return (usage.prompt_tokens * self.prompt + usage.completion_tokens * self.completion) / 1e6
+
+
+# Metric base names each opt-in dimension computes (judge.metrics.coverage holds the formulas).
+NUGGET_METRICS = ("coverage", "wcoverage", "alpha_ndcg", "err_ia")
+CREDIBILITY_METRICS = ("credibility",)
+
+
+class NuggetsSection(Record):
+    """``[nuggets]`` (judging/nuggets.py): per query, the nuggets a complete answer needs,
+    written once from every engine's pooled passages (or read from ``path``), then which
+    passages support which. ``enabled`` is the switch that costs calls; with it on and no
+    nugget metric in ``[metrics] names``, ``DEFAULT`` ones are computed."""
+
+    DEFAULT: ClassVar[tuple[str, ...]] = tuple(f"{name}@10" for name in NUGGET_METRICS)
+
+    enabled: bool = False
+    # A nugget file (JSONL, one NuggetSet per line) used as given; queries it lacks get the
+    # judge's. Each run writes the set it used to <out>/nuggets.jsonl, to give back here.
+    path: str | None = None
+    # At most this many nuggets per query (vital ones kept first).
+    max_nuggets: int = Field(default=10, ge=1, le=30)
+    # Pooled passages shown to the judge writing the nuggets (interleaved by rank across
+    # engines, duplicates dropped) and the tokens their text may take together.
+    pool_passages: int = Field(default=20, ge=1)
+    pool_tokens: int = Field(default=6000, ge=256)
+    # Passages per assignment call at most (fewer when the context window needs it).
+    group_passages: int = Field(default=20, ge=1)
+
+
+class CredibilitySection(Record):
+    """``[credibility]`` (judging/credibility.py): the judge grades each passage's source
+    0 low, 1 medium, 2 high with a reason, from its URL, title and text."""
+
+    DEFAULT: ClassVar[tuple[str, ...]] = tuple(f"{name}@10" for name in CREDIBILITY_METRICS)
+
+    enabled: bool = False
+
+
+def aspect_metric_problem(
+    names: tuple[str, ...], nuggets: NuggetsSection, credibility: CredibilitySection
+) -> str | None:
+    """Why ``names`` cannot be computed: a nugget or credibility metric whose dimension is off
+    (it would be undefined for every query, and turning a dimension on costs calls)."""
+    for name in names:
+        base = name.split("@")[0]
+        for bases, table, on in (
+            (NUGGET_METRICS, "nuggets", nuggets.enabled),
+            (CREDIBILITY_METRICS, "credibility", credibility.enabled),
+        ):
+            if base in bases and not on:
+                return f"metrics.names: '{name}' needs [{table}] enabled = true"
+    return None

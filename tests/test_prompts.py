@@ -49,8 +49,16 @@ def render(name: str, **options: object) -> tuple[Message, ...]:
     return template.render_listwise(QUERY, PASSAGES, scale_for(name), **options)
 
 
-def test_there_are_eight_builtin_templates() -> None:
-    assert list_templates() == sorted(BUILTINS)
+# Coverage and credibility (judging/dimensions.py), tested in tests/test_nuggets.py.
+ASPECT_TEMPLATES = [
+    f"{name}.{language}.j2"
+    for name in ("nuggets.listwise", "support.listwise", "credibility.pointwise")
+    for language in ("en", "zh")
+]
+
+
+def test_there_are_eight_builtin_relevance_templates() -> None:
+    assert list_templates() == sorted(BUILTINS + ASPECT_TEMPLATES)
 
 
 @pytest.mark.parametrize("name", BUILTINS)

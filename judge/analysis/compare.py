@@ -18,7 +18,9 @@ differences no p-value can fall below ``2 / 2^m`` (only the observed signs and t
 image are as extreme): ``p_floor``. Below 6 differing pairs the test cannot reach p < 0.05
 whatever the data, and a reader is told so. Every random draw uses
 ``numpy.random.default_rng(seed)``. Win / tie / loss count the queries where ``d_q`` is
-above, at (within 1e-12) or below 0.
+above, at (within 1e-12) or below 0; for a lower-is-better metric (``near_dup``,
+``low_quality``: :func:`judge.metrics.sources.lower_is_better`) below, at or above, and
+"worse" means significantly higher.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from judge.analysis.reliability import bootstrap_ci
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import metrics_for_queries
 from judge.metrics.compute import parse_metric_name as parse_plain
+from judge.metrics.sources import lower_is_better
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale
 
 __all__ = [
@@ -109,8 +112,12 @@ class PairedDiff(Record):
         return self.p_floor is not None and self.p_floor >= SIGNIFICANCE
 
     def worse(self, alpha: float = SIGNIFICANCE) -> bool:
-        """Significantly worse than the baseline: lower, with p < ``alpha``."""
-        return self.diff is not None and self.diff < 0 and (self.p_value or 1.0) < alpha
+        """Significantly worse than the baseline, p < ``alpha``: lower, or higher for a
+        lower-is-better metric."""
+        if self.diff is None:
+            return False
+        lost = self.diff > 0 if lower_is_better(self.metric) else self.diff < 0
+        return lost and (self.p_value or 1.0) < alpha
 
 
 class Comparison(Record):
@@ -264,6 +271,7 @@ def paired_diff(
     a = np.array([values[q] for q in common], dtype=np.float64)
     b = np.array([base_values[q] for q in common], dtype=np.float64)
     d = a - b
+    better = -d if lower_is_better(metric) else d  # wins are queries where the engine is better
     ci = bootstrap_ci(d, n_boot=n_boot, seed=seed)
     p, exact = sign_flip_p(d, n_permutations=n_permutations, seed=seed) if d.size else (None, False)
     return PairedDiff(
@@ -279,9 +287,9 @@ def paired_diff(
         p_value=p,
         exact=exact,
         p_floor=sign_flip_floor(d, n_permutations=n_permutations) if d.size else None,
-        wins=int(np.count_nonzero(d > _ZERO)),
+        wins=int(np.count_nonzero(better > _ZERO)),
         ties=int(np.count_nonzero(np.abs(d) <= _ZERO)),
-        losses=int(np.count_nonzero(d < -_ZERO)),
+        losses=int(np.count_nonzero(better < -_ZERO)),
     )
 
 

@@ -42,21 +42,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.config import load_config
     from judge.providers import planning_only
     from judge.report.finish import finish_run
+    from judge.run.batch import check_batch, run_batched
     from judge.run.estimate import estimate
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries, sample_queries
     from judge.run.runner import run_async
 
-    config = load_config(args.config, overrides(args))
+    batch = {"run.batch": True} if args.batch else {}
+    config = load_config(args.config, overrides(args) | batch)
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
     out_dir = Path(args.out or config.run.out)
     # A dry run sends nothing, so it needs no API key; every other check is the same.
     with planning_only() if args.dry_run else contextlib.nullcontext():
         preflight(config, queries, out_dir, first_night=args.first_night)
+        if config.run.batch:
+            check_batch(config)
     if args.dry_run:
         return _dry_run(estimate(config, queries, out_dir))
     redo = frozenset(args.redo or ())
-    outcome = asyncio.run(run_async(config, queries, out_dir, fresh=args.fresh, redo=redo))
+    run = run_batched if config.run.batch else run_async
+    outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo))
     del queries  # the summary reads the results; a large dataset need not stay in memory
     summary = finish_run(config, out_dir, outcome)
     _print_outcome(outcome, summary, out_dir)
@@ -87,6 +92,14 @@ def _dry_run(est: Estimate) -> int:
         f"~{est.completion_tokens} completion tokens "
         f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
     )
+    if est.batch_cost_usd is not None and est.batch_worst_usd is not None:
+        print(
+            f"batch mode: estimated cost ${est.batch_cost_usd:.4f} at batch prices"
+            + (" (this run: --batch)" if est.batch else " (with --batch)")
+            + f"; the budget must hold the batch's worst case, ${est.batch_worst_usd:.4f}"
+        )
+    elif est.batch:
+        print("batch mode: cost unknown (no [prices] entry for the model)")
     if est.rerank_calls:
         bound = (
             "; the LLM figures are an upper bound: a dry run does not call the reranker, and "
@@ -284,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="estimate calls, tokens and cost; call nothing"
     )
     r.add_argument(
+        "--batch",
+        action="store_true",
+        help="first ask through the provider's Batch API at its batch price (results within "
+        "24 h; [run] batch = true); a rerun collects a recorded batch, never resubmits it",
+    )
+    r.add_argument(
         "--fresh", action="store_true", help="discard the run directory's earlier results"
     )
     r.add_argument(
@@ -335,10 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from judge.cli.admin import add_commands as add_admin
     from judge.cli.baseline import add_commands as add_baseline
+    from judge.cli.batch import add_commands as add_batch
     from judge.cli.calibrate import add_commands as add_calibrate
     from judge.cli.reports import add_commands
 
     add_admin(sub, common)
+    add_batch(sub)
     add_calibrate(sub)
     add_baseline(sub)
 

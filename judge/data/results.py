@@ -172,13 +172,25 @@ class _Status(BaseModel):
     status: VerdictStatus
 
 
+class _Supports(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    supports: tuple[_Status, ...] = ()
+
+
 class _Unit(BaseModel):
-    """The part of a results line that says which unit it is and how its verdicts ended."""
+    """The part of a results line that says which unit it is and how its verdicts (and nugget
+    supports and credibility grades, when judged) ended."""
 
     model_config = ConfigDict(extra="ignore")
     query: _UnitKey
     repeat: int
     verdicts: tuple[_Status, ...]
+    coverage: _Supports | None = None
+    credibility: tuple[_Status, ...] | None = None
+
+    def statuses(self) -> frozenset[str]:
+        supports = self.coverage.supports if self.coverage else ()
+        return frozenset(s.status for s in (*self.verdicts, *supports, *(self.credibility or ())))
 
 
 UnitKey = tuple[str, str, int]
@@ -192,7 +204,7 @@ def unit_statuses(path: Path) -> tuple[dict[UnitKey, frozenset[str]], int]:
     lines = _read_lines(path, _Unit)
     for unit in lines:
         key = (unit.query.query_id, unit.query.engine, unit.repeat)
-        units[key] = frozenset(v.status for v in unit.verdicts)
+        units[key] = unit.statuses()
     return units, len(lines)
 
 

@@ -1,16 +1,15 @@
 """One query's passages -> verdicts -> label-free metrics (the per-query Python API).
 
 Async core (:meth:`Judge.ajudge`), one sync wrapper at the edge (:meth:`Judge.judge`, which
-runs the core on an event loop the Judge owns, so its HTTP clients survive between calls).
-How verdicts are asked for (pointwise, listwise, re-asks) lives in :mod:`judge.judging.asker`.
+runs the core on an event loop the Judge owns, so its HTTP clients survive between calls;
+see judging/sync.py), for one query or many (judging/many.py). How verdicts are asked for
+(pointwise, listwise, re-asks) lives in :mod:`judge.judging.asker`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import statistics
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -27,6 +26,8 @@ from judge.judging.context import (
     fit_to_context,
     preset_context,
 )
+from judge.judging.dimensions import Aspects, Dimensions, aspect_fields, with_aspects
+from judge.judging.many import PassageLike, QueryRow, as_passages, as_query, judge_many
 from judge.judging.prompts import (
     AnswerShape,
     Mode,
@@ -35,6 +36,8 @@ from judge.judging.prompts import (
     load_template,
     template_name,
 )
+from judge.judging.sync import OwnLoop
+from judge.judging.tables import Judgements
 from judge.metrics.compute import metrics_for_queries
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
 from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
@@ -42,53 +45,24 @@ from judge.schema import (
     BUILTIN_SCALES,
     JudgedQuery,
     MetricPolicy,
-    Passage,
     Query,
     SamplingParams,
     Scale,
-    Usage,
     Verdict,
 )
+from judge.sections import CredibilitySection, NuggetsSection
 
-__all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "as_passages"]
+__all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "PassageLike", "as_passages"]
 
 T = TypeVar("T")
-PassageLike = Passage | str | Mapping[str, Any]
-# One query's judging before its metrics: (query, repeat, verdicts, reranker scores).
-Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None]
+# One query's judging before its metrics: (query, repeat, verdicts, reranker scores, coverage
+# and credibility: judging/dimensions.py).
+Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None, Aspects | None]
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "max": max,
     "mean": statistics.fmean,
     "median": statistics.median,
 }
-
-
-def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
-    """Accept plain strings (ids "1".."n"), dicts or Passage records."""
-    out: list[Passage] = []
-    for i, item in enumerate(passages, start=1):
-        if isinstance(item, Passage):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(Passage(id=str(i), text=item))
-        else:
-            data = dict(item)
-            data.setdefault("id", str(i))
-            data["id"] = str(data["id"])
-            out.append(Passage.model_validate(data))
-    ids = [p.id for p in out]
-    if len(set(ids)) != len(ids):
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        raise ConfigError(f"duplicate passage ids: {dupes}")
-    return tuple(out)
-
-
-def _as_query(query: str | Query, passages: Sequence[PassageLike] | None) -> Query:
-    """A Query from a query text and passages, or a Query (its passages replaced if given)."""
-    if isinstance(query, str):
-        return Query(query_id="q", query=query, passages=as_passages(passages or ()))
-    update = {} if passages is None else {"passages": as_passages(passages)}
-    return query.model_copy(update=update)
 
 
 def _templates(name: str, template_dir: str | Path | None) -> tuple[PromptTemplate, PromptTemplate]:
@@ -155,11 +129,14 @@ class Judge:
         reask: bool = True,
         context_tokens: int | None = None,
         cascade: CascadeSection | None = None,
+        nuggets: NuggetsSection | bool = False,
+        credibility: CredibilitySection | bool = False,
         **provider_overrides: Any,
     ) -> None:
         """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
         (None: none); ``context_tokens``: the model's window (None: not enforced); ``cascade``:
-        judging/cascade.py. Other keyword arguments override the preset (``base_url``).
+        judging/cascade.py; ``nuggets``, ``credibility``: judging/dimensions.py. Other keyword
+        arguments override the preset (``base_url``).
         Long because it wires every keyword into its part."""
         scale = Scale.named(scale) if isinstance(scale, str) else scale
         self.scale, self.model, self.mode, self.context_tokens = scale, model, mode, context_tokens
@@ -181,7 +158,7 @@ class Judge:
         self.rerank_model = rerank_model
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
         self.cascade = Cascade.of(cascade, scale, self.caller, rerank_model)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = OwnLoop()
         self.asker = Asker(
             caller=self.caller,
             model=model,
@@ -195,6 +172,8 @@ class Judge:
             shape=shape,
             reask=reask,
         )
+        self.dimensions = Dimensions.of(nuggets, credibility, self, template_dir)
+        self.policy = self.dimensions.metric_policy(metrics) if self.dimensions else metrics
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
@@ -253,6 +232,8 @@ class Judge:
             reask=j.reask,
             context_tokens=j.context_tokens or preset_context(spec),
             cascade=j.cascade,
+            nuggets=config.nuggets,
+            credibility=config.credibility,
         )
 
     # ---- async core -------------------------------------------------------------------
@@ -275,16 +256,30 @@ class Judge:
         repeat: int = 0,
     ) -> Judged:
         """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once."""
-        query = self.fit(_as_query(query, passages))
+        query = self.fit(as_query(query, passages))
         if self.cascade is not None:
             ask = self.asker.verdicts
             routed, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))
-            return query, repeat, routed, scores
+            return await with_aspects(self.dimensions, (query, repeat, routed, scores))
         verdicts = await self.asker.verdicts(query, repeat)
         rerank_scores = None
         if self._reranker is not None and query.passages:
             rerank_scores = await self._rerank_scores(query, repeat)
-        return query, repeat, verdicts, rerank_scores
+        return await with_aspects(self.dimensions, (query, repeat, verdicts, rerank_scores))
+
+    async def ajudge_many(
+        self,
+        rows: Iterable[QueryRow],
+        *,
+        repeats: int = 1,
+        progress: bool = True,
+        label_scale: Scale | None = None,
+    ) -> Judgements:
+        """Judge dataset rows (dicts in the dataset JSONL shape) or Queries ``repeats`` times
+        each, as ``judge run`` does (limits, cache, cascade); see judging/many.py."""
+        return await judge_many(
+            self, rows, repeats=repeats, progress=progress, label_scale=label_scale
+        )
 
     def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
         """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed
@@ -292,10 +287,11 @@ class Judge:
         everything else (soft metrics, a relevance threshold) from the judge's own."""
         values = metrics_for_queries(
             self.policy.names,
-            [(query, verdicts) for query, _, verdicts, _ in judged],
+            [(query, verdicts) for query, _, verdicts, *_ in judged],
             self.scale,
             self.policy,
-            [scores for *_, scores in judged],
+            [j[3] for j in judged],
+            [j[4] for j in judged],
         )
         return [
             JudgedQuery(
@@ -304,10 +300,12 @@ class Judge:
                 scale=self.scale.name,
                 verdicts=tuple(verdicts),
                 metrics=metrics,
-                usage=sum((v.usage for v in verdicts), Usage()),
                 rerank_scores=scores,
+                **aspect_fields(aspects, verdicts),
             )
-            for (query, repeat, verdicts, scores), metrics in zip(judged, values, strict=True)
+            for (query, repeat, verdicts, scores, aspects), metrics in zip(
+                judged, values, strict=True
+            )
         ]
 
     async def arerank_relevancy(
@@ -324,7 +322,7 @@ class Judge:
         """
         if agg not in _AGGREGATES:
             raise ConfigError(f"agg must be one of {sorted(_AGGREGATES)}")
-        query = _as_query(query, passages)
+        query = as_query(query, passages)
         if self._reranker is not None:
             scores = list((await self._rerank_scores(query, 0)).values())
         else:
@@ -346,24 +344,27 @@ class Judge:
     # ---- sync edge --------------------------------------------------------------------
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the Judge's own event loop (its HTTP clients live there). Inside a
-        running loop (a Jupyter cell) that loop runs in a worker thread while this one waits:
-        no nest_asyncio patching of the caller's loop."""
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        loop = self._loop
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return loop.run_until_complete(coro)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge-sync") as pool:
-            return pool.submit(loop.run_until_complete, coro).result()
+        """Run ``coro`` on the Judge's own event loop (its HTTP clients live there); inside a
+        running loop (a Jupyter cell) in a worker thread, see judging/sync.py."""
+        return self._loop.run(coro)
 
     def judge(
         self, query: str | Query, passages: Sequence[PassageLike] | None = None, *, repeat: int = 0
     ) -> JudgedQuery:
         """Sync wrapper of :meth:`ajudge`."""
         return self._run(self.ajudge(query, passages, repeat=repeat))
+
+    def judge_many(
+        self,
+        rows: Iterable[QueryRow],
+        *,
+        repeats: int = 1,
+        progress: bool = True,
+        label_scale: Scale | None = None,
+    ) -> Judgements:
+        """Sync wrapper of :meth:`ajudge_many` (inside a running loop too, as in Jupyter)."""
+        many = self.ajudge_many(rows, repeats=repeats, progress=progress, label_scale=label_scale)
+        return self._run(many)
 
     def fit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
         """Sync wrapper of :meth:`afit_cascade`."""
@@ -385,7 +386,7 @@ class Judge:
             await self._reranker.aclose()
 
     def close(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
+        if self._loop.started:
             self._run(self.aclose())
             self._loop.close()
         if self._cache is not None:

@@ -2,5 +2,6 @@
 
 Owns the label-free metrics (AP, NDCG, relevancy, rerank relevancy, ...), the label-based
 ones (expected ids / texts), metric names, and applying a :class:`~judge.schema.MetricPolicy`.
-No I/O. Imports only ``judge.errors`` and ``judge.schema``.
+No I/O but reading, once, the Public Suffix List its package ships (``metrics.hosts``).
+Imports only ``judge.errors``, ``judge.schema`` and ``judge.tiers``.
 """

@@ -7,10 +7,11 @@ as report columns: a base name, optionally ``@k`` (``ndcg@10``, ``label.recall@5
 
 Label-free metrics (:func:`compute_label_free`) read the judge's grades; ``rel_i`` is the raw
 grade at rank ``i`` and a passage is relevant when ``rel_i >= threshold``. Label-based metrics
-(:func:`compute_label_based`, names prefixed ``label.``, defined in :mod:`judge.labels`) read
-which retrieved passages match the row's expected ids or texts (:func:`match_expected`).
-:func:`metrics_for_queries` ties both to the schema records. Where a formula divides 0 by 0
-the value is undefined (NaN).
+(:func:`compute_label_based`, names prefixed ``label.``, :mod:`.label_based`) read which
+retrieved passages match the row's expected ids or texts (:func:`match_expected`). Source
+metrics (``near_dup``, ``sites``, ``authority``, ``low_quality``: :mod:`.sources`) read the
+passages' text and urls alone. :func:`metrics_for_queries` ties all three to the records.
+Where a formula divides 0 by 0 the value is undefined (NaN).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from judge.errors import ConfigError
 from judge.metrics import soft
+from judge.metrics.coverage import ASPECT_METRICS, Aspects, aspect_values
 from judge.metrics.cuts import cut_grade
 from judge.metrics.label_based import (
     LABEL_BASED,
@@ -45,6 +47,7 @@ from judge.metrics.ranked import (
     precision,
     precision_at_rank,
 )
+from judge.metrics.sources import SOURCE_METRICS, source_metrics
 from judge.schema import (
     DEFAULT_METRICS,
     Gain,
@@ -195,15 +198,15 @@ def parse_metric_name(name: str) -> tuple[str, int | None]:
 
     Raises ConfigError naming the metric and listing the valid ones when it is unknown.
     """
-    match = _NAME.match(name)
-    if match and match.group(1) in LABEL_FREE | LABEL_BASED:
+    match, known = _NAME.match(name), {*LABEL_FREE, *LABEL_BASED, *SOURCE_METRICS, *ASPECT_METRICS}
+    if match and match.group(1) in known:
         k = None if match.group(2) is None else int(match.group(2))
         if k is None or k >= 1:
             return match.group(1), k
         raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
-    valid = ", ".join([*LABEL_FREE, *LABEL_BASED])
+    valid = ", ".join([*LABEL_FREE, *LABEL_BASED, *SOURCE_METRICS, *ASPECT_METRICS])
     hint, tidy = "", name.strip().lower()
-    if tidy != name and (fixed := _NAME.match(tidy)) and fixed.group(1) in LABEL_FREE | LABEL_BASED:
+    if tidy != name and (fixed := _NAME.match(tidy)) and fixed.group(1) in known:
         hint = f" (did you mean '{tidy}'?)"
     raise ConfigError(
         f"unknown metric '{name}'{hint}; valid metrics: {valid}; each may take a cutoff '@k'"
@@ -227,10 +230,10 @@ def pad(lists: Sequence[Sequence[float | None]]) -> tuple[FloatArray, IntArray]:
 
 def _split(names: Sequence[str], label: bool) -> list[tuple[str, str, int | None]]:
     parsed = [(name, *parse_metric_name(name)) for name in names]
-    wrong = [name for name, base, _ in parsed if (base in LABEL_BASED) != label]
+    wrong = [name for name, base, _ in parsed if base not in (LABEL_BASED if label else LABEL_FREE)]
     if wrong:
         kind = "label-free" if label else "label-based"
-        raise ConfigError(f"metrics {wrong} are {kind}; compute them with the other function")
+        raise ConfigError(f"metrics {wrong} are {kind} or source metrics: use metrics_for_queries")
     return parsed
 
 
@@ -342,35 +345,34 @@ def metrics_for_queries(
     scale: Scale,
     policy: MetricPolicy = MetricPolicy(),
     rerank_scores: Sequence[dict[str, float] | None] | None = None,
+    aspects: Sequence[Aspects | None] | None = None,
 ) -> list[dict[str, float | None]]:
-    """Per-query metric dicts (None = undefined) from each query's verdicts, in rank order.
-
-    ``names`` are the metrics wanted (often ``policy.names``); the rest of the policy says
-    how they are computed.
+    """Per-query metric dicts (None = undefined) from each query's verdicts, in rank order;
+    ``names`` are the metrics wanted (often ``policy.names``), the policy says how.
 
     A verdict gives its grade when ``status == "ok"`` and is unjudged otherwise; its
     ``probability`` feeds ``soft_*`` (and, with ``relevance_threshold``, the grade itself;
     with ``grade_cuts``, the expected grade does) and ``rerank_*``, unless the query has a
     reranker's scores (``rerank_scores``, by passage id, aligned with ``queries``): then
     ``rerank_*`` come from those. Label-based names are None for a query without expected
-    ids or texts; they never depend on the verdicts.
+    ids or texts; they and the source metrics (:mod:`.sources`) never depend on the verdicts.
+    Coverage and credibility (:mod:`.coverage`) read ``aspects``, aligned (None without).
     """
     policy.check_scale(scale)
-    free = [n for n in names if not is_label_based(n)]
-    label = [n for n in names if n not in free]
+    parsed = [(n, *parse_metric_name(n)) for n in names]
+    sourced = [p for p in parsed if p[1] in SOURCE_METRICS]
+    label = [n for n, base, _ in parsed if base in LABEL_BASED]
+    free = [n for n, base, _ in parsed if base in LABEL_FREE]
     ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]
     grades, lengths = pad([[_grade(v, scale, policy) for v in vs] for vs in ordered])
     probs, _ = pad([[v.probability for v in vs] for vs in ordered])
-    options: dict[str, Any] = {
-        "max_grade": scale.max_grade,
-        "threshold": scale.threshold,
-        "gain": policy.gain,
-        "unjudged": policy.unjudged,
-        "undefined_ap": policy.undefined_ap,
-    }
+    options: dict[str, Any] = {"max_grade": scale.max_grade, "threshold": scale.threshold}
+    options |= policy.model_dump(include={"gain", "unjudged", "undefined_ap"})
     reranked = [n for n in free if rerank_scores is not None and n.startswith("rerank_")]
     own = [n for n in free if n not in reranked]
     values = compute_label_free(own, grades, lengths, probabilities=probs, **options)
+    values |= source_metrics(sourced, [query for query, _ in queries], policy)
+    values |= aspect_values(parsed, aspects or [None] * len(queries))
     if reranked:
         assert rerank_scores is not None
         scores, _ = pad(

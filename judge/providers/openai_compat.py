@@ -8,6 +8,11 @@ request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather than
 The SDK is imported, and its client made, on the first request: importing ``openai`` takes
 longer than a fully cached run of a hundred queries, which never sends one. The API key is
 read when the provider is made, so a missing one still stops a run before anything else.
+
+The Batch API (``judge run --batch``) is wire here too: a batch input line is the body
+:meth:`OpenAICompatProvider.complete` would send; files are uploaded, batches created, read and
+cancelled through the SDK, and output lines read back into Completions (:func:`read_batch_lines`).
+What to batch, and when, is decided above (judge/run/batch.py).
 """
 
 from __future__ import annotations
@@ -29,11 +34,86 @@ from judge.providers.base import (
     sampling_fields,
     status_decision,
 )
+from judge.schema import Record
 
 if TYPE_CHECKING:
     import httpx2
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+CHAT_URL = "/v1/chat/completions"  # a batch line's url, and the batch's endpoint
+# A batch's statuses after which it changes no more.
+BATCH_DONE = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+class BatchJob(Record):
+    """A batch as its endpoint reports it (the SDK's Batch, reduced to what judge reads)."""
+
+    id: str
+    status: str
+    input_file_id: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: tuple[str, ...] = ()  # batch-level errors: why a batch failed validation
+
+    @property
+    def done(self) -> bool:
+        return self.status in BATCH_DONE
+
+
+class BatchLine(Record):
+    """One line of a batch's output or error file: its answer, or why there is none."""
+
+    custom_id: str
+    completion: Completion | None = None
+    error: str | None = None
+
+
+def _job(batch: Any) -> BatchJob:
+    counts = batch.request_counts
+    errors = batch.errors.data if batch.errors is not None and batch.errors.data else []
+    return BatchJob(
+        id=batch.id,
+        status=batch.status,
+        input_file_id=batch.input_file_id,
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+        total=counts.total if counts else 0,
+        completed=counts.completed if counts else 0,
+        failed=counts.failed if counts else 0,
+        errors=tuple(
+            f"{e.message or e.code}" + (f" (line {e.line})" if e.line else "") for e in errors
+        ),
+    )
+
+
+def read_batch_lines(content: bytes, model: str) -> list[BatchLine]:
+    """Every line of a batch output or error file: a Completion for a 200 answer, else why
+    there is none (a line that is not JSON or names no custom_id matches nothing: skipped)."""
+    out: list[BatchLine] = []
+    for raw in content.splitlines():
+        try:
+            data = json.loads(raw)
+            custom_id = str(data["custom_id"])
+            response = data.get("response") or {}
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        status = response.get("status_code") if isinstance(response, dict) else None
+        if status == 200 and not data.get("error"):
+            try:
+                answer = _completion(response.get("body"), model)
+                out.append(BatchLine(custom_id=custom_id, completion=answer))
+            except ResponseError as exc:
+                out.append(BatchLine(custom_id=custom_id, error=str(exc)))
+            continue
+        body = response.get("body") if isinstance(response, dict) else None
+        error = data.get("error") or (body.get("error") if isinstance(body, dict) else None)
+        what = error.get("message") or error.get("code") if isinstance(error, dict) else error
+        prefix = f"HTTP {status}: " if status else ""
+        out.append(BatchLine(custom_id=custom_id, error=f"{prefix}{what or 'no answer'}"))
+    return out
 
 
 @cache
@@ -74,6 +154,14 @@ def to_completion(raw: bytes, model: str) -> Completion:
     response objects cost more than the rest of a call (most of it for the logprobs)."""
     try:
         data = json.loads(raw)
+    except ValueError as exc:
+        raise ResponseError(f"malformed chat completion from the server: {exc}") from exc
+    return _completion(data, model)
+
+
+def _completion(data: Any, model: str) -> Completion:
+    """:func:`to_completion` of a body already read as JSON (a batch output line holds one)."""
+    try:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
         usage = data.get("usage") or {}
@@ -134,10 +222,14 @@ class OpenAICompatProvider:
         """The JSON fields besides model and messages that ``request`` sends to this endpoint."""
         return sampling_fields(request.params, self._spec)
 
+    def body(self, request: ChatRequest) -> dict[str, Any]:
+        """The whole JSON body :meth:`complete` POSTs for ``request`` (a batch line's too)."""
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        return {"model": request.model, "messages": messages, **self.request_body(request)}
+
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         """One chat completion: one HTTP request, no retries; errors go to :meth:`classify`."""
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        body = {"model": request.model, "messages": messages, **self.request_body(request)}
+        body = self.body(request)
         # The SDK's documented way to POST a body we built ourselves: the same request as
         # chat.completions.create, without re-walking every field through its type
         # transforms, and the raw answer back (its error statuses still raised by the SDK).
@@ -148,6 +240,55 @@ class OpenAICompatProvider:
             "/chat/completions", body=body, cast_to=httpx2.Response, options=cast(Any, options)
         )
         return to_completion(await response.aread(), request.model)
+
+    # ---- the Batch API: one HTTP request per method, no retries (the caller decides) --------
+
+    def batch_line(self, custom_id: str, request: ChatRequest) -> bytes:
+        """One line of a batch input file: ``request`` as :meth:`complete` would POST it."""
+        line = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": CHAT_URL,
+            "body": self.body(request),
+        }
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+    async def upload_batch_file(self, data: bytes, name: str, *, timeout: float) -> str:
+        """Upload a batch input file (purpose "batch"); its file id."""
+        sent = await self._client.files.create(
+            file=(name, data, "application/jsonl"), purpose="batch", timeout=timeout
+        )
+        return str(sent.id)
+
+    async def create_batch(
+        self, input_file_id: str, metadata: dict[str, str], *, timeout: float
+    ) -> BatchJob:
+        """Start a batch over an uploaded file, within the 24-hour window."""
+        batch = await self._client.batches.create(
+            completion_window="24h",
+            endpoint=CHAT_URL,
+            input_file_id=input_file_id,
+            metadata=metadata,
+            timeout=timeout,
+        )
+        return _job(batch)
+
+    async def find_batch(self, input_file_id: str, *, timeout: float) -> BatchJob | None:
+        """The newest batch (of the latest hundred) made from ``input_file_id``: a create whose
+        answer was lost may have started one, which must not be started twice."""
+        page = await self._client.batches.list(limit=100, timeout=timeout)
+        found = [b for b in page.data if b.input_file_id == input_file_id]
+        return _job(max(found, key=lambda b: b.created_at)) if found else None
+
+    async def get_batch(self, batch_id: str, *, timeout: float) -> BatchJob:
+        return _job(await self._client.batches.retrieve(batch_id, timeout=timeout))
+
+    async def cancel_batch(self, batch_id: str, *, timeout: float) -> BatchJob:
+        return _job(await self._client.batches.cancel(batch_id, timeout=timeout))
+
+    async def file_content(self, file_id: str, *, timeout: float) -> bytes:
+        got = await self._client.files.content(file_id, timeout=timeout)
+        return bytes(got.content)
 
     def classify(self, exc: BaseException) -> RetryDecision:
         """Retry rate limits (honouring Retry-After), 5xx/408/409, timeouts, dropped

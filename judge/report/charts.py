@@ -24,6 +24,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from judge.metrics.sources import lower_is_better
+
 FAILED_STYLES = {"unparsed": ("#9e9e9e", "//"), "error": ("#3b3b3b", "xx")}
 _STRIP = (
     re.compile(r"<\?xml[^>]*\?>\s*"),
@@ -174,8 +176,9 @@ def engine_scatter(
 ) -> str:
     """Per query, ``engine``'s value (y) against ``baseline``'s (x), one panel per metric.
 
-    Points above the diagonal are queries where ``engine`` did better; the win / tie / loss
-    counts are in each panel's title, off the data. Query ids label the points when few.
+    Points above the diagonal are queries where ``engine`` scored higher: better, except on a
+    lower-is-better metric (``near_dup``); the better / tie / worse counts are in each panel's
+    title, off the data. Query ids label the points when few.
     """
     fig = _figure(len(pairs), height=3.3)
     labels: list[tuple[Axes, list[str], Any, Any]] = []
@@ -189,7 +192,7 @@ def engine_scatter(
         ax.scatter(x, y, s=18, color=engine_colour(1), alpha=0.7, zorder=3)
         pad = 0.04 * (hi - lo)
         ax.set(xlabel=baseline, ylabel=engine, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad))
-        d = y - x
+        d = (x - y) if lower_is_better(metric) else (y - x)
         wins, losses = int((d > 1e-12).sum()), int((d < -1e-12).sum())
         ties = len(common) - wins - losses
         ax.set_title(f"{metric}\nbetter {wins} · tie {ties} · worse {losses}", fontsize=9)

@@ -6,8 +6,10 @@ things; only the HTML has charts and the extra orders of the query table. The fi
 answers at a glance: the status (PASSED / FAILED / INCOMPLETE / JUDGE UNRELIABLE,
 :mod:`judge.report.status`) with its reasons one line each, the config, dataset, model and
 date, then each engine's metrics with 95% CIs. Below: thresholds, the engines compared
-(paired), every query with each metric, judge health, charts, stability, human labels,
-history, and every query's passages with the judge's label and reason and the human label.
+(paired), authority and redundancy (:mod:`judge.report.sources`), coverage of the nuggets and
+source credibility (:mod:`judge.report.coverage`), every query with each metric, judge
+health, charts, stability, human labels, history, and every query's passages with the
+judge's label and reason and the human label.
 A section with nothing to say is left out: no stability with one repeat, no chart of a metric
 no query defines. The page has no script and references nothing outside itself (charts are
 inline SVG from :mod:`judge.report.charts`; a Content-Security-Policy forbids every load), so
@@ -37,6 +39,7 @@ from judge.report.blocks import (
     render_markdown,
 )
 from judge.report.compared import ci_text, compare_section
+from judge.report.coverage import coverage_section, credibility_section
 from judge.report.history import HistoryRow
 from judge.report.human import agreement_section, corrected_section
 from judge.report.queries import (
@@ -46,6 +49,7 @@ from judge.report.queries import (
     query_rows,
     query_table_section,
 )
+from judge.report.sources import sources_section
 from judge.report.status import header
 from judge.report.summary import Check, Summary
 from judge.schema import JudgedQuery, Scale
@@ -309,6 +313,9 @@ def sections(
         _metrics_section(summary, rows, worst),
         _threshold_section(summary.thresholds.checks) if summary.thresholds.checks else None,
         compare_section(comparison) if comparison else None,
+        sources_section(summary, results),
+        coverage_section(summary.coverage, results),
+        credibility_section(results),
         query_table_section(rows, defined),
         failed_section(results, rows),
         _health_section(health),

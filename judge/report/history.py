@@ -4,7 +4,8 @@
 ``run_metrics`` one row per (run, engine, metric) with the mean and its CI. A nightly job
 records every run, the report draws the trend, and :func:`regressions` flags a run whose
 metric mean fell by more than ``[thresholds] max_drop[metric]`` (an absolute drop, as in the
-baseline check) below the previous run that has a value for the same engine and metric.
+baseline check) below the previous run that has a value for the same engine and metric; for a
+lower-is-better metric (``near_dup``, ``low_quality``) a rise of more than that is flagged.
 Reading never creates the file: no history yet is an empty list.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from judge.errors import CacheError
+from judge.metrics.sources import lower_is_better
 from judge.report.summary import Summary
 from judge.schema import Record
 
@@ -74,7 +76,8 @@ class TrendPoint(Record):
 
 
 class Regression(Record):
-    """``previous - current > max_drop`` between run ``previous_run`` and run ``run_id``."""
+    """``previous - current > max_drop`` between run ``previous_run`` and run ``run_id``
+    (``current - previous`` for a lower-is-better metric: ``drop`` is how much worse)."""
 
     run_id: int
     previous_run: int
@@ -86,8 +89,9 @@ class Regression(Record):
     max_drop: float
 
     def describe(self) -> str:
+        moved = "rose" if lower_is_better(self.metric) else "fell"
         return (
-            f"{self.engine} {self.metric} fell {self.drop:.4f} (run {self.previous_run} "
+            f"{self.engine} {self.metric} {moved} {self.drop:.4f} (run {self.previous_run} "
             f"{self.previous:.4f} -> run {self.run_id} {self.current:.4f}; max {self.max_drop})"
         )
 
@@ -217,7 +221,8 @@ def metric_trend(
 
 
 def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> list[Regression]:
-    """Runs whose mean fell more than ``max_drop[metric]`` below the previous defined value."""
+    """Runs whose mean fell more than ``max_drop[metric]`` below the previous defined value
+    (rose above it, for a lower-is-better metric)."""
     flagged: list[Regression] = []
     previous: dict[tuple[str, str], tuple[int, float]] = {}
     for run in runs:
@@ -227,7 +232,8 @@ def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> li
                 if current is None:
                     continue
                 before = previous.get((engine, metric))
-                if before is not None and before[1] - current > limit:
+                sign = -1.0 if lower_is_better(metric) else 1.0  # a drop is how much worse
+                if before is not None and sign * (before[1] - current) > limit:
                     flagged.append(
                         Regression(
                             run_id=run.run_id,
@@ -236,7 +242,7 @@ def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> li
                             metric=metric,
                             previous=before[1],
                             current=current,
-                            drop=before[1] - current,
+                            drop=sign * (before[1] - current),
                             max_drop=limit,
                         )
                     )

@@ -23,12 +23,14 @@ from pydantic import Field, ValidationError
 
 from judge.analysis.cascade import CascadeSummary, cascade_summary
 from judge.analysis.compare import N_BOOT
+from judge.analysis.coverage import CoverageSummary, coverage_summary
 from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
 from judge.analysis.stability import StabilityReport, majority_vote, stability_report
 from judge.config import RunConfig
 from judge.errors import InputError
 from judge.metrics.compute import is_label_based
+from judge.metrics.sources import lower_is_better, needs_no_judge
 from judge.report.legacy import V1Defaults, from_v1
 from judge.report.queries import QueryRow, query_rows
 from judge.run.runner import RunOutcome
@@ -76,6 +78,7 @@ class SummaryConfig(Record):
     rerank: dict[str, Any] | None
     scale: Scale
     repeats: int
+    aspects: dict[str, Any] | None = None  # [nuggets] and [credibility], when on
 
 
 class MetricSummary(Record):
@@ -154,6 +157,7 @@ class Summary(Record):
     # A [judge.cascade] run: passages and calls the reranker took from the LLM, cost saved,
     # agreement with human labels (judge.analysis.cascade); None without a cascade.
     cascade: CascadeSummary | None = None
+    coverage: CoverageSummary | None = None  # [nuggets]: each query's nuggets, who found them
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -256,6 +260,7 @@ def build_summary(
         thresholds=ThresholdResult.of(()),
         corrected=_corrected(results, names, config),
         cascade=cascade_summary(results, config),
+        coverage=coverage_summary(results),
         queries=query_rows(results, names, config.scale(), config.metrics),
         label_scale=None if labels == config.scale() else labels,
     )
@@ -268,7 +273,7 @@ def _corrected(
     """PPI per engine over the label-free metrics, when any query carries human labels."""
     if not any(jq.query.labels for jq in results):
         return {}
-    free = [n for n in names if not is_label_based(n)]
+    free = [n for n in names if not is_label_based(n) and not needs_no_judge(n)]
     by_engine: dict[str, list[JudgedQuery]] = {}
     for jq in results:
         by_engine.setdefault(jq.query.engine, []).append(jq)
@@ -347,14 +352,12 @@ _V1 = V1Defaults(
 def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
     """Compare the summary with [thresholds]; a breach makes ``judge run`` exit 1."""
     th, c = config.thresholds, summary.counts
-    checks = [
-        _at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate),
-    ]
+    checks = [_at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate)]
     for engine, data in summary.engines.items():
-        for metric, minimum in th.min.items():
+        for kind, metric, limit in th.bounds():
             mean = data.mean(metric)
-            ok = mean is not None and mean >= minimum
-            check = Check(check=f"min {metric}", value=mean, limit=minimum, ok=ok, engine=engine)
+            ok = mean is not None and (mean >= limit if kind == "min" else mean <= limit)
+            check = Check(check=f"{kind} {metric}", value=mean, limit=limit, ok=ok, engine=engine)
             checks.append(check)
     if th.baseline and th.max_drop and not Path(th.baseline).exists():
         # The first night has no baseline yet: say so in the report instead of failing.
@@ -374,18 +377,18 @@ def _at_most(name: str, value: float, limit: float) -> Check:
 
 
 def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
-    """Each engine's fall against the baseline, per metric the baseline has a mean for."""
+    """Each engine's fall against the baseline (rise: lower-is-better), per metric it has."""
     checks = []
     for engine, data in summary.engines.items():
         for metric, limit in max_drop.items():
             before = base.engines[engine].mean(metric) if engine in base.engines else None
             if before is None:
                 continue
-            now = data.mean(metric)
-            drop = before - now if now is not None else None
+            now, rise = data.mean(metric), lower_is_better(metric)
+            drop = (now - before if rise else before - now) if now is not None else None
             checks.append(
                 Check(
-                    check=f"drop {metric}",
+                    check=f"{'rise' if rise else 'drop'} {metric}",
                     value=drop,
                     limit=limit,
                     ok=drop is not None and drop <= limit,

@@ -12,22 +12,39 @@ are is known when the reranker's answers are in the cache (a dry run never calls
 even the free embedded one): then the LLM figures count exactly those passages. Otherwise every
 passage whose score is unknown is counted as going to the LLM, and the estimate says it is an
 upper bound. A band from the run's scores (quantiles, max_error) needs every query's scores.
+
+The cost through the provider's Batch API (``--batch``) is given too, at ``Price.batch()``, with
+the worst case a batch's budget must hold before it is submitted (judge/calling/batch.py).
+
+Coverage and credibility (``[nuggets]``, ``[credibility]``) add their requests, rendered as the
+run renders them and counted in the totals and in ``aspect_calls`` by kind: a nugget set per
+query id not given (``[nuggets] path`` or the run's own file), the assignment calls per unit,
+and a credibility call per passage. Before the judge has written a query's nuggets their
+text is unknown: its assignment prompts carry ``max_nuggets`` stand-in nuggets of typical
+length, and ``nuggets_estimated`` says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import Field
+
+from judge.calling.batch import worst_case
 from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Prompt
-from judge.config import RunConfig
+from judge.config import Price, RunConfig
+from judge.data.nuggets import given_sets
 from judge.data.results import RESULTS_FILE
 from judge.judging.cascade import fit_band, rerank_request
 from judge.judging.context import count_tokens
+from judge.judging.dimensions import Planned
 from judge.judging.judge import Judge
 from judge.providers import planning_only
-from judge.providers.base import RerankResult, request_key
+from judge.providers.base import ChatRequest, RerankResult, request_key
 from judge.run.resume import finished_units
 from judge.schema import Query, Record, Usage
 
@@ -50,6 +67,16 @@ class Estimate(Record):
     rerank_cached: int = 0
     reranker_passages: int = 0
     upper_bound: bool = False
+    # Batch mode: the cost with --batch (first-round verdicts at batch prices, [prices]
+    # batch_factor or batch_*; what goes in real time at list price), whether this run is
+    # batched ([run] batch), and the batch's worst case its budget must hold before submitting.
+    batch: bool = False
+    batch_cost_usd: float | None = None
+    batch_worst_usd: float | None = None
+    # Coverage and credibility calls by kind ("nuggets", "support", "credibility"), already in
+    # the totals; whether assignment prompts hold stand-in nuggets (see the module docstring).
+    aspect_calls: dict[str, int] = Field(default_factory=dict)
+    nuggets_estimated: bool = False
 
 
 def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Estimate:
@@ -62,6 +89,7 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
     )
     units = calls = cached = prompt = completion = passages = decided = 0
+    worst = Usage()
     seen: set[str] = set()
     listwise = config.judge.mode == "listwise"
     # Rendered once per query; only the repeat index (part of the key) differs per repeat.
@@ -88,6 +116,11 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
                     continue
                 prompt += count_tokens(ask.request.messages)
                 completion += per_call_answer
+                worst = worst + worst_case(ask.request)
+    # What a batch would ask (first-round verdicts); the aspects' requests go in real time.
+    batched = Usage(prompt_tokens=prompt, completion_tokens=completion)
+    extra = _aspects(judge, config, (queries, [q for q, _, _ in plan]), done, out_dir, cache_db)
+    calls, cached, prompt, completion = extra.plus(calls, cached, prompt, completion, seen)
     cache_db.close()
     price = config.price()
     usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
@@ -101,8 +134,28 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
         cost_usd=cost,
         tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
         reranker_passages=decided,
+        **extra.fields(),
+        batch=config.run.batch,
+        **_batch_costs(price, batched, usage, worst),
         **cascade,
     )
+
+
+def _batch_costs(
+    price: Price | None, batched: Usage, total: Usage, worst: Usage
+) -> dict[str, float | None]:
+    """With --batch: what a batch asks (``batched``) at batch prices and the rest of ``total``
+    at list price; and the batch's worst case at batch prices."""
+    if price is None:
+        return {"batch_cost_usd": None, "batch_worst_usd": None}
+    rest = Usage(
+        prompt_tokens=total.prompt_tokens - batched.prompt_tokens,
+        completion_tokens=total.completion_tokens - batched.completion_tokens,
+    )
+    return {
+        "batch_cost_usd": price.batch().cost(batched) + price.cost(rest),
+        "batch_worst_usd": price.batch().cost(worst),
+    }
 
 
 def _plan(
@@ -137,3 +190,62 @@ def _plan(
         "upper_bound": band is None or len(scores) < len(with_passages),
     }
     return plan, counts
+
+
+@dataclass
+class _Extra:
+    """The coverage and credibility requests of a dry run, and whether they hold stand-ins."""
+
+    cache: Cache
+    key: Callable[[ChatRequest, int], str]
+    planned: list[Planned] = field(default_factory=list)
+    by_kind: dict[str, int] = field(default_factory=dict)
+    estimated: bool = False
+
+    def plus(
+        self, calls: int, cached: int, prompt: int, completion: int, seen: set[str]
+    ) -> tuple[int, int, int, int]:
+        """The totals with these requests counted like the verdicts' (one passage from two
+        engines: its credibility asked once; already cached: not to pay)."""
+        for kind, request, repeat, answer in self.planned:
+            key = self.key(request, repeat)
+            if key in seen:
+                continue
+            seen.add(key)
+            calls += 1
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+            if self.cache.contains(key):
+                cached += 1
+                continue
+            prompt += count_tokens(request.messages)
+            completion += answer
+        return calls, cached, prompt, completion
+
+    def fields(self) -> dict[str, Any]:
+        return {"aspect_calls": self.by_kind, "nuggets_estimated": self.estimated}
+
+
+def _aspects(
+    judge: Judge,
+    config: RunConfig,
+    queries: tuple[Sequence[Query], Sequence[Query]],
+    done: set[tuple[str, str, int]],
+    out_dir: Path,
+    cache: Cache,
+) -> _Extra:
+    """The coverage and credibility requests the units still to judge need. ``queries``: as
+    given (nugget pools are made of them) and as the run fits them to the context window (what
+    units are judged on)."""
+    extra, dims = _Extra(cache=cache, key=judge.caller.key), judge.dimensions
+    given, fitted = queries
+    if dims is None:
+        return extra
+    units = [
+        (q, r)
+        for r in range(config.run.repeats)
+        for q in fitted
+        if (q.query_id, q.engine, r) not in done
+    ]
+    known = given_sets(config.nuggets.path, out_dir, given) if dims.maker is not None else {}
+    extra.planned, extra.estimated = dims.planned(given, units, known, cache)
+    return extra

@@ -7,7 +7,7 @@ fixes a file once, not once per problem.
 
 Checked: the dataset (read strictly by :mod:`judge.data.datasets`), human labels against the
 scale they are on, ids the outputs must carry (TREC files split on whitespace), the provider
-URLs and the price a dollar budget needs, template and output paths, the regression
+URLs and the price a dollar budget needs, metric names, template and output paths, the regression
 baseline when drop thresholds are set, and what a judge cascade needs (a reranker; human labels
 for a ``max_error`` band).
 """
@@ -24,6 +24,7 @@ from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.judging.cascade import label_problem
+from judge.metrics.compute import parse_metric_name
 from judge.providers import resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
@@ -91,6 +92,11 @@ def _config_problems(config: RunConfig) -> list[str]:
         config.comparable_label_scale()
     except ConfigError as exc:
         problems.append(str(exc))
+    for name in config.metrics.names:  # a misspelt metric is found before, not after, paying
+        try:
+            parse_metric_name(name)
+        except ConfigError as exc:
+            problems.append(f"{where}: metrics.names: {exc}")
     return problems
 
 

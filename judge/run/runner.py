@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from judge.aspects import NuggetSet
 from judge.calling.cache import open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
+from judge.data.nuggets import NUGGETS_FILE, given_sets, write_nuggets
 from judge.data.results import RESULTS_FILE, UnitKey, compact_results, unit_statuses
 from judge.errors import BudgetExceeded, ConfigError, ProviderError
 from judge.judging.cascade import Band
+from judge.judging.dimensions import unit_statuses_of
 from judge.judging.judge import Judge, Judged
 from judge.run.progress import Progress
 from judge.run.resume import (
@@ -96,6 +99,8 @@ async def run_async(
     start = time.monotonic()
     with run_lock(out_dir), _fewer_collections():
         check_fingerprint(out_dir, config, fresh=fresh)
+        if fresh:
+            (out_dir / NUGGETS_FILE).unlink(missing_ok=True)
         results_path = out_dir / RESULTS_FILE
         repair_results(results_path)
         recorded, lines = unit_statuses(results_path) if results_path.exists() else ({}, 0)
@@ -186,6 +191,11 @@ class _Batch:
         self.judge = Judge.from_config(
             self.config, cache=self.cache, limits=Limits.from_config(self.config)
         )
+        # The nugget sets given ([nuggets] path, and the run's own), read before any call.
+        dims, run_dir = self.judge.dimensions, self.results_path.parent
+        self.known: dict[str, NuggetSet] = {}
+        if dims is not None and dims.maker is not None:
+            self.known = given_sets(self.config.nuggets.path, run_dir, self.queries)
         self.progress = Progress(
             total_units=len(self.units),
             total_passages=sum(len(q.passages) for q, _ in self.units),
@@ -213,6 +223,8 @@ class _Batch:
         tasks: list[asyncio.Task[Any]] = []
         try:
             if self.units and not await self._fit_cascade():
+                return
+            if self.units and not await self._prepare_nuggets():
                 return
             tasks = [asyncio.create_task(self._worker()) for _ in range(n_workers)]
             self.tasks = tasks
@@ -256,6 +268,24 @@ class _Batch:
             return False
         return True
 
+    async def _prepare_nuggets(self) -> bool:
+        """Every query's nugget set before the first unit (pooling needs every engine's
+        passages), then the sets written to the run directory; False when the run stopped."""
+        dims = self.judge.dimensions
+        if dims is None or dims.maker is None:
+            return True
+        prepare = asyncio.create_task(dims.prepare(self.queries, self.known))
+        self.tasks = [prepare]  # a signal's cancel() reaches it too
+        try:
+            await prepare
+        except BudgetExceeded as exc:
+            self.stop(str(exc), "budget")
+            return False
+        ids = dict.fromkeys(q.query_id for q in self.queries)
+        path = self.results_path.parent / NUGGETS_FILE
+        write_nuggets(path, [dims.sets[qid] for qid in ids if qid in dims.sets])
+        return True
+
     def stop(self, reason: str, kind: StopKind) -> None:
         if self.reason is None:
             self.reason, self.stopped_by = reason, kind
@@ -288,7 +318,7 @@ class _Batch:
         ready, self._ready = self._ready, []
         for jq in self.judge.finish_many(ready) if ready else ():
             self.writer.add(jq)
-            self.written[jq.key] = frozenset(v.status for v in jq.verdicts)
+            self.written[jq.key] = unit_statuses_of(jq)
             self.progress.update(jq)
             self._check_health(jq)
 

@@ -1,0 +1,117 @@
+"""``judge batch status|cancel RUN_DIR``: the provider batches a ``judge run --batch`` recorded.
+
+Both read the run directory's ``batch.json`` (judge/run/batch_state.py), which names the
+provider by its spec (base URL, the API key's environment variable), so they need no config.
+``status`` asks the provider about the batches not yet read; ``cancel`` cancels those. The
+answers a cancelled batch already gave are kept and paid; the next ``judge run --batch`` reads
+them and asks the rest as ``[run] batch_followup`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from judge.cli.common import EXIT_OK
+from judge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from judge.providers.openai_compat import BatchJob
+    from judge.run.batch_state import BatchState
+
+
+def _pending(out_dir: Path) -> tuple[BatchState, list[str]]:
+    """The recorded state and the ids of its batches not yet read."""
+    from judge.run.batch_state import STATE_FILE, load_state
+
+    state = load_state(out_dir)
+    if state is None:
+        raise ConfigError(f"{out_dir / STATE_FILE}: no batch was recorded in this run directory")
+    return state, [b.batch_id for b in state.batches if not b.collected and b.batch_id]
+
+
+async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob]:
+    """The provider's view of batches ``ids`` (after cancelling them, with ``cancel``)."""
+    from judge.calling.batch import managed
+    from judge.calling.limits import Limits
+    from judge.calling.retries import CallStats
+    from judge.providers.openai_compat import OpenAICompatProvider
+
+    provider = OpenAICompatProvider(state.provider)
+    limits, stats = Limits(max_attempts=3, backoff_base_s=0.5), CallStats()
+    try:
+        out = []
+        for batch_id in ids:
+            method = provider.cancel_batch if cancel else provider.get_batch
+            what = f"{'cancelling' if cancel else 'checking'} batch {batch_id}"
+
+            async def call(m: Callable[..., Any] = method, b: str = batch_id) -> BatchJob:
+                job: BatchJob = await m(b, timeout=30.0)
+                return job
+
+            out.append(await managed(call, provider.classify, limits, stats, what))
+        return out
+    finally:
+        await provider.aclose()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    out_dir = Path(args.run_dir)
+    state, pending = _pending(out_dir)
+    print(
+        f"{out_dir}: {len(state.batches)} batch(es) of {state.model} at {state.provider.base_url}"
+    )
+    for i, b in enumerate(state.batches):
+        left = ", ".join(
+            f"{n} {reason}"
+            for reason in ("unparsed", "failed", "expired", "cancelled")
+            if (n := sum(1 for x in b.leftovers.values() if x.reason == reason))
+        )
+        read = (
+            f"read: {b.answered} answered{', ' + left if left else ''}; "
+            f"{b.usage.total} tokens, ${b.cost:.4f}"
+            if b.collected
+            else f"not read yet; worst case ${b.reserved_cost:.4f}"
+        )
+        print(
+            f"  #{i} round {b.round}: {b.batch_id or '(not created)'} {b.status}, "
+            f"{len(b.custom_ids)} requests; {read}"
+        )
+    jobs = asyncio.run(_ask(state, pending, cancel=False)) if pending else []
+    for job in jobs:
+        print(
+            f"  {job.id} at the provider: {job.status}, {job.completed} answered, "
+            f"{job.failed} failed of {job.total}"
+        )
+    if pending:
+        print("a `judge run --batch` with this run directory waits for them and reads them")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    out_dir = Path(args.run_dir)
+    state, pending = _pending(out_dir)
+    if not pending:
+        print(f"{out_dir}: no batch in flight; nothing to cancel")
+        return EXIT_OK
+    for job in asyncio.run(_ask(state, pending, cancel=True)):
+        print(f"{job.id}: {job.status} ({job.completed} answered before the cancel are kept)")
+    print(
+        "the next `judge run --batch` with this run directory reads what they answered and asks "
+        "the rest as [run] batch_followup says"
+    )
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    b = sub.add_parser("batch", help="the provider batches of a `judge run --batch`")
+    bsub = b.add_subparsers(dest="batch_command", required=True)
+    s = bsub.add_parser("status", help="recorded batches, and the provider's view of open ones")
+    s.add_argument("run_dir")
+    s.set_defaults(func=cmd_status)
+    c = bsub.add_parser("cancel", help="cancel the run directory's batches still in flight")
+    c.add_argument("run_dir")
+    c.set_defaults(func=cmd_cancel)

@@ -1,0 +1,130 @@
+"""Source credibility: the judge grades each passage's source on :data:`CREDIBILITY`, 0 low,
+1 medium, 2 high, with a reason, from its URL, title and text (the query is its topic: a
+source can be an authority on one subject and not another).
+
+One pointwise request per passage; a passage several engines returned is one request (the
+caller's in-flight sharing and cache). The answer is a verdict on the credibility scale, read
+by the relevance parser (:func:`judge.judging.verdicts.parse_pointwise`); one that does not
+parse is re-asked once, then ``Credibility(status="unparsed")``, never a grade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+
+from judge.aspects import Credibility
+from judge.calling.caller import Caller
+from judge.judging.asking import answer_room, ask, aspect_params
+from judge.judging.context import fit_to_context
+from judge.judging.prompts import PromptTemplate, neutralise
+from judge.judging.verdicts import parse_pointwise
+from judge.providers.base import ChatRequest
+from judge.schema import Passage, Query, SamplingParams, Scale, ScaleLabel, Usage
+
+__all__ = ["CREDIBILITY", "CredibilityAsker"]
+
+CREDIBILITY = Scale(
+    name="credibility",
+    threshold=1,
+    labels=(
+        ScaleLabel(
+            name="low",
+            grade=0,
+            description=(
+                "unreliable: spam, a content farm, advertising, anonymous or unsourced claims, "
+                "or signs of misinformation"
+            ),
+            descriptions={
+                "zh": "不可靠：垃圾内容、内容农场、广告、匿名或无出处的说法，或有虚假信息的迹象"
+            },
+            aliases=("unreliable", "not credible", "低", "不可信"),
+        ),
+        ScaleLabel(
+            name="medium",
+            grade=1,
+            description=(
+                "an ordinary source: news, a company or personal site, a forum answer; "
+                "plausible but not authoritative"
+            ),
+            descriptions={"zh": "普通来源：新闻、公司或个人网站、论坛回答；可信但不权威"},
+            aliases=("ordinary", "mixed", "中", "一般"),
+        ),
+        ScaleLabel(
+            name="high",
+            grade=2,
+            description=(
+                "authoritative on the topic: official, government, academic, a standards body, "
+                "a recognised reference work, or the facts' original source"
+            ),
+            descriptions={
+                "zh": "在该主题上权威：官方、政府、学术机构、标准组织、"
+                "公认的参考资料，或事实的原始来源"
+            },
+            aliases=("authoritative", "credible", "高", "权威", "可信"),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class CredibilityAsker:
+    """Asks for each passage's source credibility, for one judge."""
+
+    caller: Caller
+    template: PromptTemplate
+    model: str
+    params: SamplingParams
+    language: str
+    reask: bool
+    max_reason_words: int
+    context_tokens: int | None
+
+    @property
+    def answer_tokens(self) -> int:
+        # A short reason and the label, as a relevance verdict with a reason takes.
+        return 16 + 2 * self.max_reason_words
+
+    def _render(self, query: Query, passage: Passage) -> ChatRequest:
+        # The URL is printed outside the fence: it is untrusted text too.
+        shown = passage.model_copy(update={"url": neutralise(passage.url or "") or None})
+        messages = self.template.render_pointwise(
+            query, shown, CREDIBILITY, max_reason_words=self.max_reason_words
+        )
+        params = aspect_params(self.params, self.answer_tokens)
+        return ChatRequest(model=self.model, messages=messages, params=params)
+
+    def requests(self, query: Query) -> list[ChatRequest]:
+        """One request per passage, each passage cut to fit the context window."""
+        if self.context_tokens is not None and query.passages:
+            query = fit_to_context(
+                query,
+                context_tokens=self.context_tokens,
+                answer_tokens=answer_room(self.params, self.answer_tokens),
+                listwise=False,
+                render=lambda q, ps: self._render(q, ps[0]).messages,
+            )
+        return [self._render(query, p) for p in query.passages]
+
+    async def grades(self, query: Query, repeat: int) -> tuple[tuple[Credibility, ...], Usage]:
+        """Every passage's credibility, in rank order, and the tokens they took."""
+        parse = functools.partial(parse_pointwise, scale=CREDIBILITY)
+        asked = await asyncio.gather(
+            *(
+                ask(self.caller, r, repeat, parse, reask=self.reask, language=self.language)
+                for r in self.requests(query)
+            )
+        )
+        out: list[Credibility] = []
+        for p, got in zip(query.passages, asked, strict=True):
+            if got.value is not None:
+                out.append(
+                    Credibility(
+                        passage_id=p.id, status="ok", grade=got.value.grade, reason=got.value.reason
+                    )
+                )
+            else:
+                status = "error" if got.failed else "unparsed"
+                out.append(Credibility(passage_id=p.id, status=status, error=got.error))
+        return tuple(out), sum((got.usage for got in asked), Usage())

@@ -1,0 +1,267 @@
+"""Nugget assignment: which of its query's nuggets each passage supports, listwise.
+
+All of a unit's passages go in one request with the nuggets, as long as the request fits the
+model's context window and ``[nuggets] group_passages``; otherwise consecutive groups of them
+(greedily, in rank order), and a passage too long on its own is cut (visibly) to fit. The
+answer lists, per passage id, the ids of the nuggets it supports (:func:`parse_supports`).
+
+Nothing is guessed (DESIGN rule 1): an answer with no readable list is re-asked once with the
+error; passages it left out or answered unreadably are asked once more, alone in a second
+listwise request; whatever is still unread is ``Support(status="unparsed")`` (a provider
+failure: ``"error"``), which makes every coverage metric that reads it undefined, never 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from judge.aspects import Coverage, Nugget, NuggetSet, Support
+from judge.calling.caller import Caller
+from judge.errors import ParseError
+from judge.judging.asking import answer_room, answer_start, ask, aspect_params
+from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
+from judge.judging.jsonscan import Node, values
+from judge.judging.prompts import PromptTemplate, fence, neutralise
+from judge.providers.base import ChatRequest, Completion, Message
+from judge.schema import Passage, Query, Record, SamplingParams, Scale, ScaleLabel, Usage
+
+__all__ = ["SUPPORT", "Assigner", "SupportsParsed", "parse_supports"]
+
+SUPPORT = Scale(
+    name="support",
+    threshold=1,
+    labels=(
+        ScaleLabel(
+            name="no",
+            grade=0,
+            description="the passage does not state the fact",
+            descriptions={"zh": "文本没有陈述这一事实"},
+        ),
+        ScaleLabel(
+            name="supports",
+            grade=1,
+            description="the passage states the fact, or something that directly implies it",
+            descriptions={"zh": "文本陈述了这一事实，或陈述了直接蕴含它的内容"},
+        ),
+    ),
+)
+_LIST_KEYS = ("supports", "passages", "results", "items", "assignments")
+_ID_KEYS = ("id", "passage_id", "pid")
+_NUGGET_KEYS = ("nuggets", "supports", "supported", "nugget_ids", "ids")
+
+
+class SupportsParsed(Record):
+    """The supported nugget ids per asked-for passage id, and the ids left unread (why)."""
+
+    supports: dict[str, tuple[str, ...]]
+    unresolved: dict[str, str] = Field(default_factory=dict)
+
+
+def _field(pairs: dict[str, Node], names: Sequence[str]) -> Node | None:
+    folded = {key.strip().casefold(): node for key, node in pairs.items()}
+    return next((folded[n] for n in names if n in folded), None)
+
+
+def _entries(completion: Completion) -> list[Node]:
+    for node in values(completion.text, answer_start(completion), "{["):
+        if isinstance(node.value, list):
+            return node.value
+        listed = _field(node.value, _LIST_KEYS)
+        if listed is not None and isinstance(listed.value, list):
+            return listed.value
+    raise ParseError('the answer has no JSON object {"supports": [{"id": ..., "nuggets": [...]}]}')
+
+
+def _entry_id(entry: Node) -> str | None:
+    if not isinstance(entry.value, dict):
+        return None
+    found = _field(entry.value, _ID_KEYS)
+    if found is None or not found.complete:
+        return None
+    if isinstance(found.value, str):
+        return found.value.strip()
+    return str(found.value) if isinstance(found.value, int) else None
+
+
+def _nuggets_of(entry: Node, known: dict[str, str]) -> tuple[str, ...]:
+    """The nugget ids one complete entry lists (ParseError naming what is wrong)."""
+    assert isinstance(entry.value, dict)
+    listed = _field(entry.value, _NUGGET_KEYS)
+    if listed is None:
+        raise ParseError('no "nuggets" list')
+    if listed.value is None:
+        return ()
+    if not isinstance(listed.value, list):
+        raise ParseError('"nuggets" is not a list')
+    out: list[str] = []
+    for item in listed.value:
+        raw = str(item.value).strip() if isinstance(item.value, str | int) else None
+        nid = known.get(raw.casefold()) if raw is not None else None
+        if nid is None:
+            raise ParseError(f"{item.value!r} is not one of the nugget ids ({', '.join(known)})")
+        if nid not in out:
+            out.append(nid)
+    return tuple(out)
+
+
+def parse_supports(
+    completion: Completion, passage_ids: Sequence[str], nugget_ids: Sequence[str]
+) -> SupportsParsed:
+    """Each asked-for passage's supported nuggets; ParseError when there is no readable list.
+    Ids not asked for are dropped; a passage given twice differently, or with a nugget id not
+    in the set, is unresolved (asked again), as is one the answer never reached."""
+    entries = _entries(completion)
+    known = {n.casefold(): n for n in nugget_ids}
+    wanted = set(passage_ids)
+    found: dict[str, tuple[str, ...]] = {}
+    bad: dict[str, str] = {}
+    ided = [(pid, e) for e in entries if (pid := _entry_id(e)) is not None]
+    if not ided and entries:
+        raise ParseError('the entries carry no passage "id"')
+    for pid, entry in ided:
+        if pid not in wanted or pid in bad or not entry.complete:
+            continue
+        try:
+            nuggets = _nuggets_of(entry, known)
+        except ParseError as exc:
+            bad[pid] = f'id "{pid}": {exc}'
+            continue
+        if pid in found and set(found[pid]) != set(nuggets):
+            del found[pid]
+            bad[pid] = f'id "{pid}" is given twice, differently'
+        else:
+            found[pid] = nuggets
+    missing = {pid: f'id "{pid}" has no entry' for pid in passage_ids if pid not in found}
+    return SupportsParsed(supports=found, unresolved={**missing, **bad})
+
+
+@dataclass(frozen=True)
+class Assigner:
+    """Asks which passages support which nuggets, for one judge."""
+
+    caller: Caller
+    template: PromptTemplate
+    model: str
+    params: SamplingParams
+    language: str
+    reask: bool
+    group_passages: int
+    context_tokens: int | None
+
+    @staticmethod
+    def answer_tokens(n_passages: int, n_nuggets: int) -> int:
+        """An answer's token need: an entry per passage, a few nugget ids in each."""
+        return 16 + n_passages * (12 + 4 * min(n_nuggets, 5))
+
+    def _room(self, n_passages: int, n_nuggets: int) -> int:
+        return answer_room(self.params, self.answer_tokens(n_passages, n_nuggets))
+
+    def _render(
+        self, query: Query, passages: Sequence[Passage], nuggets: Sequence[Nugget]
+    ) -> tuple[Message, ...]:
+        shown = [{"id": neutralise(n.id), "text": neutralise(n.text)} for n in nuggets]
+        return self.template.render_listwise(query, passages, SUPPORT, nuggets=shown)
+
+    def request(
+        self, query: Query, passages: Sequence[Passage], nuggets: Sequence[Nugget]
+    ) -> ChatRequest:
+        answer = self.answer_tokens(len(passages), len(nuggets))
+        messages = self._render(query, passages, nuggets)
+        return ChatRequest(
+            model=self.model, messages=messages, params=aspect_params(self.params, answer)
+        )
+
+    def groups(self, query: Query, nuggets: Sequence[Nugget]) -> list[list[Passage]]:
+        """The passages in consecutive groups whose requests fit (see the module docstring)."""
+        size, passages = self.group_passages, list(query.passages)
+        if self.context_tokens is None:
+            return [passages[i : i + size] for i in range(0, len(passages), size)]
+        room = int(self.context_tokens / SAFETY) - FRAMING
+        empty = Passage(id="0", text="")
+        around = count_tokens(self._render(query, [empty], nuggets)) - count_tokens(
+            [Message(role="user", content=fence(empty))]
+        )
+        out: list[list[Passage]] = []
+        group: list[Passage] = []
+        used = around
+        for p in passages:
+            cost = count_tokens([Message(role="user", content=fence(p))])
+            answer = self._room(len(group) + 1, len(nuggets))
+            if group and (len(group) >= size or used + cost + answer > room):
+                out.append(group)
+                group, used = [], around
+            if not group and around + cost + self._room(1, len(nuggets)) > room:
+                p = self._cut(query, p, nuggets)
+                cost = count_tokens([Message(role="user", content=fence(p))])
+            group.append(p)
+            used += cost
+        return [*out, group] if group else out
+
+    def _cut(self, query: Query, passage: Passage, nuggets: Sequence[Nugget]) -> Passage:
+        assert self.context_tokens is not None
+        alone = query.model_copy(update={"passages": (passage,)})
+        fitted = fit_to_context(
+            alone,
+            context_tokens=self.context_tokens,
+            answer_tokens=self._room(1, len(nuggets)),
+            listwise=True,
+            render=lambda q, ps: self._render(q, ps, nuggets),
+        )
+        return fitted.passages[0]
+
+    async def coverage(
+        self, query: Query, nuggets: NuggetSet, repeat: int
+    ) -> tuple[Coverage, Usage]:
+        """Every passage's support of ``nuggets``, in rank order, and the tokens it took."""
+        done: dict[str, Support] = {}
+        usages = await asyncio.gather(
+            *(
+                self._group(query, g, nuggets.nuggets, repeat, done)
+                for g in self.groups(query, nuggets.nuggets)
+            )
+        )
+        supports = tuple(done[p.id] for p in query.passages)
+        return Coverage(nuggets=nuggets.nuggets, supports=supports), sum(usages, Usage())
+
+    async def _group(
+        self,
+        query: Query,
+        group: list[Passage],
+        nuggets: Sequence[Nugget],
+        repeat: int,
+        done: dict[str, Support],
+    ) -> Usage:
+        """One group's supports into ``done``: a listwise request (re-asked once when it does
+        not parse), then once more for the passages it left unread."""
+        ids = [n.id for n in nuggets]
+        usage, todo, why = Usage(), group, ""
+        for round_ in range(2 if self.reask else 1):
+            asked_ids = [p.id for p in todo]
+            asked = await ask(
+                self.caller,
+                self.request(query, todo, nuggets),
+                repeat,
+                functools.partial(parse_supports, passage_ids=asked_ids, nugget_ids=ids),
+                reask=self.reask and round_ == 0,
+                language=self.language,
+            )
+            usage = usage + asked.usage
+            if asked.value is None:
+                status = "error" if asked.failed else "unparsed"
+                for p in todo:
+                    done[p.id] = Support(passage_id=p.id, status=status, error=asked.error)
+                return usage
+            for pid, found in asked.value.supports.items():
+                done[pid] = Support(passage_id=pid, status="ok", nuggets=found)
+            todo = [p for p in todo if p.id in asked.value.unresolved]
+            why = "; ".join(asked.value.unresolved.values())
+            if not todo:
+                return usage
+        for p in todo:
+            done[p.id] = Support(passage_id=p.id, status="unparsed", error=why)
+        return usage

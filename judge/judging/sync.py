@@ -1,0 +1,87 @@
+"""The sync edge of the Python API: coroutines run on an event loop the Judge owns.
+
+A :class:`Judge`'s HTTP clients, limits and in-flight table belong to the loop they were first
+used on, and the embedded judge's llama.cpp server dies with the thread that started it (it
+asks the kernel for PR_SET_PDEATHSIG). So every sync call runs its coroutine on one private
+loop, in one long-lived thread of its own, while the caller waits: the same from a plain
+script and from inside a running loop (a Jupyter cell), whose loop is never patched or
+re-entered (no nest_asyncio). The loop thread is a daemon, so a script that never closes its
+Judge still exits (the embedded server's atexit hook stops that server).
+
+The coroutine runs in a copy of the caller's context variables: in Jupyter they say which cell
+is running, so what the coroutine prints (a progress bar, a warning) lands in that cell.
+Ctrl-C in a script, or "interrupt kernel" in Jupyter, cancels the work on the private loop and
+waits for it to wind down before the KeyboardInterrupt goes on: nothing is left running, and
+paid for, in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["OwnLoop"]
+
+T = TypeVar("T")
+
+
+async def _settle() -> None:
+    """Cancel every other task on this loop and wait until they have ended."""
+    me = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not me]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
+async def _shutdown() -> None:
+    await _settle()
+    loop = asyncio.get_running_loop()
+    await loop.shutdown_asyncgens()
+    await loop.shutdown_default_executor()
+
+
+class OwnLoop:
+    """One private event loop in a thread of its own, started on first use, until close()."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="judge-loop", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the private loop and wait for its result."""
+        loop = self._started()
+        # The task is created in a copy of this thread's context (call_soon_threadsafe copies it).
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            asyncio.run_coroutine_threadsafe(_settle(), loop).result()
+            raise
+
+    def close(self) -> None:
+        """Cancel what is left on the loop, stop its thread and close it."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._loop = self._thread = None
+        try:
+            asyncio.run_coroutine_threadsafe(_shutdown(), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()

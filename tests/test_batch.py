@@ -1,0 +1,510 @@
+"""Batch mode (``judge run --batch``) end to end, through the real ``openai`` SDK, against a
+loopback server speaking the Files and Batches endpoints (tests/batch_server.py).
+
+Money is counted on the server: uploads, batch creations, status checks, batch lines run
+(billed) and real-time chat requests. A batch is submitted once and only once, a rerun after a
+kill polls it, what a batch leaves is asked exactly once more, and the results are those a
+real-time run gives on the same answers, at half the price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from judge.cli.main import main
+from tests.batch_server import BatchServer
+from tests.servers import Item, Recorded, Responder, hashed_responder, listing_responder
+from tests.test_runner import verdict_labels, write_config, write_dataset
+from tests.wire import Answer
+
+PROMPT, COMPLETION = 100, 10  # tokens every answer reports using
+PRICE = {"prompt": 10.0, "completion": 30.0}  # USD per 1M tokens
+EACH = (PROMPT * PRICE["prompt"] + COMPLETION * PRICE["completion"]) / 1e6
+CHAT = "/v1/chat/completions"
+EXIT_BUDGET = 4
+
+
+def metered(inner: Responder | None = None) -> Responder:
+    """``inner`` (default: hashed yes/no) with every answer reporting the same usage."""
+    answer = inner or hashed_responder()
+
+    def respond(request: Recorded) -> Item:
+        got = answer(request)
+        assert isinstance(got, Answer)
+        return dataclasses.replace(got, usage=(PROMPT, COMPLETION))
+
+    return respond
+
+
+@pytest.fixture
+def make_batch_server() -> Iterator[Callable[..., BatchServer]]:
+    started: list[BatchServer] = []
+
+    def make(**kwargs: Any) -> BatchServer:
+        kwargs.setdefault("responder", metered())
+        server = BatchServer(**kwargs).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def _config(
+    path: Path,
+    server: BatchServer,
+    *,
+    n_queries: int = 4,
+    n_passages: int = 5,
+    run: dict[str, Any] | None = None,
+    judge: dict[str, Any] | None = None,
+    price: dict[str, float] | None = None,
+) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    dataset = write_dataset(path / "data.jsonl", n_queries, n_passages)
+    fast = {"batch_poll_s": 0.01, "batch_max_poll_s": 0.02}
+    return write_config(
+        path / "run.toml",
+        server,
+        path / "cache.sqlite",
+        {
+            "judge": {"provider": "openai", **(judge or {})},
+            "dataset": {"path": str(dataset), "label_scale": "binary"},
+            "run": {**fast, **(run or {})},
+            'prices."judge-test"': price or PRICE,
+        },
+    )
+
+
+def _chats(server: BatchServer) -> list[Recorded]:
+    return [r for r in server.requests if r.path == CHAT]
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    return data
+
+
+def _state(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "batch.json").read_text(encoding="utf-8"))
+    return data
+
+
+def _metrics(out: Path) -> dict[str, Any]:
+    return {e: d["metrics"] for e, d in _summary(out)["engines"].items()}
+
+
+@pytest.mark.parametrize(
+    ("mode", "repeats", "responder"),
+    [("pointwise", 1, hashed_responder()), ("listwise", 2, listing_responder())],
+)
+def test_a_batch_run_submits_once_costs_half_and_matches_a_realtime_run(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    mode: str,
+    repeats: int,
+    responder: Responder,
+) -> None:
+    server = make_batch_server(responder=metered(responder), polls_in_progress=3)
+    config = _config(tmp_path / "b", server, run={"repeats": repeats}, judge={"mode": mode})
+    out = tmp_path / "b" / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    requests = len(server.executed)
+    assert requests == 4 * (5 if mode == "pointwise" else 1) * repeats
+    assert (server.calls["upload"], server.calls["create"]) == (1, 1)
+    assert server.calls["retrieve"] == 3 + 1  # in progress three times, then done
+    assert _chats(server) == []  # every answer came from the batch
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(requests * EACH / 2)
+    assert _summary(out)["run"]["requests"] == 0
+    assert sum(b["cost"] for b in _state(out)["batches"]) == pytest.approx(requests * EACH / 2)
+    # The key never leaves the environment.
+    assert fake_key not in (out / "batch.json").read_text(encoding="utf-8")
+
+    # A real-time run on the same answers: the same verdicts and metrics, at twice the price.
+    reference = _config(tmp_path / "r", server, run={"repeats": repeats}, judge={"mode": mode})
+    assert main(["run", str(reference), "--out", str(tmp_path / "r" / "out")]) == 0
+    assert len(_chats(server)) == requests
+    assert verdict_labels(out) == verdict_labels(tmp_path / "r" / "out")
+    assert _metrics(out) == _metrics(tmp_path / "r" / "out")
+    assert _summary(tmp_path / "r" / "out")["run"]["cost_usd"] == pytest.approx(requests * EACH)
+
+    # Everything cached: a second batch run into a new directory sends nothing at all.
+    before = len(server.requests)
+    assert main(["run", str(config), "--out", str(tmp_path / "again"), "--batch"]) == 0
+    assert len(server.requests) == before
+    assert verdict_labels(tmp_path / "again") == verdict_labels(out)
+
+
+def test_the_budget_holds_the_batch_worst_case_at_batch_prices(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    listed = re.search(r"estimated cost \$(\d+\.\d+)", printed)
+    halved = re.search(r"cost \$(\d+\.\d+) at batch prices", printed)
+    worst = re.search(r"worst case, \$(\d+\.\d+)", printed)
+    assert listed and halved and worst, printed
+    assert float(halved.group(1)) == pytest.approx(float(listed.group(1)) / 2, abs=1e-4)
+    worst_usd = float(worst.group(1))
+
+    # Below the worst case at batch prices: refused before anything is uploaded.
+    cap = f"{worst_usd * 0.9:.4f}"
+    assert main(["run", str(config), "--out", str(out), "--batch", "--max-cost", cap]) == 4
+    assert "worst case" in capsys.readouterr().err
+    assert server.requests == []
+
+    # Above it, though below the same worst case at list price (twice as much): submitted.
+    cap = f"{worst_usd * 1.5:.4f}"
+    assert main(["run", str(config), "--out", str(out), "--batch", "--max-cost", cap]) == 0
+    assert server.calls["create"] == 1
+    (record,) = _state(out)["batches"]
+    assert record["reserved_cost"] == pytest.approx(worst_usd, rel=1e-3)
+    assert record["cost"] == pytest.approx(20 * EACH / 2)
+
+
+def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    server = make_batch_server(polls_in_progress=10**9)  # never ends until told
+    config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while server.calls["retrieve"] < 2:  # recorded and being polled
+            assert proc.poll() is None, "judge run ended before it could be killed"
+            assert time.monotonic() < deadline, "judge run never polled its batch"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    (record,) = _state(out)["batches"]
+    assert record["batch_id"] in server.batches and not record["collected"]
+    assert (server.calls["upload"], server.calls["create"]) == (1, 1)
+
+    server.polls_in_progress = 0  # the provider finishes it
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert (server.calls["upload"], server.calls["create"]) == (1, 1)  # polled, not resubmitted
+    assert len(server.executed) == 20 and _chats(server) == []
+    assert len(verdict_labels(out)) == 20
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(20 * EACH / 2)
+
+
+def _killed_during_create(server: BatchServer, config: Path, out: Path) -> None:
+    """Run ``judge run --batch`` in a process and kill it while its create is held."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        held = server.hold_create
+        while not any(r.method == "POST" and r.path == "/v1/batches" for r in server.requests) or (
+            held == "after" and not server.batches
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    server.release()
+
+
+@pytest.mark.parametrize("made", [True, False])
+def test_a_run_killed_while_creating_adopts_the_batch_or_starts_it_once(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str, made: bool
+) -> None:
+    server = make_batch_server(hold_create="after" if made else "before")
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    _killed_during_create(server, config, out)
+    (record,) = _state(out)["batches"]
+    assert record["input_file_id"] in server.files and record["batch_id"] is None
+    assert len(server.batches) == (1 if made else 0)
+
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(server.batches) == 1  # never two batches for one run
+    # Made: found and polled. Not made: nothing was started, so the requests went again.
+    assert server.calls["upload"] == (1 if made else 2)
+    assert server.calls["create"] == 1
+    assert len(server.executed) == 20 and _chats(server) == []
+    (record,) = _state(out)["batches"]
+    assert record["collected"] and record["answered"] == 20
+
+
+def test_a_create_whose_answer_is_lost_is_found_not_made_twice(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    server = make_batch_server(lose_create_answers=1)
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01})
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--batch"]) == 0
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    assert server.calls["list"] == 2  # looked for before each create attempt
+    assert len(server.executed) == 20 and _chats(server) == []
+
+
+def test_a_provider_unreachable_while_polling_leaves_the_run_incomplete_and_resumable(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server(fail_retrieves=2)
+    config = _config(tmp_path, server, run={"max_attempts": 2, "backoff_base_s": 0.01})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    err = capsys.readouterr().err
+    assert "rerun the same command to keep waiting" in err and "Traceback" not in err
+    assert server.calls["retrieve"] == 2 and not (out / "verdicts.jsonl").exists()
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert (server.calls["upload"], server.calls["create"]) == (1, 1)
+    assert len(server.executed) == 20 and _chats(server) == []
+
+
+def test_a_damaged_batch_record_is_one_line_and_nothing_is_sent(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "batch.json").write_text('{"provider": {"kind": "openai"}, "model": 3}', "utf-8")
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "batch.json: field 'model'" in err[0]
+    assert server.requests == []
+
+
+def _about(*passages: str) -> Callable[[Recorded], bool]:
+    """Whether a request judges one of ``passages`` (by the fenced id in its prompt)."""
+    return lambda r: any(f'id="{p}"' in r.prompt for p in passages)
+
+
+def test_failed_lines_are_asked_again_in_real_time_and_only_they(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    failing = ("q0-p1", "q2-p3", "q3-p0")
+    server = make_batch_server(fail_when=_about(*failing))
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    chats = _chats(server)
+    assert sorted(p for r in chats for p in failing if _about(p)(r)) == sorted(failing)
+    assert len(chats) == len(failing)
+    (record,) = _state(out)["batches"]
+    assert record["answered"] == 17
+    assert {x["reason"] for x in record["leftovers"].values()} == {"failed"}
+    labels = verdict_labels(out)
+    assert len(labels) == 20 and None not in labels.values()
+    # 17 answers at batch prices; the 3 failed lines are not billed; 3 real-time calls are.
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(17 * EACH / 2 + 3 * EACH)
+    assert _summary(out)["run"]["requests"] == 3
+
+
+def _garbled(*passages: str) -> Responder:
+    """Answers that do not parse for ``passages``, the hashed judge's for the rest."""
+    good, bad = metered(), _about(*passages)
+
+    def respond(request: Recorded) -> Item:
+        return (
+            Answer("I would rather not say.", usage=(PROMPT, COMPLETION))
+            if bad(request)
+            else good(request)
+        )
+
+    return respond
+
+
+def test_unparsed_answers_are_re_asked_in_real_time_as_a_live_run_would(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    garbled = ("q1-p2", "q3-p4")
+    server = make_batch_server(batch_responder=_garbled(*garbled))
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    chats = _chats(server)
+    assert len(chats) == len(garbled)
+    for chat in chats:  # the live re-ask: first prompt, the bad answer, what was wrong
+        roles = [m["role"] for m in chat.messages]
+        assert roles[-2:] == ["assistant", "user"]
+        assert chat.messages[-2]["content"] == "I would rather not say."
+    labels = verdict_labels(out)
+    assert len(labels) == 20 and None not in labels.values()
+
+    before = len(server.requests)
+    assert main(["run", str(config), "--out", str(tmp_path / "again"), "--batch"]) == 0
+    assert len(server.requests) == before  # the re-asks' answers are cached too
+    assert verdict_labels(tmp_path / "again") == labels
+
+
+def test_a_follow_up_batch_takes_what_the_first_left(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    seen: set[str] = set()
+
+    def first_time(request: Recorded) -> bool:  # fails once per request, then answers
+        digest = json.dumps(request.body, sort_keys=True)
+        failed = _about("q0-p0", "q1-p1")(request) and digest not in seen
+        seen.add(digest)
+        return failed
+
+    server = make_batch_server(batch_responder=_garbled("q2-p2"), fail_when=first_time)
+    config = _config(tmp_path, server, run={"batch_followup": "batch"})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    first, follow = _state(out)["batches"]
+    assert (first["round"], follow["round"]) == (0, 1)
+    assert len(follow["custom_ids"]) == 3  # two failed lines again, one re-ask
+    assert len(follow["answers"]) == 1  # the re-ask, answering a first-round request
+    # Both batches answered everything between them: nothing was asked in real time.
+    assert (server.calls["create"], _chats(server)) == (2, [])
+    assert len(server.executed) == 18 + 3  # billed: two lines failed the first time
+    labels = verdict_labels(out)
+    assert len(labels) == 20 and None not in labels.values()
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(21 * EACH / 2)
+
+
+def test_an_expired_batch_keeps_its_answers_and_the_rest_are_asked_once(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    server = make_batch_server(expire_after=12)
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    (record,) = _state(out)["batches"]
+    assert record["status"] == "expired" and record["answered"] == 12
+    assert {x["reason"] for x in record["leftovers"].values()} == {"expired"}
+    assert len(server.executed) == 12 and len(_chats(server)) == 8
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(12 * EACH / 2 + 8 * EACH)
+    assert len(verdict_labels(out)) == 20
+
+
+def test_a_failed_batch_is_said_and_its_requests_asked_in_real_time(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = make_batch_server(fail_batch="model judge-test does not support batch")
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    (record,) = _state(out)["batches"]
+    assert record["status"] == "failed" and record["cost"] == 0
+    assert all("does not support batch" in x["detail"] for x in record["leftovers"].values())
+    assert server.executed == [] and len(_chats(server)) == 20
+    assert "failed (model judge-test does not support batch" in caplog.text
+
+
+def test_batch_status_and_cancel_work_from_the_run_directory(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server(polls_in_progress=10**9, answer_before_cancel=5)
+    config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while server.calls["retrieve"] < 1:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    capsys.readouterr()
+    assert main(["batch", "status", str(out)]) == 0
+    shown = capsys.readouterr().out
+    (record,) = _state(out)["batches"]
+    assert record["batch_id"] in shown and "in_progress" in shown and "20 requests" in shown
+
+    assert main(["batch", "cancel", str(out)]) == 0
+    assert server.calls["cancel"] == 1
+    assert "cancelling" in capsys.readouterr().out
+    # The next run reads what the batch answered before the cancel; the rest in real time.
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert server.calls["create"] == 1
+    assert len(server.executed) == 5 and len(_chats(server)) == 15
+    (record,) = _state(out)["batches"]
+    assert record["status"] == "cancelled" and record["answered"] == 5
+    assert main(["batch", "cancel", str(out)]) == 0  # nothing left in flight
+    assert server.calls["cancel"] == 1
+
+
+@pytest.mark.parametrize(
+    ("provider", "why"),
+    [("dashscope", "compatible mode"), ("local", "vLLM"), ("embedded", "this machine")],
+)
+def test_providers_without_a_batch_api_are_refused_before_anything_is_sent(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+    provider: str,
+    why: str,
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server, judge={"provider": provider})
+    for extra in ([], ["--dry-run"]):
+        code = main(["run", str(config), "--out", str(tmp_path / "out"), "--batch", *extra])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert "has no Batch API" in err and why in err and "Traceback" not in err
+    assert server.requests == []
+    assert not (tmp_path / "out" / "batch.json").exists()
+
+
+def test_explicit_batch_prices_are_what_the_dry_run_and_the_run_charge(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    price = {**PRICE, "batch_prompt": 2.0, "batch_completion": 6.0}  # a fifth, not half
+    config = _config(tmp_path, server, price=price)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    listed = re.search(r"estimated cost \$(\d+\.\d+)", printed)
+    batched = re.search(r"cost \$(\d+\.\d+) at batch prices \(with --batch\)", printed)
+    assert listed and batched, printed
+    assert float(batched.group(1)) == pytest.approx(float(listed.group(1)) / 5, abs=1e-4)
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(20 * EACH / 5)

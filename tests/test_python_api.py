@@ -1,0 +1,417 @@
+"""The Python API for many queries: ``Judge.judge_many`` / ``ajudge_many`` through the real openai
+SDK against loopback servers, its tables (``to_records`` / ``to_pandas``), ``read_run`` on what
+``judge run`` wrote, and the sync edge inside a running event loop and under Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import judge
+from judge import BudgetExceeded, InputError, Judge, Judgements, Limits, ProviderError, Query
+from judge.calling.cache import open_cache
+from judge.cli.main import main
+from judge.config import Price, load_config
+from judge.providers.base import ProviderSpec
+from tests.servers import Fault, ScriptedServer, keyword_responder
+from tests.test_budget import EACH, PRICE, Metered
+from tests.test_cascade import text_scorer, write_config
+from tests.test_e2e_embedded import llama_servers
+from tests.test_embedded import require_embedded
+from tests.test_embedded_rerank import require_minilm
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = Limits(max_attempts=3, backoff_base_s=0.01, timeout_s=5.0)
+CHAT = "/v1/chat/completions"
+
+
+def row(qid: str, engine: str, texts: list[str], **extra: Any) -> dict[str, Any]:
+    """A dataset row whose passages are ``<qid>-<engine>-<i>``."""
+    passages = [{"id": f"{qid}-{engine}-{i}", "text": t} for i, t in enumerate(texts)]
+    base = {"query_id": qid, "query": f"question {qid}", "engine": engine, "passages": passages}
+    return base | extra
+
+
+def make_judge(srv: ScriptedServer, **kwargs: Any) -> Judge:
+    options: dict[str, Any] = {"limits": FAST, **kwargs}
+    return Judge(provider="local", model="judge-model", base_url=srv.openai_base_url, **options)
+
+
+def chat_calls(srv: ScriptedServer) -> int:
+    return sum(r.path == CHAT for r in srv.requests)
+
+
+@pytest.fixture
+def yes_if_pale() -> Iterator[ScriptedServer]:
+    with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no")) as srv:
+        yield srv
+
+
+# --- rows in, judged queries out ------------------------------------------------------------
+
+
+def test_rows_of_both_dataset_shapes_and_queries_are_judged_in_order(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    rows = [
+        row("q1", "bm25", ["pale gums", "dog food", "pale and tired"], labels={"q1-bm25-0": 1}),
+        {
+            "query": "what is anaemia?",
+            "retrieved_ids": ["x", "y"],
+            "retrieved_texts": ["red", "pale"],
+        },
+        Query(query_id="q3", query="third", passages=(judge.Passage(id="z", text="pale"),)),
+    ]
+    with make_judge(yes_if_pale) as j:
+        got = j.judge_many(rows, repeats=2, progress=False)
+    assert isinstance(got, Judgements) and len(got) == 6
+    # The rows' order, each row's repeats side by side; a dict without query_id is named by index.
+    assert [jq.key for jq in got] == [
+        ("q1", "bm25", 0),
+        ("q1", "bm25", 1),
+        ("row1", "default", 0),
+        ("row1", "default", 1),
+        ("q3", "default", 0),
+        ("q3", "default", 1),
+    ]
+    assert [v.label for v in got[0].verdicts] == ["yes", "no", "yes"]
+    assert [v.passage_id for v in got[2].verdicts] == ["x", "y"]
+    assert got[0].metrics["ap"] == pytest.approx((1 + 2 / 3) / 2)  # relevant at ranks 1 and 3
+    assert got[0].query.labels == {"q1-bm25-0": 1} and got[2].query.source == "rows[1]"
+    # No cache: every passage of every repeat was asked once (6 passages x 2 repeats).
+    assert chat_calls(yes_if_pale) == 12
+
+
+def test_bad_rows_fail_together_naming_index_and_field_before_any_request(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    rows: list[Any] = [
+        row("q1", "bm25", ["fine"]),
+        {"query_id": "q2", "passages": [{"id": "a", "text": "no query"}]},
+        "just a string",
+        {"query": "q", "passages": [{"id": "a", "text": 3}]},
+        row("q1", "bm25", ["the same (query, engine) again"]),
+    ]
+    with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
+        j.judge_many(rows, progress=False)
+    assert str(caught.value).splitlines() == [
+        "4 input errors:",
+        "  rows[1]: field 'query': missing",
+        "  rows[2]: expected a dataset row (a dict) or a Query, got str",
+        "  rows[3]: field 'passages[0].text': expected a string, got a number",
+        "  rows[4]: field 'query_id': duplicate row for query 'q1', engine 'bm25'"
+        " (first at rows[0])",
+    ]
+    assert yes_if_pale.requests == []
+    with (
+        make_judge(yes_if_pale) as j,
+        pytest.raises(InputError, match=r"^rows\[0\]: field 'query'"),
+    ):
+        j.judge_many([{"query": " ", "passages": []}])
+    with make_judge(yes_if_pale) as j, pytest.raises(judge.ConfigError, match="repeats"):
+        j.judge_many([row("q", "e", ["x"])], repeats=0)
+    assert yes_if_pale.requests == []
+
+
+def test_calls_in_flight_stay_under_the_judges_concurrency_limit() -> None:
+    """The server itself counts the requests it is answering at once."""
+    lock, now, peak = threading.Lock(), [0], [0]
+    inner = keyword_responder({"pale": "yes"}, "no")
+
+    def slow(request: Any) -> Any:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.05)  # hold the request so that others can pile up behind it
+        with lock:
+            now[0] -= 1
+        return inner(request)
+
+    rows = [row(f"q{i}", "bm25", [f"text {i} {k}" for k in range(4)]) for i in range(6)]
+    with ScriptedServer(responder=slow) as srv:
+        limits = Limits(concurrency=3, adaptive=False, timeout_s=5.0)
+        with make_judge(srv, limits=limits) as j:
+            got = j.judge_many(rows, progress=False)
+    assert sum(len(jq.verdicts) for jq in got) == 24 == chat_calls(srv)
+    assert 1 < peak[0] <= 3
+
+
+def test_the_budget_stops_the_batch_and_is_a_hard_cap() -> None:
+    metered = Metered()
+    rows = [row(f"q{i}", "bm25", [f"text {i} {k}" for k in range(3)]) for i in range(10)]
+    cap = 0.03  # 30 passages at $0.0013 would cost $0.039
+    limits = Limits(max_cost=cap, price=Price(**PRICE), timeout_s=5.0, concurrency=4)
+    with ScriptedServer(responder=metered, latency=0.02) as srv:
+        with make_judge(srv, limits=limits) as j, pytest.raises(BudgetExceeded):
+            j.judge_many(rows, progress=False)
+    assert 0 < metered.billed * EACH <= cap
+    assert metered.billed < 30
+
+
+def test_a_provider_refusing_every_request_stops_the_batch_early() -> None:
+    rows = [row(f"q{i}", "bm25", [f"text {i}"]) for i in range(30)]
+    with ScriptedServer(responder=lambda _r: Fault("status", 401)) as srv:
+        limits = Limits(concurrency=1, timeout_s=5.0)
+        with make_judge(srv, limits=limits) as j, pytest.raises(ProviderError) as caught:
+            j.judge_many(rows, progress=False)
+        asked = chat_calls(srv)
+    assert "refuses every request" in str(caught.value) and "401" in str(caught.value)
+    assert 3 <= asked < 30
+
+
+def test_progress_bar_on_stderr_unless_turned_off(
+    yes_if_pale: ScriptedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [row(f"q{i}", "bm25", ["pale", "grey"]) for i in range(3)]
+    with make_judge(yes_if_pale) as j:
+        j.judge_many(rows)
+        shown = capsys.readouterr()
+        j.judge_many(rows, progress=False)
+        quiet = capsys.readouterr()
+    assert "judging: 100%" in shown.err and "3/3" in shown.err and "passages 6" in shown.err
+    assert shown.out == "" and quiet.err == "" and quiet.out == ""
+
+
+# --- the same as `judge run`: cache, cascade, results ------------------------------------------
+
+
+def test_judge_many_and_judge_run_share_cascade_cache_and_results(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """judge_many first (fresh), then `judge run` on the same config: it pays nothing more,
+    and read_run gives back the verdicts judge_many returned."""
+    server = make_server(
+        responder=keyword_responder({"passage 3": "yes"}, "no"), scorer=text_scorer
+    )
+    config_path = write_config(tmp_path, server, {"quantiles": [0.2, 0.8]})
+    config = load_config(config_path)
+    rows = [json.loads(line) for line in Path(config.dataset.path).read_text().splitlines()]
+    cache = open_cache(config)
+    with Judge.from_config(config, cache=cache, limits=Limits.from_config(config)) as j:
+        got = j.judge_many(rows, progress=False)
+        band = j.cascade.band if j.cascade else None
+    # The band from quantiles 0.2 and 0.8 of all 20 scores, fitted before any LLM call: the
+    # three middle passages of each of the 4 queries went to the LLM, the rest the reranker's.
+    assert band is not None and (band.low, band.high) == pytest.approx((0.29, 0.70), abs=0.01)
+    assert chat_calls(server) == 12
+    assert sum(r.path == "/v1/rerank" for r in server.requests) == 4
+    sources = [v.source for jq in got for v in jq.verdicts]
+    assert sources.count("judge") == 12 and sources.count("reranker") == 8
+    sent = len(server.requests)
+
+    out = tmp_path / "out"
+    assert main(["run", str(config_path), "--out", str(out)]) == 0
+    assert len(server.requests) == sent  # every answer came from judge_many's cache entries
+
+    run = judge.read_run(out)
+    assert isinstance(run, Judgements) and run.summary is not None
+    assert run.summary.counts.verdicts == 20 and run.path == out
+
+    def same(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        keys = ("query_id", "engine", "repeat", "passage_id", "label", "grade", "source")
+        return sorted(tuple(r[k] for k in keys) for r in records)
+
+    assert same(run.to_records()) == same(got.to_records())
+    assert all(r["cached"] for r in run.to_records())
+    by_key = {(r["query_id"], r["engine"]): r for r in got.to_records("queries")}
+    for r in run.to_records("queries"):
+        mine = by_key[(r["query_id"], r["engine"])]
+        assert {k: r[k] for k in config.metrics.names} == {k: mine[k] for k in config.metrics.names}
+
+
+def test_read_run_of_a_directory_without_results_names_it(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such run directory"):
+        judge.read_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"empty/verdicts.jsonl: no results yet"):
+        judge.read_run(tmp_path / "empty")
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def _judged(srv: ScriptedServer, **kwargs: Any) -> Judgements:
+    rows = [
+        row("q1", "bm25", ["pale gums", "dog food"], labels={"q1-bm25-0": 2, "q1-bm25-1": 0}),
+        row("q1", "dense", ["dog food again", "pale and tired"]),
+    ]
+    with make_judge(srv, **kwargs) as j:
+        return j.judge_many(rows, progress=False)
+
+
+def test_passage_records_are_one_tidy_row_per_passage(yes_if_pale: ScriptedServer) -> None:
+    records = _judged(yes_if_pale).to_records()
+    assert len(records) == 4
+    first = records[0]
+    assert list(first) == [
+        "query_id", "engine", "repeat", "query", "rank", "passage_id", "text", "status", "label",
+        "grade", "relevant", "probability", "human_grade", "reason", "source", "cached",
+        "latency_s", "attempts", "prompt_tokens", "completion_tokens",
+    ]  # fmt: skip
+    assert all(list(r) == list(first) for r in records)
+    assert (first["passage_id"], first["label"], first["relevant"], first["human_grade"]) == (
+        "q1-bm25-0",
+        "yes",
+        True,
+        2,
+    )
+    assert first["probability"] == pytest.approx(0.9) and first["text"] == "pale gums"
+    # The dense row has no labels: its human grade is missing, not 0.
+    assert [r["human_grade"] for r in records] == [2, 0, None, None]
+    assert [r["rank"] for r in records] == [1, 2, 1, 2]
+
+
+def test_query_records_have_a_column_per_metric(yes_if_pale: ScriptedServer) -> None:
+    got = _judged(yes_if_pale, metrics=["ap", "ndcg@5", "precision@1"])
+    records = got.to_records("queries")
+    assert [(r["query_id"], r["engine"], r["repeat"]) for r in records] == [
+        ("q1", "bm25", 0),
+        ("q1", "dense", 0),
+    ]
+    assert list(records[0])[-3:] == ["ap", "ndcg@5", "precision@1"]
+    assert [r["precision@1"] for r in records] == [1.0, 0.0]
+    assert [r["labelled"] for r in records] == [2, None]
+    assert records[0]["passages"] == records[0]["ok"] == 2 and records[0]["error"] == 0
+    with pytest.raises(ValueError, match="kind must be one of"):
+        got.to_records("verdicts")  # type: ignore[arg-type]
+
+
+def test_optional_columns_appear_only_when_some_row_has_them(yes_if_pale: ScriptedServer) -> None:
+    plain = _judged(yes_if_pale).to_records()
+    assert not {"rerank_score", "error", "raw", "title", "url"} & set(plain[0])
+    spec = ProviderSpec(kind="rerank", base_url=yes_if_pale.url)
+    scored = _judged(yes_if_pale, rerank=spec, rerank_model="r").to_records()
+    assert all(0.0 <= r["rerank_score"] <= 1.0 for r in scored)
+
+
+def test_to_pandas_has_the_records_columns_and_keeps_missing_values_missing(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    got = _judged(yes_if_pale)
+    passages = got.to_pandas()
+    assert passages.shape == (4, len(got.to_records()[0]))
+    assert list(passages.columns) == list(got.to_records()[0])
+    assert str(passages["grade"].dtype) == "Int64" and str(passages["relevant"].dtype) == "boolean"
+    assert passages["human_grade"].isna().tolist() == [False, False, True, True]
+    assert (passages.relevant == (passages.human_grade > 0)).mean() == 1.0
+    queries = got.to_pandas("queries")
+    assert queries.shape[0] == 2 and "ndcg@5" in queries.columns
+    assert str(queries["ndcg@5"].dtype) == "Float64"
+    empty = Judgements([]).to_pandas()
+    assert empty.shape == (0, 19) and "passage_id" in empty.columns
+
+
+def test_without_pandas_to_pandas_says_what_to_install(
+    yes_if_pale: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got = _judged(yes_if_pale)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # what an environment without pandas gives
+    with pytest.raises(ImportError, match=r"pip install 'judge\[pandas\]'"):
+        got.to_pandas()
+    assert len(got.to_records()) == 4  # plain records need nothing
+
+
+# --- the sync edge: inside a running loop (Jupyter), Ctrl-C ---------------------------------
+
+
+def test_judge_many_and_ajudge_many_inside_a_running_event_loop(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """As in a Jupyter cell: the sync call from code running in a loop, then the async one."""
+    rows = [row(f"q{i}", "bm25", ["pale", "grey"]) for i in range(4)]
+
+    async def cell() -> tuple[Judgements, Judgements]:
+        with make_judge(yes_if_pale) as sync_judge:
+            from_sync = sync_judge.judge_many(rows, progress=False)
+        async_judge = make_judge(yes_if_pale)
+        try:
+            from_async = await async_judge.ajudge_many(rows, progress=False)
+        finally:
+            await async_judge.aclose()
+        return from_sync, from_async
+
+    from_sync, from_async = asyncio.run(cell())
+    assert [v.label for jq in from_sync for v in jq.verdicts] == ["yes", "no"] * 4
+    assert from_sync.to_records() != [] and len(from_async) == 4
+    assert [jq.metrics for jq in from_async] == [jq.metrics for jq in from_sync]
+    assert chat_calls(yes_if_pale) == 16
+
+
+@pytest.mark.parametrize("in_loop", [False, True], ids=["script", "jupyter"])
+def test_ctrl_c_cancels_the_batch_and_the_judge_still_works(in_loop: bool) -> None:
+    """A SIGINT while judge_many waits (Ctrl-C in a script, "interrupt kernel" in Jupyter, where
+    the call runs in a worker thread) stops the batch: no more requests are sent for it."""
+    rows = [row(f"q{i}", "bm25", [f"slow pale text {i}"]) for i in range(20)]
+    with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no"), latency=0.5) as srv:
+        j = make_judge(srv, limits=Limits(concurrency=1, adaptive=False, timeout_s=10.0))
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 30
+            while not srv.requests and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def cell() -> str | None:
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                j.judge_many(rows, progress=False)
+            asked[0] = len(srv.requests)
+            return j.judge("one more", ["pale"]).verdicts[0].label
+
+        asked = [0]
+        # Jupyter's kernel lets SIGINT raise KeyboardInterrupt in the cell's code.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            if in_loop:
+                loop = asyncio.new_event_loop()
+
+                async def in_a_cell() -> str | None:
+                    return cell()
+
+                try:
+                    label = loop.run_until_complete(in_a_cell())
+                finally:
+                    loop.close()
+            else:
+                label = cell()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            j.close()
+        total = len(srv.requests)
+    assert 1 <= asked[0] < 5  # of the 20 the batch would have sent (0.5 s each, one at a time)
+    assert label == "yes" and total < 7
+
+
+@pytest.mark.embedded
+def test_the_notebooks_offline_judges_serve_every_call_of_a_running_loop() -> None:
+    """The notebook's fallback (the quickstart's embedded judges) in a Jupyter-like cell: the
+    llama.cpp server dies with the thread that started it, so that thread must outlive one
+    call; every verdict is asked of a live server, and close() stops it."""
+    require_embedded()
+    require_minilm()
+    before = set(llama_servers())
+    config = load_config(ROOT / "configs" / "quickstart.toml")
+    rows = [row("stale", "bm25", ["Bread goes stale as its starch recrystallises.", "Egypt."])]
+
+    async def cell() -> tuple[judge.JudgedQuery, Judgements]:
+        with Judge.from_config(config, limits=Limits.from_config(config)) as j:
+            first = j.judge("signs of anaemia in puppies", ["Anaemic puppies have pale gums."])
+            return first, j.judge_many(rows, progress=False)
+
+    first, many = asyncio.run(cell())
+    statuses = [v.status for jq in (first, *many) for v in jq.verdicts]
+    assert len(statuses) == 3 and "error" not in statuses, [
+        v.error for jq in (first, *many) for v in jq.verdicts
+    ]
+    assert all(jq.rerank_scores for jq in (first, *many))  # the MiniLM reranker beside it
+    assert set(llama_servers()) <= before  # ours stopped (others' may come and go)
