@@ -54,9 +54,11 @@ _EXPORTS = {
     "CacheError": "judge.errors",
     "ModelError": "judge.errors",
     "BudgetExceeded": "judge.errors",
+    "BatchPending": "judge.errors",
 }
 
 __all__ = [
+    "BatchPending",
     "BudgetExceeded",
     "CacheError",
     "ConfigError",
@@ -101,6 +103,7 @@ if TYPE_CHECKING:
     from judge.calling.limits import Limits
     from judge.config import Price, RunConfig, load_config
     from judge.errors import (
+        BatchPending,
         BudgetExceeded,
         CacheError,
         ConfigError,

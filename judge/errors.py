@@ -16,7 +16,9 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── ParseError                  a judge completion is not a valid verdict (before reask)
     ├── CacheError                  the completion cache cannot be opened or written
     ├── ModelError                  the embedded model cannot be fetched, verified or started
-    └── BudgetExceeded              --max-cost / --max-tokens reached (exit 4, resumable)
+    ├── BudgetExceeded              --max-cost / --max-tokens reached (exit 4, resumable)
+    └── BatchPending                a submitted batch could not be followed to its end
+                                    (exit 3, incomplete: a rerun polls it, never resubmits)
 """
 
 from __future__ import annotations
@@ -95,3 +97,10 @@ class BudgetExceeded(JudgeError):
     """A cost or token budget was reached; the run stopped cleanly and can resume."""
 
     exit_code = 4
+
+
+class BatchPending(JudgeError):
+    """A recorded batch could not be followed to its end (the provider unreachable while
+    polling or downloading): the run is incomplete (exit 3); a rerun polls it again."""
+
+    exit_code = 3

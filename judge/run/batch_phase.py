@@ -21,7 +21,7 @@ from judge.calling.cache import Cache
 from judge.calling.caller import Caller
 from judge.calling.retries import CallStats
 from judge.config import RunConfig
-from judge.errors import BudgetExceeded, JudgeError, ProviderError
+from judge.errors import BatchPending, BudgetExceeded, ProviderError
 from judge.judging.judge import Judge
 from judge.judging.verdicts import reask_messages
 from judge.providers import resolve_spec
@@ -48,13 +48,6 @@ FILE_TIMEOUT_S = 600.0  # an upload or download of up to 200 MB
 GROWTH = 1.5  # each wait between status checks is this much longer than the last
 # Why a request left unanswered by a batch that ended so gets no answer (else "failed").
 _ENDED: dict[str, LeftReason] = {"expired": "expired", "cancelled": "cancelled"}
-
-
-class BatchPending(JudgeError):
-    """A recorded batch could not be followed to its end (the provider unreachable while
-    polling or downloading): the run is incomplete (exit 3); a rerun polls it again."""
-
-    exit_code = 3
 
 
 class Phase:
