@@ -23,7 +23,8 @@ B. ``--embedded``: agreement of the embedded judge (provider "embedded": a 0.5B 
    3. coverage@10 of each unit from the judge's own nuggets and supports against the truth:
       mean absolute error, and per topic whether it orders the three engines as the truth does
       (Kendall's tau); seconds per call.
-   ``--credibility`` adds the credibility grades against the url kind (high vs low).
+   ``--credibility`` adds the credibility grades against the url kind (high vs low);
+   ``--cache FILE`` keeps the embedded judge's answers for a re-run.
 
 Run from the repository root:
 
@@ -53,6 +54,7 @@ from judge.aspects import Aspects, Coverage, Nugget, NuggetSet, Support  # noqa:
 from judge.calling.cache import open_cache  # noqa: E402
 from judge.config import load_config  # noqa: E402
 from judge.judging.context import EMBEDDED_CONTEXT, count_tokens  # noqa: E402
+from judge.judging.dimensions import Dimensions  # noqa: E402
 from judge.judging.judge import Judge  # noqa: E402
 from judge.metrics.coverage import coverage_at  # noqa: E402
 from judge.providers.base import Message  # noqa: E402
@@ -346,13 +348,13 @@ def _creation_scores(
     return statistics.fmean(precision), statistics.fmean(recall)
 
 
-async def agreement(n_topics: int, credibility: bool) -> None:
+async def agreement(n_topics: int, credibility: bool, keep: Path | None) -> None:
     """Part B: the embedded judge against the truth."""
     queries, facts = build(n_topics)
     truth = _true_sets(queries, facts)
     params = SamplingParams(temperature=0.0, max_tokens=16, response_format="json_object")
     with tempfile.TemporaryDirectory() as tmp:
-        cache = open_cache(Path(tmp) / "cache.sqlite")
+        cache = open_cache(keep or Path(tmp) / "cache.sqlite")
         judge = Judge(
             "embedded",
             "qwen2.5-coder-0.5b-instruct-q4",
@@ -374,12 +376,13 @@ async def agreement(n_topics: int, credibility: bool) -> None:
             await dims.prepare(queries)
             made = (time.perf_counter() - start) / len(truth)
             written = dict(dims.sets)
-            own = {q.key: await dims.judge(q, 0) for q in queries}
+            print(f"  nuggets written: {made:.0f} s per query id", file=sys.stderr, flush=True)
+            own = {q.key: await _judged(dims, q, "own nuggets") for q in queries}
             dims.sets.clear()
             dims.failures.clear()
             await dims.prepare(queries, truth)
             start = time.perf_counter()
-            given = {q.key: await dims.judge(q, 0) for q in queries}
+            given = {q.key: await _judged(dims, q, "true nuggets") for q in queries}
             per_unit = (time.perf_counter() - start) / len(queries)
         finally:
             await judge.aclose()
@@ -388,14 +391,25 @@ async def agreement(n_topics: int, credibility: bool) -> None:
         f"B. embedded judge, {len(truth)} topics x {len(ENGINES)} engines x {PER_ENGINE} passages"
     )
     precision, recall = _creation_scores(written, truth)
+    sizes = [len(s.nuggets) for s in written.values()]
+    vital = [sum(n.vital for n in s.nuggets) for s in written.values()]
     print(
         f"  nugget creation: precision {precision:.2f}, recall {recall:.2f} of the pooled facts; "
+        f"{len(written)}/{len(truth)} sets written, nuggets per set {sizes}, vital {vital}; "
         f"{made:.1f} s per query id"
     )
     _report_assignment(queries, truth, given, per_unit)
     _report_coverage(queries, truth, own)
     if credibility:
         _report_credibility(queries, given)
+
+
+async def _judged(dims: Dimensions, query: Query, what: str) -> Aspects:
+    start = time.perf_counter()
+    got = await dims.judge(query, 0)
+    took = time.perf_counter() - start
+    print(f"  {what}: {query.query_id}/{query.engine} {took:.0f} s", file=sys.stderr, flush=True)
+    return got
 
 
 def _report_assignment(
@@ -443,6 +457,12 @@ def _report_coverage(
             taus.append(_tau([m or 0.0 for m in mine], [w or 0.0 for w in want]))
     mae = statistics.fmean(errors) if errors else float("nan")
     tau = statistics.fmean(taus) if taus else float("nan")
+    unread = sum(
+        1
+        for q in queries
+        if (c := own[q.key].coverage) is None or any(s.status != "ok" for s in c.supports)
+    )
+    print(f"  own nuggets: {unread} of {len(queries)} units with a support unread", end=";")
     print(
         f"  coverage@10 from its own nuggets: mean absolute error {mae:.2f} over {len(errors)} "
         f"of {len(queries)} units; Kendall tau of the engine order per topic {tau:.2f} over "
@@ -472,10 +492,11 @@ def main() -> None:
     parser.add_argument("--embedded", action="store_true")
     parser.add_argument("--embedded-topics", type=int, default=3)
     parser.add_argument("--credibility", action="store_true")
+    parser.add_argument("--cache", type=Path, help="keep the embedded judge's answers here")
     args = parser.parse_args()
     cost(args.topics)
     if args.embedded:
-        asyncio.run(agreement(args.embedded_topics, args.credibility))
+        asyncio.run(agreement(args.embedded_topics, args.credibility, args.cache))
 
 
 if __name__ == "__main__":

@@ -157,6 +157,11 @@ class RunSection(Record):
     # the cap (a batch takes minutes to hours; tests make these small).
     batch_poll_s: float = Field(default=30.0, gt=0)
     batch_max_poll_s: float = Field(default=600.0, gt=0)
+    # Sharding on Ray (`judge run --ray`, judge/run/ray_run.py): "local" starts a Ray instance
+    # here, "auto" / "ray://HOST:PORT" / "HOST:PORT" joins a cluster; None: one process. Shards
+    # (queries split by a stable hash of query_id): 0 = one per CPU the cluster has.
+    ray: str | None = None
+    ray_shards: int = Field(default=0, ge=0)
 
 
 class ThresholdsSection(Record):

@@ -69,22 +69,26 @@ def test_supports_are_read_per_passage_and_what_is_unread_is_named() -> None:
             "supports": [
                 {"id": "p1", "nuggets": ["n1", "N2"]},
                 {"id": "p2", "nuggets": []},
+                {"id": "p5", "nuggets": ["rust  is FAST"]},  # a nugget's exact text names it
                 {"id": "p3", "nuggets": ["n9"]},  # not a nugget of the set
                 {"id": "zz", "nuggets": ["n1"]},  # not asked for: dropped
             ]
         }
     )
-    got = parse_supports(answer(text), ["p1", "p2", "p3", "p4"], ["n1", "n2"])
-    assert got.supports == {"p1": ("n1", "n2"), "p2": ()}
+    nuggets = [Nugget(id="n1", text="Rust is safe"), Nugget(id="n2", text="Rust is fast")]
+    got = parse_supports(answer(text), ["p1", "p2", "p3", "p4", "p5"], nuggets)
+    assert got.supports == {"p1": ("n1", "n2"), "p2": (), "p5": ("n2",)}
     assert set(got.unresolved) == {"p3", "p4"}
-    assert "n9" in got.unresolved["p3"]
+    assert "n9" in got.unresolved["p3"] and "(n1, n2)" in got.unresolved["p3"]
     with pytest.raises(ParseError):
-        parse_supports(answer("p1 supports n1"), ["p1"], ["n1"])
+        parse_supports(answer("p1 supports n1"), ["p1"], nuggets)
 
 
 def test_a_passage_given_twice_differently_is_unresolved() -> None:
     text = '{"supports": [{"id": "p1", "nuggets": ["n1"]}, {"id": "p1", "nuggets": ["n2"]}]}'
-    got = parse_supports(answer(text), ["p1"], ["n1", "n2"])
+    got = parse_supports(
+        answer(text), ["p1"], [Nugget(id="n1", text="a"), Nugget(id="n2", text="b")]
+    )
     assert got.supports == {}
     assert "twice" in got.unresolved["p1"]
 

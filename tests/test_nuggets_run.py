@@ -364,3 +364,22 @@ def test_turning_nuggets_on_in_a_finished_run_directory_is_refused(
     assert len(aspect_server.requests) == paid
     assert main(["run", str(config), "--out", str(out), "--fresh"]) == 0
     assert all(jq.coverage is not None for jq in by_unit(out).values())
+
+
+def test_judge_many_pools_every_engine_s_passages_into_one_nugget_set_per_query(
+    aspect_server: ScriptedServer, fake_key: str
+) -> None:
+    """The Python batch call writes nugget sets as `judge run` does: once per query id, from
+    both engines' passages, before any unit is judged."""
+    with Judge("local", "m", base_url=aspect_server.openai_base_url, nuggets=True) as judge:
+        judged = judge.judge_many(ROWS, progress=False)
+    assert kinds(aspect_server)["nuggets"] == 2
+    creation = [r for r in aspect_server.requests if kind_of(r) == "nuggets"]
+    q1 = next(r for r in creation if "what is rust?" in r.prompt)
+    shown = {text for _, text in fenced(q1)}
+    # p3 only engine a returned, p4 only engine b: both are in the one pooled request.
+    assert "Cargo is the Rust package manager." in shown
+    assert "Rust was first released in 2015." in shown
+    by_engine = {(jq.query.query_id, jq.query.engine): jq for jq in judged}
+    a, b = by_engine["q1", "a"].coverage, by_engine["q1", "b"].coverage
+    assert a is not None and b is not None and a.nuggets == b.nuggets

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Judge, then :func:`judge.report.finish.finish_run`; print the outcome, pick the exit code."""
+    from judge.cli.ray import on_ray, ray_overrides
     from judge.config import load_config
     from judge.providers import planning_only
     from judge.report.finish import finish_run
@@ -49,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.runner import run_async
 
     batch = {"run.batch": True} if args.batch else {}
-    config = load_config(args.config, overrides(args) | batch)
+    config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
     out_dir = Path(args.out or config.run.out)
     # A dry run sends nothing, so it needs no API key; every other check is the same.
@@ -60,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(estimate(config, queries, out_dir))
     redo = frozenset(args.redo or ())
-    run = run_batched if config.run.batch else run_async
+    run = on_ray(config, run_batched if config.run.batch else run_async)
     outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo))
     del queries  # the summary reads the results; a large dataset need not stay in memory
     summary = finish_run(config, out_dir, outcome)
@@ -356,8 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     from judge.cli.baseline import add_commands as add_baseline
     from judge.cli.batch import add_commands as add_batch
     from judge.cli.calibrate import add_commands as add_calibrate
+    from judge.cli.ray import add_arguments as add_ray
     from judge.cli.reports import add_commands
 
+    add_ray(r)
     add_admin(sub, common)
     add_batch(sub)
     add_calibrate(sub)

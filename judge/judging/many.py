@@ -10,7 +10,8 @@ naming each row by its index and field (``rows[3]: field 'query': missing``). A 
 truncated again).
 
 Then each (query, repeat) is judged as ``judge run`` judges it: a cascade's band is fitted
-first when it comes from the queries' scores; workers (twice the calls allowed in flight, as
+first when it comes from the queries' scores, and nugget sets are written from every engine's
+passages pooled; workers (twice the calls allowed in flight, as
 the runner) pull units while the Judge's Caller owns the concurrency limit, rate limits,
 retries, budget and cache; each query's metrics are attached at the end in one pass over all
 of them. A provider that refuses every request (bad model name or key) stops the batch after
@@ -155,6 +156,9 @@ async def judge_many(
     cascade = judge.cascade
     if units and cascade is not None and cascade.band is None:
         await judge.afit_cascade(queries, label_scale)
+    if units and judge.dimensions is not None:
+        # Nugget sets from every engine's passages pooled, once per query id, before any unit.
+        await judge.dimensions.prepare(queries)
     bar = tqdm(
         total=len(units),
         desc="judging",

@@ -88,6 +88,13 @@ def _entry_id(entry: Node) -> str | None:
     return str(found.value) if isinstance(found.value, int) else None
 
 
+def _names(nuggets: Sequence[Nugget]) -> dict[str, str]:
+    """What names a nugget in an answer, normalised: its id, or its exact text (a small model
+    copies texts; a text is one nugget, so reading it is not a guess), to its id."""
+    texts = {" ".join(n.text.casefold().split()): n.id for n in nuggets}
+    return texts | {n.id.casefold(): n.id for n in nuggets}
+
+
 def _nuggets_of(entry: Node, known: dict[str, str]) -> tuple[str, ...]:
     """The nugget ids one complete entry lists (ParseError naming what is wrong)."""
     assert isinstance(entry.value, dict)
@@ -100,23 +107,25 @@ def _nuggets_of(entry: Node, known: dict[str, str]) -> tuple[str, ...]:
         raise ParseError('"nuggets" is not a list')
     out: list[str] = []
     for item in listed.value:
-        raw = str(item.value).strip() if isinstance(item.value, str | int) else None
-        nid = known.get(raw.casefold()) if raw is not None else None
+        raw = str(item.value) if isinstance(item.value, str | int) else None
+        nid = known.get(" ".join(raw.casefold().split())) if raw is not None else None
         if nid is None:
-            raise ParseError(f"{item.value!r} is not one of the nugget ids ({', '.join(known)})")
+            ids = ", ".join(dict.fromkeys(known.values()))
+            raise ParseError(f"{item.value!r} is not one of the nugget ids ({ids})")
         if nid not in out:
             out.append(nid)
     return tuple(out)
 
 
 def parse_supports(
-    completion: Completion, passage_ids: Sequence[str], nugget_ids: Sequence[str]
+    completion: Completion, passage_ids: Sequence[str], nuggets: Sequence[Nugget]
 ) -> SupportsParsed:
-    """Each asked-for passage's supported nuggets; ParseError when there is no readable list.
-    Ids not asked for are dropped; a passage given twice differently, or with a nugget id not
-    in the set, is unresolved (asked again), as is one the answer never reached."""
+    """Each asked-for passage's supported nuggets (named by id, or by exact text); ParseError
+    when there is no readable list. Ids not asked for are dropped; a passage given twice
+    differently, or with a nugget not in the set, is unresolved (asked again), as is one the
+    answer never reached."""
     entries = _entries(completion)
-    known = {n.casefold(): n for n in nugget_ids}
+    known = _names(nuggets)
     wanted = set(passage_ids)
     found: dict[str, tuple[str, ...]] = {}
     bad: dict[str, str] = {}
@@ -127,15 +136,15 @@ def parse_supports(
         if pid not in wanted or pid in bad or not entry.complete:
             continue
         try:
-            nuggets = _nuggets_of(entry, known)
+            named = _nuggets_of(entry, known)
         except ParseError as exc:
             bad[pid] = f'id "{pid}": {exc}'
             continue
-        if pid in found and set(found[pid]) != set(nuggets):
+        if pid in found and set(found[pid]) != set(named):
             del found[pid]
             bad[pid] = f'id "{pid}" is given twice, differently'
         else:
-            found[pid] = nuggets
+            found[pid] = named
     missing = {pid: f'id "{pid}" has no entry' for pid in passage_ids if pid not in found}
     return SupportsParsed(supports=found, unresolved={**missing, **bad})
 
@@ -238,7 +247,6 @@ class Assigner:
     ) -> Usage:
         """One group's supports into ``done``: a listwise request (re-asked once when it does
         not parse), then once more for the passages it left unread."""
-        ids = [n.id for n in nuggets]
         usage, todo, why = Usage(), group, ""
         for round_ in range(2 if self.reask else 1):
             asked_ids = [p.id for p in todo]
@@ -246,7 +254,7 @@ class Assigner:
                 self.caller,
                 self.request(query, todo, nuggets),
                 repeat,
-                functools.partial(parse_supports, passage_ids=asked_ids, nugget_ids=ids),
+                functools.partial(parse_supports, passage_ids=asked_ids, nuggets=nuggets),
                 reask=self.reask and round_ == 0,
                 language=self.language,
             )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge.aspects import NuggetSet
-from judge.calling.cache import open_cache
+from judge.calling.cache import Cache, open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.data.nuggets import NUGGETS_FILE, given_sets, write_nuggets
@@ -85,12 +85,14 @@ async def run_async(
     *,
     fresh: bool = False,
     redo: Redo = frozenset(),
+    cache: Cache | None = None,
 ) -> RunOutcome:
     """Judge every (query, repeat) not already in out_dir's results; append as they finish.
 
     A unit whose recorded verdicts include a provider ``error`` is judged again on resume,
     and one with ``unparsed`` verdicts when ``redo`` says so (its good answers come from the
-    cache); at the end the results file holds exactly one line per unit.
+    cache); at the end the results file holds exactly one line per unit. ``cache``: used (and
+    closed) instead of the config's, as a Ray shard's own cache is (judge/run/shards.py).
     """
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,7 @@ async def run_async(
             if (q.query_id, q.engine, r) not in done
         ]
         planned = len(queries) * config.run.repeats
-        batch = _Batch(config, units, results_path, queries)
+        batch = _Batch(config, units, results_path, queries, cache)
         try:
             with _signals_stop(batch):
                 await batch.run()
@@ -183,11 +185,12 @@ class _Batch:
     results_path: Path
     # Every query of the run, finished or not: a cascade band from the run's scores uses all.
     queries: Sequence[Query]
+    given_cache: Cache | None = None  # instead of the config's (run_async's ``cache``)
     reason: str | None = None
     stopped_by: StopKind | None = None
 
     def __post_init__(self) -> None:
-        self.cache = open_cache(self.config)
+        self.cache = self.given_cache or open_cache(self.config)
         self.judge = Judge.from_config(
             self.config, cache=self.cache, limits=Limits.from_config(self.config)
         )
