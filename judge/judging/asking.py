@@ -14,10 +14,19 @@ from typing import Generic, TypeVar
 
 from judge.calling.caller import Caller
 from judge.errors import ConfigError, ParseError, ProviderError
+from judge.judging.jsonscan import Node, values
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import SamplingParams, Usage
 
-__all__ = ["Asked", "answer_room", "answer_start", "ask", "aspect_params"]
+__all__ = [
+    "Asked",
+    "answer_entries",
+    "answer_field",
+    "answer_room",
+    "answer_start",
+    "ask",
+    "aspect_params",
+]
 
 P = TypeVar("P")
 
@@ -79,6 +88,24 @@ def answer_start(completion: Completion) -> int:
         cut = " (cut off by the token limit)" if completion.finish_reason == "length" else ""
         raise ParseError(f"the answer is empty{cut}")
     return start
+
+
+def answer_field(pairs: dict[str, Node], names: Sequence[str]) -> Node | None:
+    """The value of the first of ``names`` among an object's keys (trimmed, case-folded)."""
+    folded = {key.strip().casefold(): node for key, node in pairs.items()}
+    return next((folded[n] for n in names if n in folded), None)
+
+
+def answer_entries(completion: Completion, list_keys: Sequence[str], shape: str) -> list[Node]:
+    """The list of entries in an answer: a bare JSON list, or one under any of ``list_keys``;
+    ParseError naming the expected ``shape`` when there is none."""
+    for node in values(completion.text, answer_start(completion), "{["):
+        if isinstance(node.value, list):
+            return node.value
+        listed = answer_field(node.value, list_keys)
+        if listed is not None and isinstance(listed.value, list):
+            return listed.value
+    raise ParseError(f"the answer has no JSON object {shape}")
 
 
 def _reask(messages: Sequence[Message], bad: str, error: str, language: str) -> tuple[Message, ...]:

@@ -23,9 +23,14 @@ from typing import Any
 
 from judge.aspects import Nugget
 from judge.errors import ParseError
-from judge.judging.asking import answer_room, answer_start, aspect_params
+from judge.judging.asking import (
+    answer_entries,
+    answer_field,
+    answer_room,
+    aspect_params,
+)
 from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
-from judge.judging.jsonscan import Node, values
+from judge.judging.jsonscan import Node
 from judge.judging.prompts import PromptTemplate
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, ScaleLabel
@@ -83,22 +88,6 @@ def pool(queries: Sequence[Query], limit: int) -> tuple[Passage, ...]:
     return tuple(out)
 
 
-def _field(pairs: dict[str, Node], names: Sequence[str]) -> Node | None:
-    folded = {key.strip().casefold(): node for key, node in pairs.items()}
-    return next((folded[n] for n in names if n in folded), None)
-
-
-def _entries(completion: Completion) -> list[Node]:
-    """The list of nugget entries in an answer (under "nuggets", or a bare list)."""
-    for node in values(completion.text, answer_start(completion), "{["):
-        if isinstance(node.value, list):
-            return node.value
-        listed = _field(node.value, _LIST_KEYS)
-        if listed is not None and isinstance(listed.value, list):
-            return listed.value
-    raise ParseError('the answer has no JSON object {"nuggets": [{"text": ..., ...}, ...]}')
-
-
 def _read(entry: Node, i: int) -> tuple[str, bool] | None:
     """An entry's text and whether it is vital; None for an entry cut off by the token limit.
     A bare string is a vital nugget (the record's default); an importance off the scale is a
@@ -109,10 +98,10 @@ def _read(entry: Node, i: int) -> tuple[str, bool] | None:
         return (entry.value.strip(), True) if entry.value.strip() else None
     if not isinstance(entry.value, dict):
         raise ParseError(f"nugget {i + 1} is not an object with a text")
-    text = _field(entry.value, _TEXT_KEYS)
+    text = answer_field(entry.value, _TEXT_KEYS)
     if text is None or not isinstance(text.value, str) or not text.value.strip():
         raise ParseError(f'nugget {i + 1} has no "text"')
-    importance = _field(entry.value, _IMPORTANCE_KEYS)
+    importance = answer_field(entry.value, _IMPORTANCE_KEYS)
     if importance is None or importance.value is None:
         return text.value.strip(), True
     value: Any = importance.value
@@ -127,7 +116,9 @@ def parse_nuggets(completion: Completion, max_nuggets: int) -> tuple[Nugget, ...
     """The nuggets in an answer, vital ones first, repeats dropped, at most ``max_nuggets``,
     numbered ``n1..``; ParseError (the re-ask text) when there is none."""
     found: dict[str, tuple[str, bool]] = {}
-    for i, entry in enumerate(_entries(completion)):
+    for i, entry in enumerate(
+        answer_entries(completion, _LIST_KEYS, '{"nuggets": [{"text": ..., ...}, ...]}')
+    ):
         read = _read(entry, i)
         if read is not None:
             found.setdefault(_norm(read[0]), read)

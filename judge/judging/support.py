@@ -23,9 +23,15 @@ from pydantic import Field
 from judge.aspects import Coverage, Nugget, NuggetSet, Support
 from judge.calling.caller import Caller
 from judge.errors import ParseError
-from judge.judging.asking import answer_room, answer_start, ask, aspect_params
+from judge.judging.asking import (
+    answer_entries,
+    answer_field,
+    answer_room,
+    ask,
+    aspect_params,
+)
 from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
-from judge.judging.jsonscan import Node, values
+from judge.judging.jsonscan import Node
 from judge.judging.prompts import PromptTemplate, fence, neutralise
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, Record, SamplingParams, Scale, ScaleLabel, Usage
@@ -62,25 +68,10 @@ class SupportsParsed(Record):
     unresolved: dict[str, str] = Field(default_factory=dict)
 
 
-def _field(pairs: dict[str, Node], names: Sequence[str]) -> Node | None:
-    folded = {key.strip().casefold(): node for key, node in pairs.items()}
-    return next((folded[n] for n in names if n in folded), None)
-
-
-def _entries(completion: Completion) -> list[Node]:
-    for node in values(completion.text, answer_start(completion), "{["):
-        if isinstance(node.value, list):
-            return node.value
-        listed = _field(node.value, _LIST_KEYS)
-        if listed is not None and isinstance(listed.value, list):
-            return listed.value
-    raise ParseError('the answer has no JSON object {"supports": [{"id": ..., "nuggets": [...]}]}')
-
-
 def _entry_id(entry: Node) -> str | None:
     if not isinstance(entry.value, dict):
         return None
-    found = _field(entry.value, _ID_KEYS)
+    found = answer_field(entry.value, _ID_KEYS)
     if found is None or not found.complete:
         return None
     if isinstance(found.value, str):
@@ -98,7 +89,7 @@ def _names(nuggets: Sequence[Nugget]) -> dict[str, str]:
 def _nuggets_of(entry: Node, known: dict[str, str]) -> tuple[str, ...]:
     """The nugget ids one complete entry lists (ParseError naming what is wrong)."""
     assert isinstance(entry.value, dict)
-    listed = _field(entry.value, _NUGGET_KEYS)
+    listed = answer_field(entry.value, _NUGGET_KEYS)
     if listed is None:
         raise ParseError('no "nuggets" list')
     if listed.value is None:
@@ -124,7 +115,9 @@ def parse_supports(
     when there is no readable list. Ids not asked for are dropped; a passage given twice
     differently, or with a nugget not in the set, is unresolved (asked again), as is one the
     answer never reached."""
-    entries = _entries(completion)
+    entries = answer_entries(
+        completion, _LIST_KEYS, '{"supports": [{"id": ..., "nuggets": [...]}]}'
+    )
     known = _names(nuggets)
     wanted = set(passage_ids)
     found: dict[str, tuple[str, ...]] = {}
