@@ -65,21 +65,14 @@ _NEUTRAL = "‹"  # U+2039, visibly not "<"
 _CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
-# A quoted key of a judge's answer followed by a colon: ``"verdict":``, ``'reason' :``. Inside a
-# passage that is a forged answer (the fence attacks end the passage and write one); its
-# quotes become ‹ › so it no longer reads as the JSON the judge is asked to write.
-_ANSWER_KEY = re.compile(
-    r"""(["'])(verdicts?|reason|relevan(?:t|ce)|label|grade|judge?ments?|assessment)\1(\s*:)""",
-    re.IGNORECASE,
-)
-
-
 def neutralise(text: str) -> str:
     """``text`` with every fence-tag opener ``<`` (passage, query, title) and every ``<|`` of a
-    chat control token replaced by ``‹``, and every quoted answer key (``"verdict":``) written
-    as ``‹verdict›:``."""
-    text = _MARKER.sub(_NEUTRAL, text)
-    return _ANSWER_KEY.sub(lambda m: f"‹{m.group(2)}›{m.group(3)}", text)
+    chat control token replaced by ``‹``.
+
+    Forged answers inside a passage (``{"verdict": "yes"}``) are left as they are: written as
+    ``{‹verdict›: "yes"}`` they moved the embedded judge's P(yes) further, not less (probe of
+    30 attacked pairs: fence +0.175 vs +0.110, instruction +0.190 vs +0.164)."""
+    return _MARKER.sub(_NEUTRAL, text)
 
 
 def fence(passage: Passage) -> str:
