@@ -19,6 +19,7 @@ B. The embedded judge (0.5B llama.cpp, the quickstart's settings, no reranker): 
 Run from the repository root, in the environment judge is installed in with the ray extra:
 
     python bench/bench_ray.py [--judgments N] [--trials T] [--embedded-passages P]
+                              [--no-api | --no-embedded]
 """
 
 from __future__ import annotations
@@ -174,13 +175,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--embedded-passages", type=int, default=8)
     parser.add_argument("--no-embedded", action="store_true")
+    parser.add_argument("--no-api", action="store_true", help="part B only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     start = time.perf_counter()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     print(f"Ray start-up (local instance, 4 logical CPUs): {time.perf_counter() - start:.1f} s")
     try:
-        bench_api(args.judgments, args.trials)
+        if not args.no_api:
+            bench_api(args.judgments, args.trials)
         if not args.no_embedded:
             bench_embedded(args.embedded_passages)
     finally:

@@ -22,10 +22,11 @@ import pytest
 import ray
 
 from judge.cli.main import main
+from judge.config import load_config
 from judge.data.nuggets import NUGGETS_FILE, read_nuggets
 from judge.data.results import RESULTS_FILE
 from judge.run.shard_files import SHARD_FILE, SHARDS_DIR
-from judge.run.shards import plan_shards, shard_of
+from judge.run.shards import ShardTask, judge_shard, plan_shards, shard_of
 from judge.schema import Passage, Query
 from tests.aspect_wire import aspect_responder
 from tests.servers import ScriptedServer
@@ -87,6 +88,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     and its workers keep the environment they start with); every process it started is gone
     after it stops."""
     home = tmp_path_factory.mktemp("ray-home")
+    # Other fixtures' processes (a loopback server of another module) are not Ray's.
+    before = _descendants(os.getpid())
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HOME", str(home))
         env.setenv("XDG_CACHE_HOME", str(home / ".cache"))
@@ -98,7 +101,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
-    started = _descendants(os.getpid())
+    started = _descendants(os.getpid()) - before
     assert started, "ray.init started no process"
     try:
         yield
@@ -422,8 +425,16 @@ def test_without_ray_installed_the_run_stops_in_one_line_before_any_call(
     [
         (["--ray", "--batch"], {"judge": {"provider": "openai"}}, "use --batch or --ray, not both"),
         (["--ray", "datasets/sample.jsonl"], {}, "is not a Ray address"),
+        (
+            ["--ray"],
+            {
+                "judge.cascade": {"max_error": 0.1},
+                "rerank": {"provider": "rerank", "model": "r", "base_url": "http://127.0.0.1:9"},
+            },
+            "a shard sees only its part",
+        ),
     ],
-    ids=["batch", "address"],
+    ids=["batch", "address", "cascade"],
 )
 def test_what_shards_cannot_do_is_refused_before_any_call(
     server: ScriptedServer,
@@ -452,3 +463,26 @@ def test_judge_and_its_other_commands_never_import_ray(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_worker_without_the_run_directory_or_with_another_judge_says_so_in_one_line(
+    server: ScriptedServer, tmp_path: Path
+) -> None:
+    config = load_config(write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite"))
+    (tmp_path / "here").mkdir()
+    task = ShardTask(
+        index=1,
+        shards=2,
+        config=config,
+        queries=(),
+        shard_dir=str(tmp_path / "elsewhere"),
+        user_cache=str(tmp_path / "cache.sqlite"),
+    )
+    missing = judge_shard(task)
+    assert missing.exit_code == 2 and missing.error is not None
+    assert "is not on this node" in missing.error and "\n" not in missing.error
+    other = judge_shard(
+        task.model_copy(update={"shard_dir": str(tmp_path / "here"), "version": "0"})
+    )
+    assert other.exit_code == 2 and other.error is not None and "judge 0" in other.error
+    assert server.requests == []

@@ -198,16 +198,18 @@ def judge_shard(task: ShardTask) -> ShardResult:
         shard_dir, {"shard": task.index, "shards": task.shards, "host": host, "pid": pid}
     )
     handler = _log_to_stderr(task)
-    cache = ShardCache(shard_dir / SHARD_CACHE, Path(task.user_cache))
     redo: Redo = frozenset(task.redo)
+    cache: ShardCache | None = None
     try:
+        cache = ShardCache(shard_dir / SHARD_CACHE, Path(task.user_cache))
         outcome = asyncio.run(
             run_async(task.config, task.queries, shard_dir, redo=redo, cache=cache)
         )
     except JudgeError as exc:
         return here.model_copy(update={"error": str(exc), "exit_code": exc.exit_code})
     finally:
-        cache.close()
+        if cache is not None:
+            cache.close()  # run_async closed it already, unless it failed before opening
         logging.getLogger("judge").removeHandler(handler)
     return here.model_copy(update={"outcome": outcome})
 
