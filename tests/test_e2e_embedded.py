@@ -98,3 +98,34 @@ def test_judge_run_with_the_embedded_judge(tmp_path: Path) -> None:
     assert (out / "qrels.txt").read_text("utf-8").strip()
     # The server judge started is gone once the run is over.
     assert set(llama_servers()) - before == set()
+
+
+@pytest.mark.embedded
+def test_listwise_verdicts_of_the_embedded_judge_agree_with_their_own_probabilities() -> None:
+    """Issue 19: with llama.cpp's default repeat penalty a list's verdicts flipped with position
+    and contradicted the model's own P(yes). Listwise through the embedded server, the answer's
+    JSON schema decoded as a grammar (it reaches llama-cpp-python only in its json_object
+    spelling): one list answer per query covers every passage, and no verdict says "no" with
+    P(yes) > 0.5 or "yes" with P(yes) < 0.5."""
+    require_embedded()
+    from judge.judging.judge import Judge
+    from judge.schema import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=200, logprobs=True, top_logprobs=5, response_format="json_schema"
+    )
+    with Judge(
+        provider="embedded",
+        model="qwen2.5-coder-0.5b-instruct-q4",
+        mode="listwise",
+        reasons=False,
+        params=params,
+    ) as judge:
+        judged = [judge.judge(q["query"], q["passages"]) for q in QUERIES]
+        calls = judge.caller.stats.successes
+    verdicts = [v for jq in judged for v in jq.verdicts]
+    assert len(verdicts) == 6 and all(v.status == "ok" for v in verdicts), verdicts
+    assert calls == 2  # one list answer per query, no re-ask, no pointwise fallback
+    for v in verdicts:
+        assert v.probability is not None
+        assert (v.label == "yes") == (v.probability >= 0.5), (v.label, v.probability, v.raw)
