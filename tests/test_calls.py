@@ -249,3 +249,33 @@ def test_a_cancelled_request_does_not_fail_its_twin_waiting_for_it(
 
     assert "verdict" in asyncio.run(scenario())
     assert len(server.requests) == 2  # the twin asked again itself
+
+
+def test_a_request_that_never_connected_is_neither_counted_as_sent_nor_charged(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    # A port bound but not listening refuses every connection: no request ever leaves.
+    import socket
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    try:
+        server = make_server()  # only for make_config's defaults; aimed elsewhere below
+        config = make_config(
+            server,
+            tmp_path,
+            **{
+                "provider.base_url": f"http://127.0.0.1:{port}/v1",
+                "run.max_attempts": 2,
+                "run.max_cost": 1.0,
+                'prices."judge-test"': {"prompt": 1000.0, "completion": 1000.0},
+            },
+        )
+        outcome = run(config, one_query(3), tmp_path / "out")
+    finally:
+        closed.close()
+    assert outcome.errors_by_kind == {"connection": 6}  # 3 passages x 2 attempts, all refused
+    assert outcome.requests == 0 and outcome.cost_usd == 0.0 and outcome.prompt_tokens == 0
+    assert server.requests == []
+    assert outcome.status == "incomplete"

@@ -40,6 +40,7 @@ from judge.providers.base import (
     RerankRequest,
     RerankResult,
     RetryDecision,
+    never_sent,
     request_key,
 )
 from judge.schema import Usage
@@ -325,12 +326,17 @@ class Caller:
         reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
         sent = time.perf_counter()
+        self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
         try:
             answer = await send()
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            if kind in _NOT_BILLED:
+            if never_sent(exc):
+                # No connection was made: the server never saw it, and nothing was billed.
+                self.stats.requests -= 1
+                spent = Usage()
+            elif kind in _NOT_BILLED:
                 spent = Usage()
             if kind == "rate_limit":
                 slot.throttled()
@@ -354,7 +360,6 @@ class Caller:
         async def attempt() -> A:
             nonlocal attempts
             attempts += 1
-            self.stats.requests += 1
             return await once()
 
         try:

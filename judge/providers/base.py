@@ -252,6 +252,41 @@ def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecisio
     return RetryDecision(retry=False, kind="unexpected")
 
 
+# Errors raised before a connection existed, by (module prefix, class name): httpx's and
+# httpcore's (openai is built on httpx2), aiohttp's (DashScope). Named, not imported, so
+# checking one needs no SDK.
+_UNSENT = frozenset(
+    {
+        ("httpx", "ConnectError"),
+        ("httpx", "ConnectTimeout"),
+        ("httpx", "PoolTimeout"),
+        ("httpcore", "ConnectError"),
+        ("httpcore", "ConnectTimeout"),
+        ("httpcore", "PoolTimeout"),
+        ("aiohttp", "ClientConnectorError"),
+        ("aiohttp", "ConnectionTimeoutError"),
+    }
+)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps: the SDKs re-raise transport errors as their own)
+    says no connection was made, so the request never reached the server and cannot have
+    been billed: refused, timed out connecting, or no pooled connection came free. A timeout
+    or a drop after connecting is not: the server may have the request."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        module = type(current).__module__.split(".")[0]
+        if any(module.startswith(m) and type(current).__name__ == n for m, n in _UNSENT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 _PLANNING: ContextVar[bool] = ContextVar("judge_planning", default=False)
 
 
