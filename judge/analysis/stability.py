@@ -276,6 +276,28 @@ def passage_flips(
     )
 
 
+def one_repeat_each(results: Sequence[JudgedQuery]) -> bool:
+    """Whether no (query, engine) has more than one row: a run with one repeat."""
+    keys = {row.query.key for row in results}
+    return len(keys) == len(results)
+
+
+def _no_flips(results: Sequence[JudgedQuery]) -> FlipStats:
+    """:func:`passage_flips` of results with one row per (query, engine): every passage has
+    at most one verdict, so none can flip."""
+    single = sum(len({v.passage_id for v in row.verdicts}) for row in results)
+    return FlipStats(
+        n_passages=0,
+        n_single=single,
+        n_flipped=0,
+        flip_rate=None,
+        pairwise_disagreement=None,
+        n_relevance_flipped=0,
+        relevance_flip_rate=None,
+        most_unstable=(),
+    )
+
+
 def _grade_matrix(
     results: Sequence[JudgedQuery], table: dict[PassageKey, dict[int, Verdict]] | None = None
 ) -> FloatArray:
@@ -340,17 +362,26 @@ def stability_report(
     engines: dict[str, EngineStability] = {}
     grouped = by_engine(results)
     for engine, rows in grouped.items():
-        voted, ties = consensus_votes(rows)
-        table = _by_passage(rows)  # once for the flips and alpha: a large run's passages
+        if one_repeat_each(rows):
+            # Nothing to vote on or flip, and alpha needs two values of a passage: what the
+            # general path gives, without a large single-repeat run paying per passage for it.
+            flips, alpha, ties = _no_flips(rows), None, 0
+            agreement = human_agreement(rows, scale)
+        else:
+            voted, ties = consensus_votes(rows)
+            table = _by_passage(rows)  # once for the flips and alpha: a large run's passages
+            flips = passage_flips(rows, scale, table)
+            alpha = krippendorff_alpha(_grade_matrix(rows, table), level)
+            agreement = human_agreement(rows, scale, voted=voted)
         engines[engine] = EngineStability(
             engine=engine,
             n_queries=len({row.query.query_id for row in rows}),
             n_repeats=len({row.repeat for row in rows}),
             metrics=metric_stability(rows, metrics, n_boot=n_boot, seed=seed),
-            flips=passage_flips(rows, scale, table),
-            alpha=krippendorff_alpha(_grade_matrix(rows, table), level),
+            flips=flips,
+            alpha=alpha,
             majority_ties=ties,
-            agreement=human_agreement(rows, scale, voted=voted),
+            agreement=agreement,
         )
     alpha = (
         next(iter(engines.values())).alpha

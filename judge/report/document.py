@@ -48,6 +48,7 @@ from judge.report.queries import (
     passages_section,
     query_rows,
     query_table_section,
+    shown_rows,
 )
 from judge.report.sources import sources_section
 from judge.report.status import header
@@ -317,7 +318,7 @@ def sections(
         coverage_section(summary.coverage, results),
         credibility_section(results),
         query_table_section(rows, defined),
-        failed_section(results, rows),
+        failed_section(results, shown_rows(rows, defined)),
         _health_section(health),
         _distribution_section(summary, results, defined[:CHART_METRICS]),
         _stability_section(summary.stability, defined[:CHART_METRICS]),

@@ -14,7 +14,7 @@ judge's majority label is a disagreement, marked in the report and counted per q
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from judge.analysis.compare import per_query_values
@@ -22,6 +22,8 @@ from judge.report.blocks import Chart, Link, Section, Table, Text, format_value
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Verdict
 
 EXCERPT_CHARS = 240
+# Queries a report lists, and shows the passages of, at most (x2 with human labels).
+SHOWN = 500
 
 
 class QueryRow(Record):
@@ -148,18 +150,26 @@ def query_rows(
     values = per_query_values(results, names, scale, policy)
     out = []
     for (qid, engine), rows in grouped(results).items():
-        views = passage_views(rows, scale, label_scale)
-        labelled = sum(1 for p in views if p.human is not None)
+        if rows[0].query.labels:
+            views = passage_views(rows, scale, label_scale)
+            labelled, disagree = (
+                sum(p.human is not None for p in views),
+                sum(p.disagrees for p in views),
+            )
+            judged = len(views)
+        else:  # no human label to compare: the views' other fields are not needed here
+            labelled, disagree = 0, 0
+            judged = len({v.passage_id for jq in rows for v in jq.verdicts})
         out.append(
             QueryRow(
                 query_id=qid,
                 engine=engine,
                 query=rows[0].query.query,
                 repeats=len(rows),
-                passages=len(views),
+                passages=judged,
                 failed=sum(1 for jq in rows for v in jq.verdicts if v.status != "ok"),
                 labelled=labelled,
-                disagreements=sum(p.disagrees for p in views) if labelled else None,
+                disagreements=disagree if labelled else None,
                 metrics={n: values[n].get(engine, {}).get(qid) for n in names},
             )
         )
@@ -193,33 +203,60 @@ def _table(
     return Table(head, cells, frozenset(range(3, len(head))), css, fold=fold)
 
 
-def query_table_section(rows: Sequence[QueryRow], names: Sequence[str]) -> Section:
-    """Every (query, engine) with each metric: lowest first on the first metric (undefined
-    last), and in the HTML the same rows by query id and by disagreement with humans."""
-    ids = anchors(rows)
-    first = names[0] if names else None
-
+def _lowest_first(first: str | None) -> Callable[[QueryRow], tuple[bool, float, str, str]]:
     def lowest(r: QueryRow) -> tuple[bool, float, str, str]:
         value = r.metrics.get(first) if first else None
         return value is None, value or 0.0, r.query_id, r.engine
 
+    return lowest
+
+
+def _most_disagreements(r: QueryRow) -> tuple[int, str, str]:
+    return -(r.disagreements or 0), r.query_id, r.engine
+
+
+def shown_rows(rows: Sequence[QueryRow], names: Sequence[str]) -> list[QueryRow]:
+    """The rows a report lists (and shows the passages of), by query id: every row up to
+    :data:`SHOWN`; beyond it the SHOWN lowest on the first metric and the SHOWN with most
+    disagreements with human labels. A page of a large run's every passage is more than a
+    browser opens; summary.json keeps every row and verdicts.jsonl every passage."""
+    if len(rows) <= SHOWN:
+        return list(rows)
+    keep = sorted(rows, key=_lowest_first(names[0] if names else None))[:SHOWN]
+    keep += sorted((r for r in rows if r.disagreements), key=_most_disagreements)[:SHOWN]
+    chosen = {(r.query_id, r.engine) for r in keep}
+    return [r for r in rows if (r.query_id, r.engine) in chosen]
+
+
+def query_table_section(rows: Sequence[QueryRow], names: Sequence[str]) -> Section:
+    """Every (query, engine) with each metric (up to :data:`SHOWN`; see :func:`shown_rows`):
+    lowest first on the first metric (undefined last), and in the HTML the same rows by query
+    id and by disagreement with humans."""
+    total, rows = len(rows), shown_rows(rows, names)
+    ids = anchors(rows)
+    first = names[0] if names else None
     blocks: list[Text | Table | Chart] = [
-        _table(sorted(rows, key=lowest), names, ids, None),
+        _table(sorted(rows, key=_lowest_first(first)), names, ids, None),
         _table(rows, names, ids, "the same queries by query id"),
     ]
     if any(r.disagreements for r in rows):
-        by_humans = sorted(rows, key=lambda r: (-(r.disagreements or 0), r.query_id, r.engine))
+        by_humans = sorted(rows, key=_most_disagreements)
         blocks.append(_table(by_humans, names, ids, "the same queries, most disagreements first"))
-    blocks.append(
-        Text(
-            "Each metric: the query's mean over the repeats where it is defined (— undefined). "
-            "failed: unparsed or error verdicts. human ≠: passages whose human label differs "
-            "from the judge's. A query id links to its passages.",
-            "muted",
-        )
+    note = (
+        "Each metric: the query's mean over the repeats where it is defined (— undefined). "
+        "failed: unparsed or error verdicts. human ≠: passages whose human label differs "
+        "from the judge's. A query id links to its passages."
     )
+    if len(rows) < total:
+        note += (
+            f" Listed: {len(rows)} of {total} queries, the {SHOWN} lowest on {first}"
+            + (" and the most disagreements with humans" if blocks[2:] else "")
+            + "; summary.json has every query's row and verdicts.jsonl every passage."
+        )
+    blocks.append(Text(note, "muted"))
     order = f"lowest {first} first" if first else "by query id"
-    return Section("queries", f"Queries ({len(rows)}; {order})", blocks)
+    listed = f"{len(rows)} of {total}" if len(rows) < total else str(total)
+    return Section("queries", f"Queries ({listed}; {order})", blocks)
 
 
 def _passage_table(views: Sequence[PassageView], humans: bool, probs: bool) -> Table:
@@ -254,13 +291,17 @@ def passages_section(
     scale: Scale,
     label_scale: Scale | None,
 ) -> Section:
-    """Every query's passages with the judge's label, reason, P(relevant) and human label."""
+    """The passages of every query listed (:func:`shown_rows`) with the judge's label,
+    reason, P(relevant) and human label."""
+    rows = shown_rows(rows, names)
     ids = anchors(rows)
     metrics = {(r.query_id, r.engine): r.metrics for r in rows}
     humans = any(jq.query.labels for jq in results)
     probs = any(v.probability is not None for jq in results for v in jq.verdicts)
     blocks: list[Text | Table | Chart] = []
     for key, group in grouped(results).items():
+        if key not in ids:
+            continue
         values = metrics.get(key, {})
         shown = " · ".join(f"{n} {format_value(values.get(n))}" for n in names[:6])
         repeats = f" (mean over {len(group)} repeats)" if len(group) > 1 else ""
@@ -277,7 +318,8 @@ def passages_section(
 
 
 def failed_section(results: Sequence[JudgedQuery], rows: Sequence[QueryRow]) -> Section | None:
-    """Queries with unparsed or error verdicts: their metrics are undefined, never 0."""
+    """Queries with unparsed or error verdicts: their metrics are undefined, never 0. A query
+    id links to its passages when ``rows`` (those the report lists) hold it."""
     ids = anchors(rows)
     failed = [jq for jq in results if any(v.status != "ok" for v in jq.verdicts)]
     if not failed:

@@ -26,7 +26,12 @@ from judge.analysis.compare import N_BOOT
 from judge.analysis.coverage import CoverageSummary, coverage_summary
 from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
-from judge.analysis.stability import StabilityReport, majority_vote, stability_report
+from judge.analysis.stability import (
+    StabilityReport,
+    majority_vote,
+    one_repeat_each,
+    stability_report,
+)
 from judge.config import RunConfig
 from judge.errors import InputError
 from judge.metrics.compute import is_label_based
@@ -210,8 +215,13 @@ _KEPT = {"mean", "ci_low", "ci_high", "max_rel_diff", "per_repeat", "n_defined",
 def _engines(
     results: Sequence[JudgedQuery], names: Sequence[str], report: StabilityReport, config: RunConfig
 ) -> dict[str, EngineSummary]:
-    # Metrics of the majority-vote verdicts across repeats (ties -> the lower grade).
-    voted = majority_vote(results, names, config.scale(), config.metrics)
+    # Metrics of the majority-vote verdicts across repeats (ties -> the lower grade); with
+    # one repeat each, a row's own verdicts are its majority and its metrics theirs.
+    voted = (
+        results
+        if one_repeat_each(results)
+        else majority_vote(results, names, config.scale(), config.metrics)
+    )
     return {
         engine: EngineSummary(
             majority_vote={
