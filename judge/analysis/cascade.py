@@ -63,7 +63,7 @@ def _only(results: Sequence[JudgedQuery], source: str) -> list[JudgedQuery]:
 
 def cascade_summary(results: Sequence[JudgedQuery], config: RunConfig) -> CascadeSummary | None:
     """The cascade's savings and agreement; None when the run had no cascade. ``results``
-    carry human labels on the judge's scale (report.summary.labels_on_scale)."""
+    carry human labels on the judge's scale (report.queries.labels_on_scale)."""
     if config.judge.cascade is None:
         return None
     llm = sum(v.source == "judge" for jq in results for v in jq.verdicts)

@@ -28,6 +28,7 @@ from judge.calling.limits import (
     Budget,
     Limits,
     RateLimiter,
+    billed_on_failure,
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
@@ -46,8 +47,6 @@ from judge.providers.base import (
 from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
-# Failures a provider answered with a status: the request was refused, not billed.
-_NOT_BILLED = frozenset({"rate_limit", "server", "client", "config"})
 # Seconds a call's attempts spent between leaving and their answer arriving (not waiting for
 # a slot, a rate token or a retry's backoff): a verdict's latency_s.
 _IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
@@ -332,12 +331,8 @@ class Caller:
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            if never_sent(exc):
-                # No connection was made: the server never saw it, and nothing was billed.
-                self.stats.requests -= 1
-                spent = Usage()
-            elif kind in _NOT_BILLED:
-                spent = Usage()
+            spent = billed_on_failure(exc, kind, spent)
+            self.stats.requests -= never_sent(exc)  # no connection: the server never saw it
             if kind == "rate_limit":
                 slot.throttled()
             raise

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from judge.config import Price, RunConfig
 from judge.errors import BudgetExceeded, ConfigError
+from judge.providers.base import never_sent
 from judge.schema import Record, Usage
 
 
@@ -199,6 +200,17 @@ def worst_case_prompt_tokens(texts: list[str]) -> int:
 class Reservation:
     usage: Usage
     cost: float
+
+
+# Failures a provider answered with a status: the request was refused, not billed.
+NOT_BILLED = frozenset({"rate_limit", "server", "client", "config"})
+
+
+def billed_on_failure(exc: BaseException, kind: str, reserved: Usage) -> Usage:
+    """What a request that failed with ``exc`` (classified ``kind``) may have cost: nothing
+    when the server answered with a refusal or no connection was made (:func:`never_sent`);
+    else ``reserved``, its worst-case prompt (a timeout or a drop: it may have been billed)."""
+    return Usage() if kind in NOT_BILLED or never_sent(exc) else reserved
 
 
 class Budget:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from judge.analysis import health as hc
-from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare, per_query_values
+from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare
 from judge.analysis.stability import StabilityReport
 from judge.report.blocks import (
     Chart,
@@ -216,13 +216,18 @@ def _label_counts(results: Sequence[JudgedQuery]) -> dict[str, dict[str, int]]:
 
 
 def _distribution_section(
-    summary: Summary, results: Sequence[JudgedQuery], names: Sequence[str]
+    summary: Summary, rows: Sequence[QueryRow], names: Sequence[str]
 ) -> Section | None:
-    """Per-query values of the first metrics with something to show: a metric no query
-    defines gets no panel, one every query scores the same is named instead of drawn."""
+    """Per-query values (``rows``: every query's) of the first metrics with something to
+    show: a metric no query defines gets no panel, one every query scores the same is named
+    instead of drawn."""
     engines = list(summary.engines)
-    values = per_query_values(results, names, summary.config.scale, policy=summary.policy)
-    dist = {m: {e: list(values[m].get(e, {}).values()) for e in engines} for m in names}
+    dist: dict[str, dict[str, list[float]]] = {m: {e: [] for e in engines} for m in names}
+    for row in rows:
+        for m in names:
+            value = row.metrics.get(m)
+            if value is not None and row.engine in dist[m]:
+                dist[m][row.engine].append(value)
     flat = {
         m: vs[0]
         for m in names
@@ -320,7 +325,7 @@ def sections(
         query_table_section(rows, defined),
         failed_section(results, shown_rows(rows, defined)),
         _health_section(health),
-        _distribution_section(summary, results, defined[:CHART_METRICS]),
+        _distribution_section(summary, rows, defined[:CHART_METRICS]),
         _stability_section(summary.stability, defined[:CHART_METRICS]),
         _labels_section(results, summary.config.scale),
         agreement_section(summary.stability.engines),

@@ -7,7 +7,7 @@ across repeats (a tie keeps the lower grade, as the majority vote does), shown w
 repeats gave it when they disagree; its reason is the first such verdict's, its P(relevant)
 the mean over the ok verdicts that carry one. Human labels are compared on the judge's scale
 (labels on another scale map through relevance, see
-:func:`judge.report.summary.labels_on_scale`): a passage whose human label differs from the
+:func:`labels_on_scale`): a passage whose human label differs from the
 judge's majority label is a disagreement, marked in the report and counted per query.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from judge.analysis.compare import per_query_values
+from judge.config import RunConfig
 from judge.report.blocks import Chart, Link, Section, Table, Text, format_value
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Verdict
 
@@ -97,6 +98,25 @@ def _human(
     if own != scale:
         return shown, int(own.relevant(grade))
     return shown, grade
+
+
+def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[JudgedQuery]:
+    """Human labels expressed on the judge's scale.
+
+    Labels on another scale are mapped through relevance: a binary judge compares with
+    ``label >= label_scale.threshold``. A graded judge cannot be compared with coarser labels.
+    """
+    label_scale = config.comparable_label_scale()
+    if label_scale == config.scale():
+        return list(results)
+    out = []
+    for jq in results:
+        labels = jq.query.labels
+        if labels:
+            mapped = {pid: int(label_scale.relevant(g)) for pid, g in labels.items()}
+            jq = jq.model_copy(update={"query": jq.query.model_copy(update={"labels": mapped})})
+        out.append(jq)
+    return out
 
 
 def passage_views(

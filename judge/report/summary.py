@@ -37,7 +37,7 @@ from judge.errors import InputError
 from judge.metrics.compute import is_label_based
 from judge.metrics.sources import lower_is_better, needs_no_judge
 from judge.report.legacy import V1Defaults, from_v1
-from judge.report.queries import QueryRow, query_rows
+from judge.report.queries import QueryRow, labels_on_scale, query_rows
 from judge.run.runner import RunOutcome
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Usage
 from judge.version import __version__
@@ -291,25 +291,6 @@ def _corrected(
         engine: tuple(ppi_metrics(rows, free, config.scale(), config.metrics))
         for engine, rows in sorted(by_engine.items())
     }
-
-
-def labels_on_scale(results: Sequence[JudgedQuery], config: RunConfig) -> list[JudgedQuery]:
-    """Human labels expressed on the judge's scale.
-
-    Labels on another scale are mapped through relevance: a binary judge compares with
-    ``label >= label_scale.threshold``. A graded judge cannot be compared with coarser labels.
-    """
-    label_scale = config.comparable_label_scale()
-    if label_scale == config.scale():
-        return list(results)
-    out = []
-    for jq in results:
-        labels = jq.query.labels
-        if labels:
-            mapped = {pid: int(label_scale.relevant(g)) for pid, g in labels.items()}
-            jq = jq.model_copy(update={"query": jq.query.model_copy(update={"labels": mapped})})
-        out.append(jq)
-    return out
 
 
 def write_summary(path: str | Path, summary: Summary) -> Path:
