@@ -3,7 +3,9 @@ give what the general path gives, and a report lists at most SHOWN queries' pass
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from judge.analysis.reliability import krippendorff_alpha
@@ -16,11 +18,16 @@ from judge.analysis.stability import (
     passage_flips,
 )
 from judge.config import load_config
+from judge.data.results import load_results
 from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
 from judge.report.document import write_reports
 from judge.report.queries import SHOWN, query_rows, shown_rows
 from judge.report.summary import build_summary
+from judge.run.queries import load_queries
+from judge.run.runner import run_async
 from judge.schema import JudgedQuery, Passage, Query, Scale
+from tests.servers import ScriptedServer, hashed_responder
+from tests.test_calls import make_config
 from tests.test_compare import sample_results, verdict
 
 BINARY = Scale.binary()
@@ -109,3 +116,24 @@ def test_a_small_run_lists_every_query_and_its_passages(tmp_path: Path) -> None:
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "Queries (12;" in page and " of 12" not in page
     assert all(f"q{q:04d} / e1" in page for q in range(12))
+
+
+def test_a_run_into_a_new_directory_hands_over_exactly_the_rows_it_wrote(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    server = make_server(responder=hashed_responder())
+    config = make_config(server, tmp_path)
+    queries = load_queries(config)
+    out = tmp_path / "out"
+    kept: list[JudgedQuery] = []
+    outcome = asyncio.run(run_async(config, queries, out, keep=kept))
+    assert outcome.status == "complete" and kept
+    assert kept == load_results(out)  # what the summary would have read back, row for row
+    # A directory that already held rows hands nothing over: the summary reads the file.
+    again: list[JudgedQuery] = []
+    asyncio.run(run_async(config, queries, out, keep=again))
+    assert again == []
+    # Both ways give the same summary.
+    assert build_summary(config, kept, n_boot=200).model_dump(exclude={"created"}) == (
+        build_summary(config, load_results(out), n_boot=200).model_dump(exclude={"created"})
+    )

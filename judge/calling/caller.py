@@ -19,10 +19,12 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
-from judge.calling.cache import Cache, Reading
+from judge.calling.answers import CallResult, ChatAnswer, Prompt, Reader, parsed
+from judge.calling.answers import reading as reading_of
+from judge.calling.cache import Cache
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
@@ -32,7 +34,7 @@ from judge.calling.limits import (
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
-from judge.errors import BudgetExceeded, ParseError, ProviderError
+from judge.errors import BudgetExceeded, ProviderError
 from judge.providers.base import (
     ChatProvider,
     ChatRequest,
@@ -52,46 +54,6 @@ A = TypeVar("A", Completion, RerankResult)
 _IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
 P = TypeVar("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class CallResult(Generic[A]):
-    answer: A
-    cached: bool
-    attempts: int
-    latency_s: float
-
-
-@dataclass(frozen=True)
-class ChatAnswer(Generic[P]):
-    """A chat answer and what the caller's parser made of it: ``value`` or ``error``."""
-
-    call: CallResult[Completion]
-    value: P | None
-    error: ParseError | None
-
-
-@dataclass
-class Prompt:
-    """A chat request known by a digest of all that makes it before ``render`` makes it."""
-
-    digest: str
-    render: Callable[[], ChatRequest]
-
-    @functools.cached_property
-    def request(self) -> ChatRequest:
-        return self.render()
-
-
-@dataclass(frozen=True)
-class Reader(Generic[P]):
-    """A parser whose readings the cache keeps: ``dump`` and ``load`` carry a value to and from
-    JSON; ``tag`` changes whenever ``parse`` could read the same answer differently."""
-
-    parse: Callable[[Completion], P]
-    tag: str
-    dump: Callable[[P], str]
-    load: Callable[[str], P]
 
 
 class Caller:
@@ -163,6 +125,16 @@ class Caller:
         cached = functools.partial(self._cached, key, request, repeat, parse)
         return await self._once(key, cached, fetch, share)
 
+    def cached(self, request: Prompt, repeat: int, parse: Reader[P]) -> ChatAnswer[P] | None:
+        """The cached answer to ``request`` now, without a task or a wait; None when it must
+        be asked (or is being asked) through :meth:`complete`."""
+        key = self.key(request, repeat)
+        if self.chat is None or key in self._inflight:
+            return None
+        hit = self._cached(key, request, repeat, parse)
+        self.stats.cache_hits += hit is not None
+        return hit
+
     async def _once(
         self,
         key: str,
@@ -231,8 +203,8 @@ class Caller:
                 return ChatAnswer(call, parse.load(reading.value), None)
             except ValueError:  # unreadable as this version's value: read the answer again
                 pass
-        result = _parsed(call, parse)
-        stored = _reading(parse, result)
+        result = parsed(call, parse)
+        stored = reading_of(parse, result)
         if stored is not None:
             self.cache.set_reading(found.key, stored)
         return result
@@ -264,9 +236,9 @@ class Caller:
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer
 
-        result = _parsed(await self._call(once, provider.classify), parse)
+        result = parsed(await self._call(once, provider.classify), parse)
         if result.error is None:
-            reading = _reading(parse, result)
+            reading = reading_of(parse, result)
             answer = result.call.answer
             self.cache.put(
                 key, answer, kind="chat", model=request.model, reading=reading, alias=alias
@@ -380,20 +352,3 @@ class Caller:
             ) from None
         self.stats.successes += 1
         return CallResult(answer, cached=False, attempts=attempts, latency_s=_IN_FLIGHT_S.get())
-
-
-def _parsed(
-    call: CallResult[Completion], parse: Callable[[Completion], P] | Reader[P]
-) -> ChatAnswer[P]:
-    read = parse.parse if isinstance(parse, Reader) else parse
-    try:
-        return ChatAnswer(call, read(call.answer), None)
-    except ParseError as exc:
-        return ChatAnswer(call, None, exc)
-
-
-def _reading(parse: Callable[[Completion], P] | Reader[P], result: ChatAnswer[P]) -> Reading | None:
-    """What the cache keeps of a successful reading (None: a parser without a tag)."""
-    if not isinstance(parse, Reader) or result.error is not None or result.value is None:
-        return None
-    return Reading(parse.tag, parse.dump(result.value))

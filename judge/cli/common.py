@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from judge.config import parse_override
+
+if TYPE_CHECKING:
+    from judge.run.estimate import Estimate
 
 # What each exit code means (also in the README and `judge run --help`).
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INCOMPLETE, EXIT_BUDGET = 0, 1, 2, 3, 4
@@ -36,3 +39,35 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     return out
+
+
+def print_dry_run(est: Estimate) -> int:
+    """What a ``--dry-run`` would send and spend, printed; exit 0."""
+    cost = f"${est.cost_usd:.4f}" if est.cost_usd is not None else "unknown (no [prices] entry)"
+    print(
+        f"dry run: {est.units} query-repeats to judge, {est.calls} calls "
+        f"({est.cached_calls} already cached), ~{est.prompt_tokens} prompt + "
+        f"~{est.completion_tokens} completion tokens "
+        f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
+    )
+    if est.batch_cost_usd is not None and est.batch_worst_usd is not None:
+        print(
+            f"batch mode: estimated cost ${est.batch_cost_usd:.4f} at batch prices"
+            + (" (this run: --batch)" if est.batch else " (with --batch)")
+            + f"; the budget must hold the batch's worst case, ${est.batch_worst_usd:.4f}"
+        )
+    elif est.batch:
+        print("batch mode: cost unknown (no [prices] entry for the model)")
+    if est.rerank_calls:
+        bound = (
+            "; the LLM figures are an upper bound: a dry run does not call the reranker, and "
+            "without its cached scores (for a quantiles or max_error band: all of them) a "
+            "passage counts as going to the LLM"
+            if est.upper_bound
+            else ""
+        )
+        print(
+            f"cascade: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached), "
+            f"{est.reranker_passages} passages labelled by the reranker{bound}"
+        )
+    return EXIT_OK

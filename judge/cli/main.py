@@ -25,14 +25,15 @@ from judge.cli.common import (
     EXIT_OK,
     EXIT_THRESHOLD,
     overrides,
+    print_dry_run,
 )
 from judge.errors import ConfigError, JudgeError
 from judge.version import __version__
 
 if TYPE_CHECKING:
     from judge.report.summary import Summary
-    from judge.run.estimate import Estimate
     from judge.run.runner import RunOutcome
+    from judge.schema import JudgedQuery
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         if config.run.batch:
             check_batch(config)
     if args.dry_run:
-        return _dry_run(estimate(config, queries, out_dir))
+        return print_dry_run(estimate(config, queries, out_dir))
     redo = frozenset(args.redo or ())
     run = on_ray(config, run_batched if config.run.batch else run_async)
-    outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo))
+    # A plain run into a new directory hands its rows over: the summary need not read back
+    # what was just written (the other ways of running leave ``kept`` empty: it reads).
+    kept: list[JudgedQuery] = []
+    more = {"keep": kept} if run is run_async else {}
+    outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
     del queries  # the summary reads the results; a large dataset need not stay in memory
-    summary = finish_run(config, out_dir, outcome)
+    summary = finish_run(config, out_dir, outcome, kept)
     _print_outcome(outcome, summary, out_dir)
     if outcome.stopped_by == "budget":
         print(f"judge: {outcome.reason}", file=sys.stderr)
@@ -83,37 +88,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
-
-
-def _dry_run(est: Estimate) -> int:
-    cost = f"${est.cost_usd:.4f}" if est.cost_usd is not None else "unknown (no [prices] entry)"
-    print(
-        f"dry run: {est.units} query-repeats to judge, {est.calls} calls "
-        f"({est.cached_calls} already cached), ~{est.prompt_tokens} prompt + "
-        f"~{est.completion_tokens} completion tokens "
-        f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
-    )
-    if est.batch_cost_usd is not None and est.batch_worst_usd is not None:
-        print(
-            f"batch mode: estimated cost ${est.batch_cost_usd:.4f} at batch prices"
-            + (" (this run: --batch)" if est.batch else " (with --batch)")
-            + f"; the budget must hold the batch's worst case, ${est.batch_worst_usd:.4f}"
-        )
-    elif est.batch:
-        print("batch mode: cost unknown (no [prices] entry for the model)")
-    if est.rerank_calls:
-        bound = (
-            "; the LLM figures are an upper bound: a dry run does not call the reranker, and "
-            "without its cached scores (for a quantiles or max_error band: all of them) a "
-            "passage counts as going to the LLM"
-            if est.upper_bound
-            else ""
-        )
-        print(
-            f"cascade: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached), "
-            f"{est.reranker_passages} passages labelled by the reranker{bound}"
-        )
-    return EXIT_OK
 
 
 def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "RESULTS_FILE",
     "append_result",
     "compact_results",
+    "latest_rows",
     "load_engines",
     "load_results",
     "read_qrels",
@@ -299,8 +300,13 @@ def load_results(path: Path) -> list[JudgedQuery]:
             raise InputError("no results yet", file=str(path))
     if not path.exists():
         raise InputError("no such run directory or results file", file=str(path))
-    rows = {jq.key: jq for jq in read_results(path)}
-    return sorted(rows.values(), key=lambda jq: (jq.query.query_id, jq.query.engine, jq.repeat))
+    return latest_rows(read_results(path))
+
+
+def latest_rows(rows: Iterable[JudgedQuery]) -> list[JudgedQuery]:
+    """One row per (query, engine, repeat), the last given, sorted by the three."""
+    latest = {jq.key: jq for jq in rows}
+    return sorted(latest.values(), key=lambda jq: (jq.query.query_id, jq.query.engine, jq.repeat))
 
 
 def _rename(jq: JudgedQuery, engine: str) -> JudgedQuery:

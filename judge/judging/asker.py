@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from judge.calling.caller import Caller, CallResult, Prompt, Reader
+from judge.calling.answers import CallResult, Prompt, Reader
+from judge.calling.caller import Caller
 from judge.errors import ProviderError
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate
@@ -51,12 +52,13 @@ class _Tally:
     cached: bool = True
     raw: str | None = None
 
-    def add(self, call: CallResult[Completion]) -> None:
+    def add(self, call: CallResult[Completion]) -> _Tally:
         self.attempts += call.attempts
         self.usage = self.usage + call.answer.usage
         self.latency_s += call.latency_s
         self.cached = self.cached and call.cached
         self.raw = call.answer.text
+        return self
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -130,14 +132,17 @@ class Asker:
         if self.mode == "listwise" and query.passages:
             verdicts = await self._listwise(query, list(query.passages), repeat)
         else:
-            verdicts = list(
-                await asyncio.gather(
-                    *(
-                        self._pointwise(query, p, rank, repeat)
-                        for rank, p in enumerate(query.passages, start=1)
-                    )
-                )
-            )
+            # Cached answers are read here and now: a task per passage would cost a cached
+            # re-run more than reading its answers. The rest are asked concurrently.
+            verdicts, asks = [], []
+            for rank, p in enumerate(query.passages, start=1):
+                prompt = self._pointwise_prompt(query, p)
+                hit = self.caller.cached(prompt, repeat, self._point_reader)
+                if hit is not None and hit.value is not None:
+                    verdicts.append(self._ok(p, rank, hit.value, **_Tally().add(hit.call).fields()))
+                else:
+                    asks.append(self._pointwise(query, p, rank, repeat, prompt))
+            verdicts += await asyncio.gather(*asks)
         verdicts.sort(key=lambda v: v.rank)
         return verdicts
 
@@ -175,8 +180,10 @@ class Asker:
             **extra,
         )
 
-    async def _pointwise(self, query: Query, passage: Passage, rank: int, repeat: int) -> Verdict:
-        prompt = self._pointwise_prompt(query, passage)
+    async def _pointwise(
+        self, query: Query, passage: Passage, rank: int, repeat: int, prompt: Prompt | None = None
+    ) -> Verdict:
+        prompt = prompt or self._pointwise_prompt(query, passage)
         tally = _Tally()
         error = ""
         request: ChatRequest | Prompt = prompt

@@ -14,6 +14,7 @@ judging; Python users can call it on any finished (or partly finished) run direc
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from judge.config import RunConfig
@@ -22,6 +23,7 @@ from judge.report.document import write_reports
 from judge.report.history import history_rows_for_report, record_run, source_key
 from judge.report.summary import SUMMARY_FILE, Summary, build_summary, write_summary
 from judge.run.runner import RunOutcome
+from judge.schema import JudgedQuery
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +32,22 @@ QRELS_FILE = "qrels.txt"
 HISTORY_SHOWN = 10
 
 
-def finish_run(config: RunConfig, out_dir: Path, outcome: RunOutcome | None = None) -> Summary:
+def finish_run(
+    config: RunConfig,
+    out_dir: Path,
+    outcome: RunOutcome | None = None,
+    results: Sequence[JudgedQuery] | None = None,
+) -> Summary:
     """Summarise ``out_dir``'s results and write summary.json, history, reports and qrels.
 
     ``outcome`` is what :func:`judge.run.runner.run_async` returned (None when the run was
-    judged elsewhere or earlier); it is kept in the summary as ``run``. Raises
-    :class:`~judge.errors.InputError` when the directory has no results yet.
+    judged elsewhere or earlier); it is kept in the summary as ``run``. ``results``: the
+    directory's rows as :func:`load_results` reads them, when already in memory (empty or
+    None: read). Raises :class:`~judge.errors.InputError` when the directory has no results
+    yet.
     """
     out_dir = Path(out_dir)
-    results = load_results(out_dir)
+    results = results or load_results(out_dir)
     summary = build_summary(config, results, run=outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()

@@ -33,9 +33,9 @@ from typing import Any
 
 from pydantic import Field
 
+from judge.calling.answers import Prompt
 from judge.calling.batch import worst_case
 from judge.calling.cache import Cache, open_cache
-from judge.calling.caller import Prompt
 from judge.config import Price, RunConfig
 from judge.data.nuggets import given_sets
 from judge.data.results import RESULTS_FILE

@@ -25,7 +25,13 @@ from judge.calling.cache import Cache, open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.data.nuggets import NUGGETS_FILE, given_sets, write_nuggets
-from judge.data.results import RESULTS_FILE, UnitKey, compact_results, unit_statuses
+from judge.data.results import (
+    RESULTS_FILE,
+    UnitKey,
+    compact_results,
+    latest_rows,
+    unit_statuses,
+)
 from judge.errors import BudgetExceeded, ConfigError, ProviderError
 from judge.judging.cascade import Band
 from judge.judging.dimensions import unit_statuses_of
@@ -46,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # Refused calls (bad key, model or URL) seen with no success at all before the run stops.
 REFUSED_CALLS = 3
+# Finished units wait for their metrics until this many are ready or this long has passed.
+FLUSH_UNITS, FLUSH_S = 256, 0.05
 # Passages finished before abort_error_rate is applied (a few early errors are not a trend).
 MIN_FOR_ERROR_RATE = 20
 
@@ -86,8 +94,13 @@ async def run_async(
     fresh: bool = False,
     redo: Redo = frozenset(),
     cache: Cache | None = None,
+    keep: list[JudgedQuery] | None = None,
 ) -> RunOutcome:
     """Judge every (query, repeat) not already in out_dir's results; append as they finish.
+
+    ``keep``: when given and the results file held nothing before, it receives every row the
+    file holds afterwards (as :func:`judge.data.results.load_results` would read them), so
+    the summary need not read back what was just written.
 
     A unit whose recorded verdicts include a provider ``error`` is judged again on resume,
     and one with ``unparsed`` verdicts when ``redo`` says so (its good answers come from the
@@ -114,11 +127,13 @@ async def run_async(
             if (q.query_id, q.engine, r) not in done
         ]
         planned = len(queries) * config.run.repeats
-        batch = _Batch(config, units, results_path, queries, cache)
+        batch = _Batch(config, units, results_path, queries, cache, keeping=keep is not None)
         try:
             with _signals_stop(batch):
                 await batch.run()
             latest = recorded | batch.written
+            if keep is not None and not lines:
+                keep.extend(latest_rows(batch.kept))
             if lines > len(recorded) or recorded.keys() & batch.written.keys():
                 compact_results(results_path)  # one line per unit: drop the superseded ones
             failed = sum(1 for statuses in latest.values() if "error" in statuses)
@@ -186,6 +201,7 @@ class _Batch:
     # Every query of the run, finished or not: a cascade band from the run's scores uses all.
     queries: Sequence[Query]
     given_cache: Cache | None = None  # instead of the config's (run_async's ``cache``)
+    keeping: bool = False  # keep every row written in ``kept`` (run_async's ``keep``)
     reason: str | None = None
     stopped_by: StopKind | None = None
 
@@ -214,6 +230,8 @@ class _Batch:
         # Each unit written by this invocation and its verdicts' statuses.
         self.written: dict[UnitKey, frozenset[str]] = {}
         self._ready: list[Judged] = []  # judged, waiting for their metrics (_flush)
+        self._flushed = time.monotonic()
+        self.kept: list[JudgedQuery] = []
 
     async def run(self) -> None:
         """Workers pull units until the queue is empty or a stop reason is set.
@@ -309,18 +327,22 @@ class _Batch:
             except BudgetExceeded as exc:
                 self.stop(str(exc), "budget")
                 return
-            # The units finishing in this same turn of the event loop (a cached run finishes
-            # a hundred at once) get their metrics together: per unit, that computation's
-            # fixed cost would be most of a cached run's time.
+            # Units that finish close together (a cached run finishes thousands a second) get
+            # their metrics together: per unit, that computation's fixed cost would be most of
+            # a cached run's time. One finishing alone is written at once.
             self._ready.append(judged)
             await asyncio.sleep(0)
-            self._flush()
+            if len(self._ready) >= FLUSH_UNITS or time.monotonic() - self._flushed >= FLUSH_S:
+                self._flush()
 
     def _flush(self) -> None:
         """The ready units' metrics (in one pass), then each is written, counted and checked."""
         ready, self._ready = self._ready, []
+        self._flushed = time.monotonic()
         for jq in self.judge.finish_many(ready) if ready else ():
             self.writer.add(jq)
+            if self.keeping:
+                self.kept.append(jq)
             self.written[jq.key] = unit_statuses_of(jq)
             self.progress.update(jq)
             self._check_health(jq)
