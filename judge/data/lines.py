@@ -218,6 +218,10 @@ class Row:
         return None if None in out else [v for v in out if v is not None]
 
     def rename(self, obj: dict[str, Any], renames: Mapping[str, str], at: str) -> dict[str, Any]:
+        """``obj`` with its keys renamed (``obj`` itself when nothing is renamed: the callers
+        only read it); two keys that map to one name are an error."""
+        if not renames:
+            return obj
         out: dict[str, Any] = {}
         for key, value in obj.items():
             name = renames.get(key, key)

@@ -9,25 +9,43 @@ judging; Python users can call it on any finished (or partly finished) run direc
     outcome = asyncio.run(run_async(config, queries, out_dir))
     summary = finish_run(config, out_dir, outcome)
     if summary.thresholds.breached: ...
+
+A run directory remembers what its summary and reports were made from (``finished.json``:
+digests of the results file, the config and the baseline, and the judge version). ``judge
+run`` again on a finished directory with all of those unchanged judges nothing and finds
+its summary and reports current: it reuses them instead of making them again, and records
+no second history row for the same results.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from judge.config import RunConfig
-from judge.data.results import load_results, write_qrels
+from judge.data.results import RESULTS_FILE, load_results, write_qrels
 from judge.report.document import write_reports
 from judge.report.history import history_rows_for_report, record_run, source_key
-from judge.report.summary import SUMMARY_FILE, Summary, build_summary, write_summary
+from judge.report.summary import (
+    SUMMARY_FILE,
+    Summary,
+    build_summary,
+    load_summary,
+    write_summary,
+)
 from judge.run.runner import RunOutcome
 from judge.schema import JudgedQuery
+from judge.version import __version__
 
 log = logging.getLogger(__name__)
 
 QRELS_FILE = "qrels.txt"
+# What a run directory's summary and reports were made from (see the module doc).
+FINISHED_FILE = "finished.json"
+_REPORTS = ("report.md", "report.html")
 # Past runs the report's history section shows.
 HISTORY_SHOWN = 10
 
@@ -47,6 +65,10 @@ def finish_run(
     yet.
     """
     out_dir = Path(out_dir)
+    current = _made_from(config, out_dir)
+    if outcome is not None and outcome.resumed == outcome.planned and _still(out_dir, current):
+        log.info("nothing new to judge: %s's summary and reports are current", out_dir)
+        return load_summary(out_dir / SUMMARY_FILE)
     results = results or load_results(out_dir)
     summary = build_summary(config, results, run=outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
@@ -62,6 +84,7 @@ def finish_run(
     )
     written = write_reports(out_dir, summary, results, history=rows, charts=config.run.charts)
     write_qrels(out_dir / QRELS_FILE, results)
+    (out_dir / FINISHED_FILE).write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
     log.debug(
         "run %d recorded in %s; wrote %s, %s and %s",
         run_id,
@@ -71,3 +94,33 @@ def finish_run(
         QRELS_FILE,
     )
     return summary
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a file's bytes, None when there is no such file."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _made_from(config: RunConfig, out_dir: Path) -> dict[str, str | None]:
+    """What ``out_dir``'s summary and reports are made from, as digests."""
+    baseline = config.thresholds.baseline
+    return {
+        "judge": __version__,
+        "config": hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
+        "results": _digest(out_dir / RESULTS_FILE),
+        "baseline": _digest(Path(baseline)) if baseline else None,
+    }
+
+
+def _still(out_dir: Path, current: dict[str, str | None]) -> bool:
+    """Whether ``out_dir``'s summary, reports and qrels exist and were made from ``current``."""
+    try:
+        made = json.loads((out_dir / FINISHED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    files = (SUMMARY_FILE, QRELS_FILE, *_REPORTS)
+    return made == current and all((out_dir / name).is_file() for name in files)

@@ -1,0 +1,83 @@
+"""``judge run`` again on a finished run directory: with nothing new to judge and nothing its
+summary and reports were made from changed, they are reused, not made again; any change to
+the results, the config or the baseline makes them again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from judge.cli.main import main
+from judge.report.finish import FINISHED_FILE
+from judge.report.history import list_runs
+from tests.servers import ScriptedServer
+from tests.test_runner import write_config
+
+MADE = ("summary.json", "report.md", "report.html", "qrels.txt")
+
+
+def _stamps(out: Path) -> dict[str, int]:
+    return {name: (out / name).stat().st_mtime_ns for name in MADE}
+
+
+def _setup(make_server: Callable[..., ScriptedServer], tmp_path: Path, **run: object) -> Path:
+    server = make_server()
+    tables = {"run": {"history": str(tmp_path / "history.sqlite"), **run}}
+    return write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite", tables)
+
+
+def test_a_rerun_with_nothing_new_reuses_the_summary_and_reports(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    config, out = _setup(make_server, tmp_path), tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    made = json.loads((out / FINISHED_FILE).read_text(encoding="utf-8"))
+    assert made["results"] and made["config"]
+    before, summary = _stamps(out), (out / "summary.json").read_bytes()
+
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    assert _stamps(out) == before and (out / "summary.json").read_bytes() == summary
+    assert len(list_runs(tmp_path / "history.sqlite", 0)) == 1  # the same results, once
+
+    # A changed results file makes them again.
+    rows = (out / "verdicts.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (out / "verdicts.jsonl").write_text("".join(rows[:-1]), encoding="utf-8")
+    assert main(["run", str(config), "--out", str(out)]) == 0  # judges the unit it lost
+    assert _stamps(out)["summary.json"] != before["summary.json"]
+    assert len(list_runs(tmp_path / "history.sqlite", 0)) == 2
+
+
+def test_a_changed_config_or_baseline_makes_them_again(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    config, out = _setup(make_server, tmp_path), tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    baseline = tmp_path / "baseline.json"
+    shutil.copy(out / "summary.json", baseline)
+
+    # A threshold against the baseline: the same results, checked anew.
+    text = config.read_text(encoding="utf-8")
+    config.write_text(
+        text + f'[thresholds]\nbaseline = "{baseline}"\nmax_drop = {{ndcg = 0.01}}\n',
+        encoding="utf-8",
+    )
+    before = _stamps(out)
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    after = _stamps(out)
+    assert after["summary.json"] != before["summary.json"]
+    checks = json.loads((out / "summary.json").read_text(encoding="utf-8"))["thresholds"]
+    assert any(c["check"] == "drop ndcg" for c in checks["checks"]), checks
+
+    # A baseline whose ndcg is far above this run's: the same command now breaches.
+    data = json.loads(baseline.read_text(encoding="utf-8"))
+    for engine in data["engines"].values():
+        engine["metrics"]["ndcg"]["mean"] = 1.0
+    baseline.write_text(json.dumps(data), encoding="utf-8")
+    assert main(["run", str(config), "--out", str(out)]) == 1
+    assert _stamps(out)["summary.json"] != after["summary.json"]
+    # Unchanged again: reused, and the breach is still reported by the exit code.
+    stamps = _stamps(out)
+    assert main(["run", str(config), "--out", str(out)]) == 1
+    assert _stamps(out) == stamps
