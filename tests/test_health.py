@@ -126,6 +126,29 @@ def test_a_judge_measured_too_weak_is_unreliable_whatever_its_verdicts_look_like
     assert not judge_health(balanced(), BINARY, "openai").degenerate
 
 
+def test_a_cascade_run_labelled_mostly_by_the_reranker_says_what_fools_it() -> None:
+    """When most labels of an embedded run came from the cascade's reranker, the warning is
+    about the reranker (English only, fooled by query stuffing), not only the LLM."""
+
+    def by(source: str, rows: list[JudgedQuery]) -> list[JudgedQuery]:
+        out = []
+        for i, jq in enumerate(rows):
+            mine = i % 4 != 0 if source == "reranker" else i % 4 == 0
+            verdicts = tuple(
+                v.model_copy(update={"source": "reranker" if mine else "judge"})
+                for v in jq.verdicts
+            )
+            out.append(jq.model_copy(update={"verdicts": verdicts}))
+        return out
+
+    cascade = judge_health(by("reranker", balanced()), BINARY, "embedded")
+    assert cascade.degenerate
+    assert cascade.problems[0].startswith("Most labels here come from the embedded reranker")
+    assert "English" in cascade.problems[0] and "repeats the query" in cascade.problems[0]
+    mostly_llm = judge_health(by("judge", balanced()), BINARY, "embedded")
+    assert mostly_llm.problems[0].startswith("The embedded 0.5B LLM judge cannot tell")
+
+
 def test_flat_probabilities_are_flagged_even_when_labels_vary() -> None:
     """Labels split half and half, but P(relevant) is 0.50 +- 0.02: coin flips, nothing ranks."""
     rows = [
