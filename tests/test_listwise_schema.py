@@ -9,7 +9,8 @@ from typing import Any
 
 from judge.calling.limits import Limits
 from judge.judging.judge import Judge
-from judge.schema import SamplingParams
+from judge.judging.prompts import AnswerShape, json_schema_for
+from judge.schema import SamplingParams, Scale
 from tests.servers import Item, Recorded, ScriptedServer
 from tests.wire import Answer
 
@@ -53,6 +54,13 @@ def test_the_pointwise_fallback_of_a_listwise_judge_sends_the_pointwise_schema()
     assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
     # The list call, a second list call for the two it left out, then one call per passage.
     assert shapes[0] == ["verdicts"]
+    # Each list call's schema names its own passages' ids and asks for exactly one entry each.
+    properties = [schema_of(r)["properties"] for r in srv.requests]
+    lists = [p["verdicts"] for p in properties if "verdicts" in p]
+    assert lists[0]["items"]["properties"]["id"]["enum"] == ["1", "2", "3"]
+    assert lists[0]["minItems"] == lists[0]["maxItems"] == 3
+    assert lists[1]["items"]["properties"]["id"]["enum"] == ["2", "3"]
+    assert lists[1]["minItems"] == lists[1]["maxItems"] == 2
     pointwise = [s for s in shapes if s != ["verdicts"]]
     assert pointwise and all(s == ["reason", "verdict"] for s in pointwise)
 
@@ -90,3 +98,27 @@ def test_a_json_object_spelling_sends_the_schema_the_way_llama_cpp_python_reads_
     # The spelling changes the body, so it is part of the provider's identity (cache keys).
     with Judge(provider="llamacpp", model="m", base_url="http://127.0.0.1:9/v1") as plain:
         assert plain.caller.chat.identity != identity
+
+
+def test_a_schema_the_user_gave_is_sent_as_given() -> None:
+    given = json_schema_for(Scale.binary(), "listwise", shape=AnswerShape(reasons=False))
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: Recorded) -> Item:
+        bodies.append(schema_of(request))
+        items = [{"id": str(i), "verdict": "yes"} for i in (1, 2, 3)]
+        return Answer(text=json.dumps({"verdicts": items}))
+
+    with ScriptedServer(responder=answer) as srv:
+        with Judge(
+            provider="local",
+            model="judge-model",
+            base_url=srv.openai_base_url,
+            mode="listwise",
+            reasons=False,
+            params=SamplingParams(response_format="json_schema", json_schema=given),
+            limits=Limits(max_attempts=1, timeout_s=10.0),
+        ) as judge:
+            jq = judge.judge("what does a kettle do?", PASSAGES)
+    assert [v.status for v in jq.verdicts] == ["ok"] * 3
+    assert bodies == [given]  # no ids, no counts added to a schema the user wrote

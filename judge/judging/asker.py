@@ -18,7 +18,7 @@ from judge.calling.answers import CallResult, Prompt, Reader
 from judge.calling.caller import Caller
 from judge.errors import ProviderError
 from judge.judging.keys import PromptKeys, parser_tag
-from judge.judging.prompts import AnswerShape, PromptTemplate
+from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for
 from judge.judging.verdicts import (
     ListwiseParsed,
     Parsed,
@@ -85,6 +85,9 @@ class Asker:
     language: str
     shape: AnswerShape
     reask: bool
+    # The listwise schema is the one the scale implies: each list request gets its own, with
+    # its passages' ids and count (a schema the user gave is sent as given).
+    schema_per_list: bool = False
 
     def __post_init__(self) -> None:
         # First-round prompts are known by digests before they are rendered, and their
@@ -117,9 +120,17 @@ class Asker:
             messages = self.template.render_listwise(
                 query, passages, self.scale, **self.shape.options()
             )
-            return ChatRequest(model=self.model, messages=messages, params=self.params)
+            return ChatRequest(model=self.model, messages=messages, params=self._list(passages))
 
         return Prompt(self._keys.listwise(query, passages), render)
+
+    def _list(self, passages: Sequence[Passage]) -> SamplingParams:
+        """The sampling of a list request for ``passages`` (see ``schema_per_list``)."""
+        if not self.schema_per_list:
+            return self.params
+        ids = [p.id for p in passages]
+        schema = json_schema_for(self.scale, "listwise", shape=self.shape, passage_ids=ids)
+        return self.params.model_copy(update={"json_schema": schema})
 
     def first_prompts(self, query: Query) -> list[Prompt]:
         """The first-round prompts a query needs (:meth:`first_requests`, unrendered)."""
@@ -157,7 +168,8 @@ class Asker:
             params = self.pointwise_params
             return [ChatRequest(model=self.model, messages=m, params=params) for m in chats]
         listwise = self.template.render_listwise(query, list(query.passages), self.scale, **options)
-        return [ChatRequest(model=self.model, messages=listwise, params=self.params)]
+        params = self._list(query.passages)
+        return [ChatRequest(model=self.model, messages=listwise, params=params)]
 
     def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:
         """The messages of one first-round request for ``passages`` (one passage pointwise)."""

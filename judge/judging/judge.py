@@ -171,6 +171,7 @@ class Judge:
             language=language,
             shape=shape,
             reask=reask,
+            schema_per_list=mode == "listwise" and self.params is not (params or DEFAULT_PARAMS),
         )
         self.dimensions = Dimensions.of(nuggets, credibility, self, template_dir)
         self.policy = self.dimensions.metric_policy(metrics) if self.dimensions else metrics

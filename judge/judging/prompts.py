@@ -295,8 +295,9 @@ def json_schema_for(
 
     The verdict is an enum of the scale's label names; property order follows
     ``shape.verdict_first`` (constrained decoders emit properties in schema order); without
-    ``shape.reasons`` the answer holds the verdict alone. Listwise ids are an enum of
-    ``passage_ids`` when given.
+    ``shape.reasons`` the answer holds the verdict alone. Listwise, with ``passage_ids``: the
+    ids are an enum of them and the list holds exactly one entry per id (minItems and
+    maxItems), so a constrained decoder can neither skip a passage nor invent one.
     """
     verdict = {"type": "string", "enum": list(scale.names)}
     reason = {"type": "string"}
@@ -307,10 +308,12 @@ def json_schema_for(
     if mode == "pointwise":
         return _object({k: fields[k] for k in order})
     pid: dict[str, Any] = {"type": "string"}
+    entries: dict[str, Any] = {"type": "array"}
     if passage_ids is not None:
         pid["enum"] = list(dict.fromkeys(passage_ids))
-    item = _object({"id": pid, **{k: fields[k] for k in order}})
-    return _object({"verdicts": {"type": "array", "items": item}})
+        entries |= {"minItems": len(pid["enum"]), "maxItems": len(pid["enum"])}
+    entries["items"] = _object({"id": pid, **{k: fields[k] for k in order}})
+    return _object({"verdicts": entries})
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
