@@ -137,3 +137,21 @@ def test_a_run_into_a_new_directory_hands_over_exactly_the_rows_it_wrote(
     assert build_summary(config, kept, n_boot=200).model_dump(exclude={"created"}) == (
         build_summary(config, load_results(out), n_boot=200).model_dump(exclude={"created"})
     )
+
+
+def test_coverage_in_the_majority_vote_is_the_mean_over_repeats_as_with_one_repeat(
+    tmp_path: Path,
+) -> None:
+    """The vote recomputes verdict metrics; coverage reads the nugget judgments, so with
+    several repeats its majority-vote figure is each query's mean over the repeats."""
+    rows = []
+    for repeat, values in enumerate(([0.5, 1.0], [1.0, 0.0])):
+        for q, value in zip(_many(2), values, strict=True):
+            metrics = {**q.metrics, "coverage@5": value}
+            rows.append(q.model_copy(update={"repeat": repeat, "metrics": metrics}))
+    config = load_config(None, {"judge.scale": "binary", "run.cache": str(tmp_path / "c")})
+    summary = build_summary(config, rows, n_boot=200)
+    # q0: (0.5 + 1.0) / 2, q1: (1.0 + 0.0) / 2; their mean 0.625.
+    assert summary.engines["e1"].majority_vote["coverage@5"] == 0.625
+    one = build_summary(config, [r for r in rows if r.repeat == 0], n_boot=200)
+    assert one.engines["e1"].majority_vote["coverage@5"] == 0.75

@@ -34,7 +34,8 @@ from judge.analysis.stability import (
 )
 from judge.config import RunConfig
 from judge.errors import InputError
-from judge.metrics.compute import is_label_based
+from judge.metrics.compute import is_label_based, parse_metric_name
+from judge.metrics.coverage import ASPECT_METRICS
 from judge.metrics.sources import lower_is_better, needs_no_judge
 from judge.report.legacy import V1Defaults, from_v1
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
@@ -213,19 +214,26 @@ _KEPT = {"mean", "ci_low", "ci_high", "max_rel_diff", "per_repeat", "n_defined",
 
 
 def _engines(
-    results: Sequence[JudgedQuery], names: Sequence[str], report: StabilityReport, config: RunConfig
+    results: Sequence[JudgedQuery],
+    names: Sequence[str],
+    report: StabilityReport,
+    config: RunConfig,
+    rows: Sequence[QueryRow],
 ) -> dict[str, EngineSummary]:
-    # Metrics of the majority-vote verdicts across repeats (ties -> the lower grade); with
-    # one repeat each, a row's own verdicts are its majority and its metrics theirs.
+    # Majority-vote metrics (ties -> the lower grade; one repeat: a row's own). Coverage and
+    # credibility read nugget judgments, not verdicts: each query's mean over repeats (rows).
     voted = (
         results
         if one_repeat_each(results)
         else majority_vote(results, names, config.scale(), config.metrics)
     )
+    aspects = {n for n in names if parse_metric_name(n)[0] in ASPECT_METRICS}
     return {
         engine: EngineSummary(
             majority_vote={
-                name: _mean(jq.metrics.get(name) for jq in voted if jq.query.engine == engine)
+                name: _mean(r.metrics.get(name) for r in rows if r.engine == engine)
+                if name in aspects
+                else _mean(jq.metrics.get(name) for jq in voted if jq.query.engine == engine)
                 for name in names
             },
             n_queries=est.n_queries,
@@ -253,6 +261,7 @@ def build_summary(
     labels = config.comparable_label_scale()
     results = labels_on_scale(results, config)
     report = stability_report(results, names, config.scale(), n_boot=n_boot, seed=config.run.seed)
+    rows = query_rows(results, names, config.scale(), config.metrics)
     summary = Summary(
         schema_version=SCHEMA_VERSION,
         judge_version=__version__,
@@ -264,14 +273,14 @@ def build_summary(
         counts=counts(results),
         usage=usage(results, config),
         run=run,
-        engines=_engines(results, names, report, config),
+        engines=_engines(results, names, report, config, rows),
         stability=report,
         health=judge_health(results, config.scale(), config.judge.provider),
         thresholds=ThresholdResult.of(()),
         corrected=_corrected(results, names, config),
         cascade=cascade_summary(results, config),
         coverage=coverage_summary(results),
-        queries=query_rows(results, names, config.scale(), config.metrics),
+        queries=rows,
         label_scale=None if labels == config.scale() else labels,
     )
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
