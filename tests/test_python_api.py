@@ -415,3 +415,27 @@ def test_the_notebooks_offline_judges_serve_every_call_of_a_running_loop() -> No
     ]
     assert all(jq.rerank_scores for jq in (first, *many))  # the MiniLM reranker beside it
     assert set(llama_servers()) <= before  # ours stopped (others' may come and go)
+
+
+@pytest.mark.parametrize("first", ["sync", "async"])
+def test_sync_and_async_calls_mix_on_one_judge_in_either_order(
+    yes_if_pale: ScriptedServer, first: str
+) -> None:
+    """A notebook calls ``judge.judge()`` in one cell and ``await judge.ajudge()`` in the
+    next (or the other way round, each ``asyncio.run`` a loop of its own): every call works,
+    since the Judge's clients live on its own loop whatever loop asks."""
+    texts = ["pale gums and weakness", "a shiny coat"]
+
+    async def ask_async(j: Judge, q: str) -> list[str | None]:
+        return [v.label for v in (await j.ajudge(q, texts)).verdicts]
+
+    def ask_sync(j: Judge, q: str) -> list[str | None]:
+        return [v.label for v in j.judge(q, texts).verdicts]
+
+    with make_judge(yes_if_pale) as j:
+        order = ["sync", "async", "sync", "async"] if first == "sync" else ["async", "sync"] * 2
+        for i, how in enumerate(order):
+            q = f"signs of anemia in dogs, take {i}"  # a new query each time: no cache hits
+            got = ask_sync(j, q) if how == "sync" else asyncio.run(ask_async(j, q))
+            assert got == ["yes", "no"], (i, how)
+    assert chat_calls(yes_if_pale) == 2 * len(order)

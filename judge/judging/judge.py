@@ -28,14 +28,7 @@ from judge.judging.context import (
 )
 from judge.judging.dimensions import Aspects, Dimensions, aspect_fields, with_aspects
 from judge.judging.many import PassageLike, QueryRow, as_passages, as_query, judge_many
-from judge.judging.prompts import (
-    AnswerShape,
-    Mode,
-    PromptTemplate,
-    json_schema_for,
-    load_template,
-    template_name,
-)
+from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
 from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.metrics.compute import metrics_for_queries
@@ -63,26 +56,6 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "mean": statistics.fmean,
     "median": statistics.median,
 }
-
-
-def _templates(name: str, template_dir: str | Path | None) -> tuple[PromptTemplate, PromptTemplate]:
-    """The named template, and the pointwise one listwise falls back to for passages the list
-    answer never covered (the template itself when it is pointwise)."""
-    tdir = Path(template_dir) if template_dir else None
-    template = load_template(name, template_dir=tdir)
-    if template.mode != "listwise":
-        return template, template
-    return template, load_template(name.replace(".listwise.", ".pointwise."), template_dir=tdir)
-
-
-def _with_schema(
-    params: SamplingParams, scale: Scale, mode: Mode, shape: AnswerShape
-) -> SamplingParams:
-    """``response_format = "json_schema"`` without a schema gets the one the scale implies."""
-    if params.response_format != "json_schema" or params.json_schema is not None:
-        return params
-    schema = json_schema_for(scale, mode, shape=shape)
-    return params.model_copy(update={"json_schema": schema})
 
 
 def _reranker(
@@ -146,12 +119,12 @@ class Judge:
         name = template or template_name(
             scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
         )
-        self.template, pointwise_template = _templates(name, template_dir)
+        self.template, pointwise_template = template_pair(name, template_dir)
         chat = self._chat_provider(provider, provider_overrides)
         shape = AnswerShape(verdict_first, max_reason_words, reasons)
-        self.params = _with_schema(params or DEFAULT_PARAMS, scale, mode, shape)
+        self.params = with_schema(params or DEFAULT_PARAMS, scale, mode, shape)
         # A listwise judge's pointwise fallback needs the pointwise answer schema.
-        pointwise_params = _with_schema(params or DEFAULT_PARAMS, scale, "pointwise", shape)
+        pointwise_params = with_schema(params or DEFAULT_PARAMS, scale, "pointwise", shape)
         reranker = _reranker(rerank, rerank_model)
         cache = open_cache(cache) if isinstance(cache, str | Path) else cache
         self._cache, self._chat, self._reranker = cache, chat, reranker
@@ -247,7 +220,8 @@ class Judge:
         repeat: int = 0,
     ) -> JudgedQuery:
         """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
-        return self.finish_many([await self.averdicts(query, passages, repeat=repeat)])[0]
+        judged = await self._loop.call(self.averdicts(query, passages, repeat=repeat))
+        return self.finish_many([judged])[0]
 
     async def averdicts(
         self,
@@ -278,9 +252,8 @@ class Judge:
     ) -> Judgements:
         """Judge dataset rows (dicts in the dataset JSONL shape) or Queries ``repeats`` times
         each, as ``judge run`` does (limits, cache, cascade); see judging/many.py."""
-        return await judge_many(
-            self, rows, repeats=repeats, progress=progress, label_scale=label_scale
-        )
+        many = judge_many(self, rows, repeats=repeats, progress=progress, label_scale=label_scale)
+        return await self._loop.call(many)
 
     def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
         """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed
@@ -325,7 +298,7 @@ class Judge:
             raise ConfigError(f"agg must be one of {sorted(_AGGREGATES)}")
         query = as_query(query, passages)
         if self._reranker is not None:
-            scores = list((await self._rerank_scores(query, 0)).values())
+            scores = list((await self._loop.call(self._rerank_scores(query, 0))).values())
         else:
             jq = await self.ajudge(query)
             scores = [v.probability for v in jq.verdicts if v.probability is not None]
@@ -338,6 +311,10 @@ class Judge:
     async def afit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
         """The cascade's band from ``queries``' reranker scores (and human labels on ``labels``,
         default the judge's scale): once before judging when it comes from quantiles or labels."""
+        return await self._loop.call(self.fit_band(queries, labels))
+
+    async def fit_band(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
+        """:meth:`afit_cascade` on the running loop (a run's own, as for :meth:`averdicts`)."""
         if self.cascade is None:
             raise ConfigError("afit_cascade: this judge has no cascade")
         return await self.cascade.fit([self.fit(q) for q in queries], labels or self.scale)
@@ -382,13 +359,18 @@ class Judge:
         return self._run(self.arerank_relevancy(query, passages, agg=agg))
 
     async def aclose(self) -> None:
+        """Close the clients, on the loop they live on (the Judge's own once an async or sync
+        method ran); :meth:`close` also stops that loop."""
+        await (self._loop.call(self._aclose()) if self._loop.started else self._aclose())
+
+    async def _aclose(self) -> None:
         await self._chat.aclose()
         if self._reranker is not None:
             await self._reranker.aclose()
 
     def close(self) -> None:
         if self._loop.started:
-            self._run(self.aclose())
+            self._run(self._aclose())
             self._loop.close()
         if self._cache is not None:
             self._cache.close()

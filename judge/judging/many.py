@@ -155,7 +155,7 @@ async def judge_many(
     units = [(q, r) for q in queries for r in range(repeats)]
     cascade = judge.cascade
     if units and cascade is not None and cascade.band is None:
-        await judge.afit_cascade(queries, label_scale)
+        await judge.fit_band(queries, label_scale)
     if units and judge.dimensions is not None:
         # Nugget sets from every engine's passages pooled, once per query id, before any unit.
         await judge.dimensions.prepare(queries)

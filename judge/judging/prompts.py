@@ -45,7 +45,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from judge.errors import TemplateError
 from judge.providers.base import Message
-from judge.schema import Passage, Query, Scale
+from judge.schema import Passage, Query, SamplingParams, Scale
 
 Mode = Literal["pointwise", "listwise"]
 Language = Literal["en", "zh"]
@@ -323,3 +323,25 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
         "required": list(properties),
         "additionalProperties": False,
     }
+
+
+def template_pair(
+    name: str, template_dir: str | Path | None
+) -> tuple[PromptTemplate, PromptTemplate]:
+    """The named template, and the pointwise one listwise falls back to for passages the list
+    answer never covered (the template itself when it is pointwise)."""
+    tdir = Path(template_dir) if template_dir else None
+    template = load_template(name, template_dir=tdir)
+    if template.mode != "listwise":
+        return template, template
+    return template, load_template(name.replace(".listwise.", ".pointwise."), template_dir=tdir)
+
+
+def with_schema(
+    params: SamplingParams, scale: Scale, mode: Mode, shape: AnswerShape
+) -> SamplingParams:
+    """``response_format = "json_schema"`` without a schema gets the one the scale implies."""
+    if params.response_format != "json_schema" or params.json_schema is not None:
+        return params
+    schema = json_schema_for(scale, mode, shape=shape)
+    return params.model_copy(update={"json_schema": schema})

@@ -5,8 +5,10 @@ used on, and the embedded judge's llama.cpp server dies with the thread that sta
 asks the kernel for PR_SET_PDEATHSIG). So every sync call runs its coroutine on one private
 loop, in one long-lived thread of its own, while the caller waits: the same from a plain
 script and from inside a running loop (a Jupyter cell), whose loop is never patched or
-re-entered (no nest_asyncio). The loop thread is a daemon, so a script that never closes its
-Judge still exits (the embedded server's atexit hook stops that server).
+re-entered (no nest_asyncio). The async methods run there too (:meth:`OwnLoop.call`),
+awaited from the caller's loop, so sync and async calls mix on one Judge in any order. The
+loop thread is a daemon, so a script that never closes its Judge still exits (the embedded
+server's atexit hook stops that server).
 
 The coroutine runs in a copy of the caller's context variables: in Jupyter they say which cell
 is running, so what the coroutine prints (a progress bar, a warning) lands in that cell.
@@ -72,6 +74,14 @@ class OwnLoop:
         except KeyboardInterrupt:
             asyncio.run_coroutine_threadsafe(_settle(), loop).result()
             raise
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` run on the private loop, from whatever loop is running (on the
+        private loop itself: directly). A cancelled caller cancels it there too."""
+        loop = self._started()
+        if asyncio.get_running_loop() is loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     def close(self) -> None:
         """Cancel what is left on the loop, stop its thread and close it."""

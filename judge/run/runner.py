@@ -277,7 +277,7 @@ class _Batch:
         cascade = self.judge.cascade
         if cascade is None or cascade.band is not None:
             return True
-        fit = asyncio.create_task(self.judge.afit_cascade(self.queries, self.config.label_scale()))
+        fit = asyncio.create_task(self.judge.fit_band(self.queries, self.config.label_scale()))
         self.tasks = [fit]  # a signal's cancel() reaches it too
         try:
             await fit
@@ -327,13 +327,15 @@ class _Batch:
             except BudgetExceeded as exc:
                 self.stop(str(exc), "budget")
                 return
-            # Units that finish close together (a cached run finishes thousands a second) get
-            # their metrics together: per unit, that computation's fixed cost would be most of
-            # a cached run's time. One finishing alone is written at once.
+            # Units finishing together (a cached run: thousands a second) get their metrics in
+            # one pass (per unit, its fixed cost is most of a cached run); alone or failed: now.
             self._ready.append(judged)
             await asyncio.sleep(0)
-            if len(self._ready) >= FLUSH_UNITS or time.monotonic() - self._flushed >= FLUSH_S:
+            if self._due() or any(v.status == "error" for v in judged[2]):
                 self._flush()
+
+    def _due(self) -> bool:
+        return len(self._ready) >= FLUSH_UNITS or time.monotonic() - self._flushed >= FLUSH_S
 
     def _flush(self) -> None:
         """The ready units' metrics (in one pass), then each is written, counted and checked."""
