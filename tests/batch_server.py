@@ -5,6 +5,7 @@ still answers in real time, from the same responder) that also serves::
 
     POST /v1/files                      upload (multipart, purpose "batch")
     GET  /v1/files/{id}/content         an input, output or error file
+    DELETE /v1/files/{id}               a file, gone
     POST /v1/batches                    create a batch over an uploaded file
     GET  /v1/batches                    list batches (newest first)
     GET  /v1/batches/{id}               a batch's status; each GET moves it on (below)
@@ -45,6 +46,7 @@ from tests.wire import ROUTES, openai_error
 _CHAT = ROUTES["/v1/chat/completions"]
 _BATCH = re.compile(r"^/v1/batches/([^/]+)(/cancel)?$")
 _CONTENT = re.compile(r"^/v1/files/([^/]+)/content$")
+_FILE = re.compile(r"^/v1/files/([^/]+)$")
 
 
 class _Handler(ScriptedHandler):
@@ -53,6 +55,12 @@ class _Handler(ScriptedHandler):
         assert isinstance(owner, BatchServer)
         if not owner.serve_batch_api(self, "GET", b""):
             super().do_GET()
+
+    def do_DELETE(self) -> None:
+        owner = self.server.owner
+        assert isinstance(owner, BatchServer)
+        if not owner.serve_batch_api(self, "DELETE", b""):
+            self.reply(404, openai_error(404))
 
     def do_POST(self) -> None:
         owner = self.server.owner
@@ -122,6 +130,9 @@ class BatchServer(ScriptedServer):
         if (content := _CONTENT.match(path)) is not None:
             serve = functools.partial(self._content, content.group(1))
             routes.append((method == "GET", "content", serve))
+        if (file := _FILE.match(path)) is not None:
+            serve = functools.partial(self._delete, file.group(1))
+            routes.append((method == "DELETE", "delete", serve))
         for matches, name, serve in routes:
             if matches:
                 with self._lock:
@@ -184,6 +195,11 @@ class BatchServer(ScriptedServer):
         file_id = f"file-{uuid.uuid4().hex[:16]}"
         self.files[file_id] = data
         return file_id
+
+    def _delete(self, file_id: str) -> tuple[int, Any]:
+        if self.files.pop(file_id, None) is None:
+            return 404, openai_error(404)
+        return 200, {"id": file_id, "object": "file", "deleted": True}
 
     def _content(self, file_id: str) -> tuple[int, Any]:
         if file_id not in self.files:

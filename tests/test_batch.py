@@ -128,6 +128,8 @@ def test_a_batch_run_submits_once_costs_half_and_matches_a_realtime_run(
     assert (server.calls["upload"], server.calls["create"]) == (1, 1)
     assert server.calls["retrieve"] == 3 + 1  # in progress three times, then done
     assert _chats(server) == []  # every answer came from the batch
+    # Collected, its files are deleted at the provider: the input (our passages) and output.
+    assert server.calls["delete"] == 2 and server.files == {}
     assert _summary(out)["run"]["cost_usd"] == pytest.approx(requests * EACH / 2)
     assert _summary(out)["run"]["requests"] == 0
     assert sum(b["cost"] for b in _state(out)["batches"]) == pytest.approx(requests * EACH / 2)

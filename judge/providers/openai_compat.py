@@ -290,6 +290,9 @@ class OpenAICompatProvider:
         got = await self._client.files.content(file_id, timeout=timeout)
         return bytes(got.content)
 
+    async def delete_file(self, file_id: str, *, timeout: float) -> None:
+        await self._client.files.delete(file_id, timeout=timeout)
+
     def classify(self, exc: BaseException) -> RetryDecision:
         """Retry rate limits (honouring Retry-After), 5xx/408/409, timeouts, dropped
         connections and bodies that are not a chat completion; never other 4xx."""

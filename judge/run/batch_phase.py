@@ -236,11 +236,25 @@ class Phase:
         self._save(index, record.model_copy(update=update))
         what = (job.id, job.status, answered, len(leftovers), usage.total, cost)
         log.info("batch %s %s: %d answers stored, %d left, %d tokens, $%.4f at batch prices", *what)
+        await self._delete_files(record.input_file_id, job)
         if job.status != "completed":
             follow = self.config.run.batch_followup
             log.warning(
                 "batch %s %s (%s); what it left is asked: %s", job.id, job.status, detail, follow
             )
+
+    async def _delete_files(self, input_file_id: str | None, job: BatchJob) -> None:
+        """Delete a collected batch's files at the provider (its passages need not stay
+        there): best effort, a file left behind is a warning naming it."""
+        for file_id in (input_file_id, job.output_file_id, job.error_file_id):
+            if file_id:
+                delete = functools.partial(
+                    self.provider.delete_file, file_id, timeout=FILE_TIMEOUT_S
+                )
+                try:
+                    await self._call(f"deleting {file_id} of batch {job.id}", delete)
+                except ProviderError as exc:
+                    log.warning("%s was left at the provider (delete it there): %s", file_id, exc)
 
     def _store(
         self, record: BatchRecord, lines: list[BatchLine], reason: LeftReason
