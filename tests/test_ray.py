@@ -512,3 +512,32 @@ def test_a_worker_without_the_run_directory_or_with_another_judge_says_so_in_one
     )
     assert other.exit_code == 2 and other.error is not None and "judge 0" in other.error
     assert server.requests == []
+
+
+def test_an_embedded_shard_asks_ray_for_the_cpus_its_server_uses(
+    cluster: None, tmp_path: Path
+) -> None:
+    """The embedded judge's llama.cpp server runs a thread per CPU it is given: a shard asks
+    Ray for that many (every CPU of the largest node unless n_threads says), so Ray never puts
+    two servers on the same cores; other providers' shards ask for one."""
+    from judge.run.shards import shard_config, shard_cpus
+
+    def config(provider: str, **options: Any) -> Any:
+        values: dict[str, Any] = {"judge.provider": provider, "judge.model": "m"}
+        if provider == "local":
+            values["provider.base_url"] = "http://127.0.0.1:9/v1"
+        if options:
+            values["provider.options"] = options
+        return load_config(None, values)
+
+    embedded = config("embedded")
+    assert shard_cpus(embedded) == 2  # the module's local Ray instance has two CPUs
+    share = {"cost": 0.0, "tokens": 0, "cache": tmp_path / "c.sqlite"}
+    shard = shard_config(embedded, 2, cpus=2, **share)
+    assert shard.provider.options == {"n_threads": 2}
+    assert shard_cpus(config("embedded", n_threads=1, n_ctx=2048)) == 1
+    kept = shard_config(config("embedded", n_threads=1, n_ctx=2048), 2, cpus=1, **share)
+    assert kept.provider.options == {"n_threads": 1, "n_ctx": 2048}
+    remote = config("local")
+    assert shard_cpus(remote) == 1
+    assert shard_config(remote, 2, cpus=1, **share).provider.options is None

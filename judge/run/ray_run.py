@@ -11,22 +11,21 @@ run asks for it: ``import judge`` and every other command never load it.
 3. Ray: one already initialised in this process (a notebook, tests) is used as it is; "local"
    starts an instance here and stops it at the end; another address joins that cluster.
 4. Every query with a unit left goes to shard ``hash(query_id) % N`` (``[run] ray_shards``, else
-   one per CPU of the cluster); each shard runs as one Ray task (one CPU, never retried by Ray:
-   a retry would spend its budget share twice) calling ``run_async`` in its own directory.
-5. Waves: the budget is split between the shards running at once; when some stop at their
-   share, what the others left unspent is split between those in a next wave (one at a time when
-   no share fits a next request), until they finish or nothing left fits. A shard whose worker
-   died is charged its whole share (what it spent is unknown) and is left for the next run.
-6. The shards are folded back into the run directory and the user's cache, and the outcome
-   counts every shard's calls, tokens and cost.
-"""
+   one per CPU of the cluster); each shard runs as one Ray task (one CPU, the embedded judge's
+   its server threads: :func:`shard_cpus`; never retried by Ray: a retry would spend its budget
+   share twice) calling ``run_async`` in its own directory.
+5. Waves: the budget is split between the shards running at once; what shards stopped at their
+   share left unspent is split between those of a next wave (one at a time when no share fits a
+   request), until all finish or nothing left fits. A dead worker's shard is charged its whole
+   share (what it spent is unknown) and left for the next run.
+6. The shards are folded back into the run directory and the user's cache; the outcome counts
+   every shard's calls, tokens and cost."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import re
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -41,14 +40,21 @@ from judge.errors import ConfigError, JudgeError
 from judge.run.resume import Redo, add_elapsed, check_fingerprint, finished_of, run_lock
 from judge.run.runner import RunOutcome, StopKind
 from judge.run.shard_files import SHARD_CACHE, fold_shards, seed_shards
-from judge.run.shards import ShardResult, ShardTask, judge_shard, plan_shards, shard_config
+from judge.run.shards import (
+    ShardResult,
+    ShardTask,
+    check_ray,
+    judge_shard,
+    plan_shards,
+    shard_config,
+    shard_cpus,
+)
 from judge.schema import Query
 
-__all__ = ["ShardFailed", "check_ray", "run_on_ray"]
+__all__ = ["ShardFailed", "check_ray", "run_on_ray"]  # check_ray: from judge/run/shards.py
 
 log = logging.getLogger(__name__)
 
-_ADDRESS = re.compile(r"^(local|auto|ray://\S+|[\w.-]+:\d+)$")
 _WAIT_S = 0.25  # each wait for a shard returns this often, so Ctrl-C reaches the driver
 
 
@@ -58,35 +64,6 @@ class ShardFailed(JudgeError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def check_ray(config: RunConfig) -> None:
-    """ConfigError when ``config``'s ``[run] ray`` cannot work, before anything is paid."""
-    address = config.run.ray
-    if address is None:
-        return
-    where = f"{config.source}: run.ray"
-    if not _ADDRESS.match(address):
-        raise ConfigError(
-            f"{where}: {address!r} is not a Ray address (local, auto, ray://HOST:PORT or "
-            "HOST:PORT); on the command line --ray goes after the dataset"
-        )
-    if config.run.batch:
-        raise ConfigError(
-            f"{where}: batch mode (run.batch) runs at the provider, not on a cluster; "
-            "use --batch or --ray, not both"
-        )
-    cascade = config.judge.cascade
-    if cascade is not None and cascade.low is None:
-        raise ConfigError(
-            f"{where}: [judge.cascade] fits its band from the whole run's scores (quantiles or "
-            "max_error), and a shard sees only its part; give the band as low and high, or run "
-            "without --ray"
-        )
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"{where}: Ray is not installed: pip install 'judge[ray]'") from None
 
 
 async def run_on_ray(
@@ -248,11 +225,14 @@ class _Waves:
         import ray
 
         remote = ray.remote(judge_shard)
+        cpus = shard_cpus(self.config)
         level = logging.getLogger("judge").getEffectiveLevel()
         pending: dict[Any, int] = {}
         for k in wave:
             own = self.dirs[k] / SHARD_CACHE
-            config = shard_config(self.config, len(wave), cost=cost, tokens=tokens, cache=own)
+            config = shard_config(
+                self.config, len(wave), cost=cost, tokens=tokens, cache=own, cpus=cpus
+            )
             task = ShardTask(
                 index=k,
                 shards=len(self.plan),
@@ -263,8 +243,8 @@ class _Waves:
                 redo=tuple(sorted(self.redo)),
                 log_level=level,
             )
-            ref = remote.options(num_cpus=1, max_retries=0, name=f"judge-shard-{k}").remote(task)
-            pending[ref] = k
+            named = remote.options(num_cpus=cpus, max_retries=0, name=f"judge-shard-{k}")
+            pending[named.remote(task)] = k
         got: dict[int, ShardResult] = {}
         try:
             while pending:

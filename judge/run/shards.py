@@ -17,7 +17,9 @@ shard's own, so it keeps its full concurrency). The sum of the shares is the con
 so the cap holds by construction, with the Budget the single-process run uses, no round trip
 per request to a coordinator, and nothing a killed worker could leave reserved. What a split
 budget strands (a shard stopped at its share while others finished under theirs) the driver
-hands out again in later waves.
+hands out again in later waves. An embedded shard asks Ray for the CPUs its llama.cpp server
+runs threads on (:func:`shard_cpus`), so Ray places no other shard on them. What a Ray run
+cannot do is refused before anything is paid (:func:`check_ray`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Sequence
@@ -37,7 +40,7 @@ from pydantic import BaseModel
 from judge.calling.cache import Cache, Stored, open_cache
 from judge.config import RunConfig
 from judge.data.results import UnitKey
-from judge.errors import JudgeError
+from judge.errors import ConfigError, JudgeError
 from judge.providers import resolve_spec
 from judge.run.resume import Redo
 from judge.run.runner import RunOutcome, run_async
@@ -84,13 +87,46 @@ def plan_shards(
     return plan
 
 
+_ADDRESS = re.compile(r"^(local|auto|ray://\S+|[\w.-]+:\d+)$")
+
+
+def check_ray(config: RunConfig) -> None:
+    """ConfigError when ``config``'s ``[run] ray`` cannot work, before anything is paid."""
+    address = config.run.ray
+    if address is None:
+        return
+    where = f"{config.source}: run.ray"
+    if not _ADDRESS.match(address):
+        raise ConfigError(
+            f"{where}: {address!r} is not a Ray address (local, auto, ray://HOST:PORT or "
+            "HOST:PORT); on the command line --ray goes after the dataset"
+        )
+    if config.run.batch:
+        raise ConfigError(
+            f"{where}: batch mode (run.batch) runs at the provider, not on a cluster; "
+            "use --batch or --ray, not both"
+        )
+    cascade = config.judge.cascade
+    if cascade is not None and cascade.low is None:
+        raise ConfigError(
+            f"{where}: [judge.cascade] fits its band from the whole run's scores (quantiles or "
+            "max_error), and a shard sees only its part; give the band as low and high, or run "
+            "without --ray"
+        )
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{where}: Ray is not installed: pip install 'judge[ray]'") from None
+
+
 def shard_config(
-    config: RunConfig, running: int, *, cost: float, tokens: int, cache: Path
+    config: RunConfig, running: int, *, cost: float, tokens: int, cache: Path, cpus: int = 1
 ) -> RunConfig:
     """``config`` for one of ``running`` shards at once: ``cost`` and ``tokens`` as its budget
     (a share the driver worked out), rates and a remote provider's concurrency split evenly,
-    its own ``cache`` file. None of these is part of the fingerprint, so a shard's directory
-    resumes with any other share."""
+    its own ``cache`` file, and for the embedded judge ``cpus`` threads (:func:`shard_cpus`).
+    None of these is part of the fingerprint, so a shard's directory resumes with any other
+    share."""
 
     def split(value: int, kind: str | None) -> int:
         if value == 0 or kind in _OWN_PER_SHARD:
@@ -120,7 +156,26 @@ def shard_config(
         update["rerank"] = config.rerank.model_copy(
             update={"concurrency": split(config.rerank.concurrency, kind)}
         )
+    if chat == "embedded":  # its llama.cpp server uses the CPUs Ray gives the shard, no more
+        options = {**(config.provider.options or {}), "n_threads": cpus}
+        update["provider"] = update["provider"].model_copy(update={"options": options})
     return config.model_copy(update=update)
+
+
+def shard_cpus(config: RunConfig) -> int:
+    """The CPUs a shard asks Ray for: 1, but for the embedded judge, whose llama.cpp server
+    runs a thread per core, ``[provider] options.n_threads`` when given, else every CPU of
+    the largest node (so Ray places no other shard on the cores that server uses)."""
+    if resolve_spec(config.judge.provider, config.provider.overrides()).kind != "embedded":
+        return 1
+    given = (config.provider.options or {}).get("n_threads")
+    if given:
+        return int(given)
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    nodes = [n.get("Resources", {}).get("CPU", 0) for n in alive]
+    return max(1, int(max(nodes, default=1)))
 
 
 class ShardCache(Cache):
