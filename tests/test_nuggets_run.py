@@ -313,6 +313,13 @@ def test_a_stale_given_set_is_refused_before_any_call(
     assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{given}: field 'query': query 'q1': the set is for 'what is go?'" in err
+    # `judge validate` reads the file as the run would, and finds the same.
+    assert main(["validate", str(config)]) == 2
+    assert "the set is for 'what is go?'" in capsys.readouterr().err
+    # A line that is not a nugget set: named by file and line, before any call, too.
+    given.write_text('{"query_id": "q1", "nuggets": 3}\n', encoding="utf-8")
+    assert main(["validate", str(config)]) == 2
+    assert f"{given}:1" in capsys.readouterr().err
     assert aspect_server.requests == []
 
 

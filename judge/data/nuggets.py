@@ -84,15 +84,15 @@ def same_query(a: str, b: str) -> bool:
 
 
 def given_sets(
-    path: str | Path | None, run_dir: Path, queries: Sequence[Query]
+    path: str | Path | None, run_dir: Path | None, queries: Sequence[Query]
 ) -> dict[str, NuggetSet]:
     """The nugget sets a run starts from: the file ``[nuggets] path`` names, then the one an
     earlier invocation of the run wrote into ``run_dir`` (which wins: every unit of one run
     uses one set). A set for a query id whose text in ``queries`` is another query's is an
     InputError (a stale file), raised before anything is asked."""
     sets: dict[str, tuple[str, NuggetSet]] = {}
-    written = run_dir / NUGGETS_FILE
-    for file in (path, written if written.exists() else None):
+    written = None if run_dir is None else run_dir / NUGGETS_FILE
+    for file in (path, written if written is not None and written.exists() else None):
         if file:
             sets |= {qid: (str(file), found) for qid, found in read_nuggets(file).items()}
     sink = Sink()

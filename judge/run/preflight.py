@@ -23,6 +23,7 @@ from pathlib import Path
 
 from judge.calling.limits import Limits
 from judge.config import RunConfig
+from judge.data.nuggets import given_sets
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.judging.cascade import label_problem
 from judge.metrics.compute import parse_metric_name
@@ -48,6 +49,7 @@ def preflight(
         problems += _writable(out_dir, "the run directory (--out)")
     problems += _baseline_problems(config, first_night)
     problems += _cascade_problems(config, queries)
+    problems += _nugget_problems(config, queries, out_dir)
     rows = _row_problems(config, queries)
     if not problems and not rows:
         return
@@ -57,6 +59,8 @@ def preflight(
     text = f"{len(lines)} problem(s) found before any call was made:" + "".join(
         f"\n  {line}" for line in shown
     )
+    if len(lines) == 1:  # one problem, one line
+        text = f"{lines[0]} (found before any call was made)"
     raise (InputError if rows and not problems else ConfigError)(text + more)
 
 
@@ -156,6 +160,21 @@ def _baseline_problems(config: RunConfig, first_night: bool) -> list[str]:
         return [f"{path}: thresholds.baseline is not a readable summary.json ({exc})"]
     if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
         return [f"{path}: thresholds.baseline is not a judge summary.json (no 'engines')"]
+    return []
+
+
+def _nugget_problems(
+    config: RunConfig, queries: Sequence[Query], out_dir: Path | None
+) -> list[str]:
+    """The nugget sets a run with ``[nuggets]`` on starts from (the file ``path`` names, and
+    the run directory's own) read as the run will read them: unreadable lines, or a set for
+    another query's text, found before any call."""
+    if not config.nuggets.enabled:
+        return []
+    try:
+        given_sets(config.nuggets.path, out_dir, queries)
+    except JudgeError as exc:
+        return [str(exc)]
     return []
 
 
