@@ -17,7 +17,8 @@ body as the chat endpoint would, and the answers go to the output file. Injected
 ``fail_when`` (lines it picks are answered with an HTTP 500 line in the error file),
 ``lose_create_answers`` (that many creates make the batch but answer 500), ``hold_create``
 (a create waits, before or after making its batch, until :meth:`release`: time for a test to
-kill the client), ``fail_retrieves`` (that many status checks answer 503), ``expire_after``
+kill the client), ``fail_retrieves`` (that many status checks answer 503), ``refuse_deletes``
+(every file delete answers 403), ``expire_after``
 (only that many lines run; the batch ends "expired" and the rest go to the error file as
 ``batch_expired``), ``fail_batch`` (the batch ends "failed" with that validation error and no
 files), ``cancel`` (the lines it answered before the cancel: ``answer_before_cancel``; the rest
@@ -87,6 +88,7 @@ class BatchServer(ScriptedServer):
         answer_before_cancel: int = 0,
         hold_create: Literal["before", "after"] | None = None,
         fail_retrieves: int = 0,
+        refuse_deletes: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -100,6 +102,7 @@ class BatchServer(ScriptedServer):
         self.answer_before_cancel = answer_before_cancel
         self.hold_create = hold_create
         self.fail_retrieves = fail_retrieves
+        self.refuse_deletes = refuse_deletes
         self._release = threading.Event()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -197,6 +200,8 @@ class BatchServer(ScriptedServer):
         return file_id
 
     def _delete(self, file_id: str) -> tuple[int, Any]:
+        if self.refuse_deletes:
+            return 403, openai_error(403)
         if self.files.pop(file_id, None) is None:
             return 404, openai_error(404)
         return 200, {"id": file_id, "object": "file", "deleted": True}

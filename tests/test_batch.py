@@ -510,3 +510,18 @@ def test_explicit_batch_prices_are_what_the_dry_run_and_the_run_charge(
     assert float(batched.group(1)) == pytest.approx(float(listed.group(1)) / 5, abs=1e-4)
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
     assert _summary(out)["run"]["cost_usd"] == pytest.approx(20 * EACH / 5)
+
+
+def test_files_the_provider_will_not_delete_are_named_and_the_run_still_ends_well(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = make_batch_server(responder=metered(hashed_responder()), refuse_deletes=True)
+    config = _config(tmp_path, server)
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--batch"]) == 0
+    assert server.calls["delete"] == 2 and len(server.files) == 2  # input and output, kept
+    for file_id in server.files:
+        assert f"{file_id} was left at the provider (delete it there)" in caplog.text
+    assert _chats(server) == []  # the answers were stored before the deletes were tried
