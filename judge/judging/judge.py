@@ -58,6 +58,11 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
 }
 
 
+def _implied_schema(params: SamplingParams) -> bool:
+    """Whether the answer schema is the one the scale implies (asked for, none given)."""
+    return params.response_format == "json_schema" and params.json_schema is None
+
+
 def _reranker(
     rerank: str | ProviderSpec | RerankProvider | None, model: str | None
 ) -> RerankProvider | None:
@@ -144,7 +149,7 @@ class Judge:
             language=language,
             shape=shape,
             reask=reask,
-            schema_per_list=mode == "listwise" and self.params is not (params or DEFAULT_PARAMS),
+            schema_per_list=mode == "listwise" and _implied_schema(params or DEFAULT_PARAMS),
         )
         self.dimensions = Dimensions.of(nuggets, credibility, self, template_dir)
         self.policy = self.dimensions.metric_policy(metrics) if self.dimensions else metrics

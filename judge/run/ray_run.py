@@ -11,9 +11,9 @@ run asks for it: ``import judge`` and every other command never load it.
 3. Ray: one already initialised in this process (a notebook, tests) is used as it is; "local"
    starts an instance here and stops it at the end; another address joins that cluster.
 4. Every query with a unit left goes to shard ``hash(query_id) % N`` (``[run] ray_shards``, else
-   one per CPU of the cluster); each shard runs as one Ray task (one CPU, the embedded judge's
-   its server threads: :func:`shard_cpus`; never retried by Ray: a retry would spend its budget
-   share twice) calling ``run_async`` in its own directory.
+   one per CPU of the cluster); each shard runs as one Ray task (one CPU, or for the embedded
+   judge as many as its server's threads: :func:`shard_cpus`; never retried by Ray: a retry
+   would spend its budget share twice) calling ``run_async`` in its own directory.
 5. Waves: the budget is split between the shards running at once; what shards stopped at their
    share left unspent is split between those of a next wave (one at a time when no share fits a
    request), until all finish or nothing left fits. A dead worker's shard is charged its whole
