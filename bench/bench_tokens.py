@@ -5,18 +5,26 @@ would be sent (judge.Judge.first_requests), completions as a typical answer of t
 shape (a 25-word reason plus the verdict per passage). ``instr`` is the instructions' share per
 passage, as the performance issue counts it: prompt tokens minus the passages' own text and
 titles and minus the query text (once per request); labels, fences, ids and the chat framing
-stay in. Run: python bench/bench_tokens.py
+stay in. Run: python bench/bench_tokens.py [--pairs ../shared/data/trec-dl-2019-sample.jsonl]
+
+The bundled sample's lists are short (5.6 passages), so a listwise request's shared
+instructions are split over few passages. ``--pairs`` adds the same table for the ranked lists
+of a labelled pairs file (rows ``{query_id, query, doc_id, text}``, grouped by query in file
+order): the TREC DL 2019 dev set gives 43 lists of 11 passages with MS MARCO ids, untitled.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Sequence
 from itertools import product
 
 from judge.data.datasets import read_queries
 from judge.judging.context import _encoder, count_tokens
 from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec
+from judge.schema import Passage, Query
 
 REASON = " ".join(["relevant"] * 25)
 
@@ -32,11 +40,38 @@ def answer_tokens(mode: str, ids: list[str], label: str) -> int:
     return len(_encoder().encode(text))
 
 
+def pair_lists(path: str) -> list[Query]:
+    """The ranked lists of a labelled pairs file: one query per query_id, in file order."""
+    rows: dict[str, list[dict[str, str]]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                rows.setdefault(str(row["query_id"]), []).append(row)
+    return [
+        Query(
+            query_id=qid,
+            query=group[0]["query"],
+            passages=tuple(Passage(id=str(r["doc_id"]), text=r["text"]) for r in group),
+        )
+        for qid, group in rows.items()
+    ]
+
+
 def main() -> None:
-    queries = read_queries("datasets/sample.jsonl").queries
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", help="also count a labelled pairs file's ranked lists")
+    args = parser.parse_args()
+    table("datasets/sample.jsonl", read_queries("datasets/sample.jsonl").queries)
+    if args.pairs:
+        print()
+        table(args.pairs, pair_lists(args.pairs))
+
+
+def table(name: str, queries: Sequence[Query]) -> None:
     spec = ProviderSpec(kind="openai", base_url="http://127.0.0.1:9/v1")
     print(
-        f"datasets/sample.jsonl: {len(queries)} ranked lists, "
+        f"{name}: {len(queries)} ranked lists, "
         f"{sum(len(q.passages) for q in queries)} passages; cl100k tokens per judged passage\n"
     )
     print(

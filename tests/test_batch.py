@@ -307,8 +307,10 @@ def test_a_damaged_batch_record_is_one_line_and_nothing_is_sent(
 
 
 def _about(*passages: str) -> Callable[[Recorded], bool]:
-    """Whether a request judges one of ``passages`` (by the fenced id in its prompt)."""
-    return lambda r: any(f'id="{p}"' in r.prompt for p in passages)
+    """Whether a request judges one of ``passages`` ("q<q>-p<p>", by its text: a pointwise
+    prompt does not show the passage's id; see write_dataset)."""
+    texts = ["text {1} answering question {0}".format(*p[1:].split("-p")) for p in passages]
+    return lambda r: any(f"\n{t}\n" in r.prompt for t in texts)
 
 
 def test_failed_lines_are_asked_again_in_real_time_and_only_they(

@@ -185,6 +185,37 @@ def test_listwise_missing_id_is_asked_again_and_extra_id_dropped() -> None:
     assert calls == [3, 1]
 
 
+def test_listwise_prompts_name_passages_by_position_and_answers_map_back_to_engine_ids() -> None:
+    """Engine ids never reach the list prompt (positions cost the judge fewer tokens and
+    cannot be miscopied); an answer naming positions, in any order and spelling, lands on the
+    passage shown at that position."""
+    ids = ["msmarco_passage_07_1", "doc/b", "x" * 40]
+    seen: list[str] = []
+
+    def respond(request: Recorded) -> Answer:
+        seen.append(request.prompt)
+        blocks = re.findall(r'<passage id="([^"]+)">(.*?)</passage>', request.prompt, flags=re.S)
+        items = [
+            {"id": f"passage {pid}", "verdict": "yes" if "pale" in text.lower() else "no"}
+            for pid, text in reversed(blocks)
+        ]
+        return Answer(text=json.dumps({"verdicts": items}))
+
+    query = Query(
+        query_id="q",
+        query=PUPPY,
+        passages=tuple(Passage(id=i, text=t) for i, t in zip(ids, PASSAGES, strict=True)),
+    )
+    with ScriptedServer(responder=respond) as srv:
+        with make_judge(srv, mode="listwise") as j:
+            jq = j.judge(query)
+    assert len(seen) == 1
+    assert re.findall(r'<passage id="([^"]+)">', seen[0]) == ["1", "2", "3"]
+    assert not any(i in seen[0] for i in ids)
+    assert [v.passage_id for v in jq.verdicts] == ids
+    assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
+
+
 def test_listwise_falls_back_to_pointwise_when_the_list_never_parses() -> None:
     with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no")) as srv:
         srv.enqueue("not json", "still not json")

@@ -25,14 +25,17 @@ def schema_of(request: Recorded) -> dict[str, Any]:
 
 
 def answer_by_schema(request: Recorded) -> Item:
-    """Answers in the shape the request's schema asks for; the list answer covers only the
-    first passage, so the other two go to the pointwise fallback."""
+    """Answers in the shape the request's schema asks for; a list answer covers only the
+    first passage it shows (id "1": list prompts number their passages), so the first list
+    call settles one passage, the second another, and the last goes pointwise."""
     properties = schema_of(request)["properties"]
     if "verdicts" in properties:
-        item = {"id": "1", "reason": "about kettles", "verdict": "yes"}
+        first = request.prompt.split('<passage id="1">')[1].split("</passage>")[0]
+        label = "yes" if "kettle" in first.lower() else "no"
+        item = {"id": "1", "reason": "read the first", "verdict": label}
         return Answer(text=json.dumps({"verdicts": [item]}))
     if "verdict" in properties:
-        passage = request.prompt.split("<passage")[-1].split("</passage>")[0]
+        passage = request.prompt.split("<passage>")[-1].split("</passage>")[0]
         label = "yes" if "kettle" in passage.lower() else "no"
         return Answer(text=json.dumps({"reason": "read it", "verdict": label}))
     raise AssertionError(f"unexpected schema {properties}")
@@ -59,7 +62,7 @@ def test_the_pointwise_fallback_of_a_listwise_judge_sends_the_pointwise_schema()
     lists = [p["verdicts"] for p in properties if "verdicts" in p]
     assert lists[0]["items"]["properties"]["id"]["enum"] == ["1", "2", "3"]
     assert lists[0]["minItems"] == lists[0]["maxItems"] == 3
-    assert lists[1]["items"]["properties"]["id"]["enum"] == ["2", "3"]
+    assert lists[1]["items"]["properties"]["id"]["enum"] == ["1", "2"]  # positions, renumbered
     assert lists[1]["minItems"] == lists[1]["maxItems"] == 2
     pointwise = [s for s in shapes if s != ["verdicts"]]
     assert pointwise and all(s == ["reason", "verdict"] for s in pointwise)

@@ -14,6 +14,7 @@ import pytest
 from judge.cli.main import main
 from tests.servers import ScriptedServer
 from tests.test_runner import write_config
+from tests.wire import keyword_responder
 
 ROW: dict[str, Any] = {
     "query_id": "q1",
@@ -114,8 +115,11 @@ def test_a_missing_baseline_is_an_error_unless_it_is_the_first_night(
 
 
 def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
-    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))  # ap is defined
     baseline = tmp_path / "nightly" / "baseline.json"
     config = write_config(
         tmp_path / "c.toml",

@@ -142,32 +142,34 @@ def test_any_cut_of_a_verdict_first_answer_gives_the_true_label_or_an_error(
 
 
 def test_listwise_reports_missing_and_extra_ids_and_never_guesses() -> None:
+    # The prompt showed the passages as "1", "2", "3": the answer's ids are positions.
     text = json.dumps(
         {
             "verdicts": [
-                {"id": "p1", "reason": "names Paris", "verdict": "yes"},
-                {"id": "p7", "reason": "not asked", "verdict": "yes"},
-                {"id": "p3", "reason": "bananas", "verdict": "no"},
+                {"id": "1", "reason": "names Paris", "verdict": "yes"},
+                {"id": "7", "reason": "not asked", "verdict": "yes"},
+                {"id": "passage 3", "reason": "bananas", "verdict": "no"},
+                {"id": "doc-b", "reason": "an engine id was never shown", "verdict": "yes"},
             ]
         }
     )
-    result = parse_listwise(answer(text), BINARY, ["p1", "p2", "p3"])
-    assert {pid: v.label for pid, v in result.verdicts.items()} == {"p1": "yes", "p3": "no"}
-    assert result.verdicts["p1"].reason == "names Paris"
-    assert result.missing == ("p2",)
-    assert result.extra == ("p7",)
+    result = parse_listwise(answer(text), BINARY, ["doc-a", "doc-b", "doc-c"])
+    assert {pid: v.label for pid, v in result.verdicts.items()} == {"doc-a": "yes", "doc-c": "no"}
+    assert result.verdicts["doc-a"].reason == "names Paris"
+    assert result.missing == ("doc-b",)
+    assert result.extra == ("7", "doc-b")
     assert result.errors == {}
-    assert result.unresolved == ("p2",)
+    assert result.unresolved == ("doc-b",)
 
 
 def test_listwise_per_id_problems_are_errors_not_grades() -> None:
     text = (
-        'Here you go:\n```json\n[{"id": "a", "verdict": "maybe"}, {"id": "b", "reason": "r"},'
-        ' {"id": 3, "verdict": "answers"}, {"id": "d", "verdict": "related"},'
-        ' {"id": "d", "verdict": "unrelated"}]\n```'
+        'Here you go:\n```json\n[{"id": "1", "verdict": "maybe"}, {"id": "[2]", "reason": "r"},'
+        ' {"id": 3, "verdict": "answers"}, {"id": "4", "verdict": "related"},'
+        ' {"id": "#4", "verdict": "unrelated"}]\n```'
     )
-    result = parse_listwise(answer(text), GRADED, ["a", "b", "3", "d", "e"])
-    assert {pid: v.grade for pid, v in result.verdicts.items()} == {"3": 3}
+    result = parse_listwise(answer(text), GRADED, ["a", "b", "c", "d", "e"])
+    assert {pid: v.grade for pid, v in result.verdicts.items()} == {"c": 3}
     assert set(result.errors) == {"a", "b", "d"}
     assert "allowed labels" in result.errors["a"]
     assert 'no "verdict" field' in result.errors["b"]
@@ -178,8 +180,8 @@ def test_listwise_per_id_problems_are_errors_not_grades() -> None:
 
 def test_listwise_truncated_keeps_the_finished_entries() -> None:
     text = (
-        '{"verdicts": [{"id": "p1", "verdict": "yes", "reason": "ok"}, '
-        '{"id": "p2", "verdict": "no", "reason": "about ban'
+        '{"verdicts": [{"id": "1", "verdict": "yes", "reason": "ok"}, '
+        '{"id": "2", "verdict": "no", "reason": "about ban'
     )
     result = parse_listwise(answer(text, finish_reason="length"), BINARY, ["p1", "p2", "p3"])
     assert {pid: v.label for pid, v in result.verdicts.items()} == {"p1": "yes", "p2": "no"}
@@ -240,9 +242,9 @@ def test_graded_probability_is_expected_grade_over_max() -> None:
 
 def test_listwise_probability_is_read_at_each_entry() -> None:
     logprobs = tokens(
-        '{"verdicts": [{"id": "a", "verdict": "',
+        '{"verdicts": [{"id": "1", "verdict": "',
         ("yes", {"yes": -0.1, "no": -2.4}),
-        '"}, {"id": "b", "verdict": "',
+        '"}, {"id": "2", "verdict": "',
         ("no", {"no": -0.05, "yes": -3.0}),
         '"}]}',
     )

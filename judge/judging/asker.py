@@ -18,7 +18,7 @@ from judge.calling.answers import CallResult, Prompt, Reader
 from judge.calling.caller import Caller
 from judge.errors import ProviderError
 from judge.judging.keys import PromptKeys, parser_tag
-from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for
+from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
 from judge.judging.verdicts import (
     ListwiseParsed,
     Parsed,
@@ -118,7 +118,7 @@ class Asker:
     def _listwise_prompt(self, query: Query, passages: list[Passage]) -> Prompt:
         def render() -> ChatRequest:
             messages = self.template.render_listwise(
-                query, passages, self.scale, **self.shape.options()
+                query, numbered(passages), self.scale, **self.shape.options()
             )
             return ChatRequest(model=self.model, messages=messages, params=self._list(passages))
 
@@ -128,7 +128,7 @@ class Asker:
         """The sampling of a list request for ``passages`` (see ``schema_per_list``)."""
         if not self.schema_per_list:
             return self.params
-        ids = [p.id for p in passages]
+        ids = [str(n) for n in range(1, len(passages) + 1)]  # as numbered() shows them
         schema = json_schema_for(self.scale, "listwise", shape=self.shape, passage_ids=ids)
         return self.params.model_copy(update={"json_schema": schema})
 
@@ -167,7 +167,9 @@ class Asker:
             ]
             params = self.pointwise_params
             return [ChatRequest(model=self.model, messages=m, params=params) for m in chats]
-        listwise = self.template.render_listwise(query, list(query.passages), self.scale, **options)
+        listwise = self.template.render_listwise(
+            query, numbered(query.passages), self.scale, **options
+        )
         params = self._list(query.passages)
         return [ChatRequest(model=self.model, messages=listwise, params=params)]
 
@@ -175,7 +177,7 @@ class Asker:
         """The messages of one first-round request for ``passages`` (one passage pointwise)."""
         options = self.shape.options()
         if self.mode == "listwise":
-            return self.template.render_listwise(query, list(passages), self.scale, **options)
+            return self.template.render_listwise(query, numbered(passages), self.scale, **options)
         return self.pointwise_template.render_pointwise(query, passages[0], self.scale, **options)
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:

@@ -79,17 +79,29 @@ def fence(passage: Passage) -> str:
     """The passage as untrusted data between ``<passage id="...">`` and ``</passage>``.
 
     The id is written as a JSON string (so an id with a quote stays one attribute and the
-    judge can copy it back verbatim); the title, if any, comes first in ``<title>...</title>``.
-    Fence markers inside id, title and text are neutralised, so a passage cannot close its
-    own fence or open a new one.
+    judge can copy it back verbatim); a passage with an empty id (every pointwise prompt, see
+    :meth:`PromptTemplate.render_pointwise`) is fenced as a bare ``<passage>``. The title, if
+    any, comes first in ``<title>...</title>``. Fence markers inside id, title and text are
+    neutralised, so a passage cannot close its own fence or open a new one.
     """
-    pid = neutralise(json.dumps(passage.id, ensure_ascii=False))
-    lines = [f"<passage id={pid}>"]
+    if passage.id:
+        lines = [f"<passage id={neutralise(json.dumps(passage.id, ensure_ascii=False))}>"]
+    else:
+        lines = ["<passage>"]
     if passage.title:
         lines.append(f"<title>{neutralise(passage.title)}</title>")
     lines.append(neutralise(passage.text))
     lines.append("</passage>")
     return "\n".join(lines)
+
+
+def numbered(passages: Sequence[Passage]) -> tuple[Passage, ...]:
+    """``passages`` as a listwise relevance prompt shows them: ids ``"1"`` to ``"n"`` in order.
+
+    A position costs the judge one or two tokens to read and to copy back, where an engine's
+    id ("msmarco_passage_41_123456789") costs ten and can be miscopied; the answer's ids are
+    read back as positions (:func:`judge.judging.verdicts.parse_listwise`)."""
+    return tuple(p.model_copy(update={"id": str(n)}) for n, p in enumerate(passages, start=1))
 
 
 def template_name(scale: str, mode: Mode, language: Language) -> str:
@@ -234,9 +246,14 @@ class PromptTemplate:
     def render_pointwise(
         self, query: Query | str, passage: Passage, scale: Scale, **options: Any
     ) -> tuple[Message, ...]:
-        """Messages asking the judge about one passage."""
+        """Messages asking the judge about one passage.
+
+        The template sees the passage with an empty id: one passage needs no name, and two
+        engines' copies of a text under different ids are then one request and one answer."""
         self._expect("pointwise")
-        return self._render({"passage": passage}, query, scale, options)
+        return self._render(
+            {"passage": passage.model_copy(update={"id": ""})}, query, scale, options
+        )
 
     def render_listwise(
         self, query: Query | str, passages: Sequence[Passage], scale: Scale, **options: Any

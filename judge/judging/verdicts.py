@@ -221,10 +221,18 @@ def _item_id(pairs: dict[str, Node]) -> str | None:
     return None
 
 
+# "3", "#3", "p3", "passage 3", "[3]": how judges write back the position they were shown.
+_POSITION = re.compile(r"(?:passage|p|id)?\s*[#:=\[(]?\s*(\d+)\s*[\])]?", re.IGNORECASE)
+
+
 def parse_listwise(
     completion: Completion, scale: Scale, passage_ids: Sequence[str]
 ) -> ListwiseParsed:
-    """Verdicts per asked-for id; ParseError only when no verdict list can be found at all."""
+    """Verdicts per asked-for id; ParseError only when no verdict list can be found at all.
+
+    The prompt named the passages by position (:func:`judge.judging.prompts.numbered`), so an
+    answer's id ``"n"`` is ``passage_ids[n - 1]``; the results are keyed by the real ids, and
+    messages meant for the judge (a re-ask) name positions, as it saw them."""
     start = _start(completion)
     items: list[Node] | None = None
     for node in values(completion.text, start, "{["):
@@ -236,7 +244,7 @@ def parse_listwise(
             'the answer has no JSON object {"verdicts": [{"id": ..., "verdict": ...}, ...]}'
             + _cut(completion)
         )
-    wanted = dict.fromkeys(passage_ids)
+    at = {str(n): pid for n, pid in enumerate(passage_ids, start=1)}
     verdicts: dict[str, Parsed] = {}
     errors: dict[str, str] = {}
     extra: dict[str, None] = {}
@@ -244,28 +252,33 @@ def parse_listwise(
     if not any(_item_id(item.value) for item in objects) and any(i.complete for i in objects):
         raise ParseError('the entries in "verdicts" carry no "id" field')
     for pairs in (item.value for item in objects):
-        pid = _item_id(pairs)
-        if pid is None or pid in errors:
+        said = _item_id(pairs)
+        if said is None:
             continue
-        if pid not in wanted:
-            extra[pid] = None
+        position = _POSITION.fullmatch(said)
+        n = str(int(position[1])) if position else said
+        pid = at.get(n)
+        if pid is None:
+            extra[said] = None
+            continue
+        if pid in errors:
             continue
         if _field(pairs, VERDICT_KEYS) is None:
-            errors[pid] = f'the entry for id "{pid}" has no "verdict" field{_cut(completion)}'
+            errors[pid] = f'the entry for id "{n}" has no "verdict" field{_cut(completion)}'
             continue
         try:
             parsed = _read(pairs, scale, completion)
         except ParseError as exc:
-            errors[pid] = f'id "{pid}": {exc}'
+            errors[pid] = f'id "{n}": {exc}'
             continue
         earlier = verdicts.get(pid)
         if earlier is not None and earlier.label != parsed.label:
             del verdicts[pid]
-            errors[pid] = f'id "{pid}" is given twice, as "{earlier.label}" and as "{parsed.label}"'
+            errors[pid] = f'id "{n}" is given twice, as "{earlier.label}" and as "{parsed.label}"'
         elif earlier is None:
             verdicts[pid] = parsed
-    missing = tuple(pid for pid in wanted if pid not in verdicts and pid not in errors)
-    ordered_errors = {pid: errors[pid] for pid in wanted if pid in errors}
+    missing = tuple(pid for pid in passage_ids if pid not in verdicts and pid not in errors)
+    ordered_errors = {pid: errors[pid] for pid in dict.fromkeys(passage_ids) if pid in errors}
     return ListwiseParsed(
         verdicts=verdicts, missing=missing, extra=tuple(extra), errors=ordered_errors
     )
