@@ -93,7 +93,7 @@ class Section:
 
 def lazy_chart(name: str, *args: Any) -> Callable[[], str]:
     """Chart function ``name`` of :mod:`judge.report.charts` on ``args``, for a :class:`Chart`;
-    matplotlib is imported only when it is drawn (about a second; --no-charts needs none)."""
+    the chart code is imported only when it is drawn (--no-charts needs none)."""
 
     def draw() -> str:
         from judge.report import charts

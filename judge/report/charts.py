@@ -1,93 +1,59 @@
-"""The report's charts: matplotlib figures rendered to inline SVG strings.
+"""The report's charts, drawn as inline SVG with :mod:`judge.report.svg`.
 
-Figures are built with ``matplotlib.figure.Figure`` on an Agg canvas, never through pyplot,
-so no global backend is chosen and nothing leaks between charts or into a caller's plots.
-Text stays text (``svg.fonttype = none``): the browser draws it with its own fonts, so
-Chinese engine or query names show, and the report can be searched. The SVG prolog,
-metadata and namespace URLs are stripped: the page makes no reference outside itself.
-Every chart function returns one ``<svg>`` element as a string.
+Every chart function returns one ``<svg role="img" aria-label="..." class="chart">`` element as
+a string: text stays text (the browser draws Chinese names with its own fonts, and the page
+can be searched), and nothing refers outside the page.
 """
 
 from __future__ import annotations
 
-import html
-import io
 import math
-import re
-import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from judge.metrics.sources import lower_is_better
+from judge.report.svg import TAB10, Figure, Mark, Panel, nice_ticks, ramp, text_width, tick_labels
 
 FAILED_STYLES = {"unparsed": ("#9e9e9e", "//"), "error": ("#3b3b3b", "xx")}
-_STRIP = (
-    re.compile(r"<\?xml[^>]*\?>\s*"),
-    re.compile(r"<!DOCTYPE[^>]*>\s*"),
-    re.compile(r"<metadata>.*?</metadata>\s*", re.S),
-    re.compile(r'\s+xmlns(:\w+)?="[^"]*"'),
-)
+_RED = "#d62728"
 
 
 def engine_colour(index: int) -> str:
-    """The colour an engine gets in every chart (matplotlib's tab10 cycle)."""
-    return str(matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](index % 10)))
+    """The colour an engine gets in every chart (the tab10 cycle)."""
+    return TAB10[index % 10]
 
 
-def _figure(n_panels: int, *, cols: int = 3, width: float = 10.0, height: float = 3.0) -> Figure:
-    cols = max(1, min(cols, n_panels))
-    rows = max(1, math.ceil(n_panels / cols))
-    fig = Figure(figsize=(width, height * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax in axes.flat[n_panels:]:
-        ax.set_visible(False)
-    return fig
+def _limits(values: Sequence[float], *, unit: bool = True) -> tuple[float, float]:
+    """Every metric judge knows lies in [0, 1]: such axes share that range, so two metrics (or
+    two runs) are drawn to the same scale and a flat 1.0 does not fill the panel. Other values
+    get their own range, padded by 5%."""
+    finite = [v for v in values if math.isfinite(v)]
+    if unit and all(0.0 <= v <= 1.0 for v in finite):
+        return (-0.04, 1.04)
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    pad = 0.05 * (hi - lo) or 0.5
+    return (lo - pad, hi + pad)
 
 
-def _axes(fig: Figure) -> list[Axes]:
-    return [ax for ax in fig.axes if ax.get_visible()]
+def _ticks(lim: tuple[float, float]) -> list[tuple[float, str]]:
+    values = nice_ticks(*lim)
+    return list(zip(values, tick_labels(values), strict=True))
 
 
-def to_svg(fig: Figure, name: str) -> str:
-    """The figure as one ``<svg>`` element with no external references; ids salted by name."""
-    buf = io.StringIO()
-    with (
-        matplotlib.rc_context(
-            {"svg.fonttype": "none", "svg.hashsalt": name, "font.size": 9.0, "axes.titlesize": 10.0}
-        ),
-        warnings.catch_warnings(),
-    ):
-        # Glyphs the bundled font lacks (CJK names) are drawn by the browser, not by us.
-        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    svg = buf.getvalue()
-    for pattern in _STRIP:
-        svg = pattern.sub("", svg)
-    label = html.escape(name, quote=True)
-    return svg.replace("<svg ", f'<svg role="img" aria-label="{label}" class="chart" ', 1).strip()
+def _slanted(names: Sequence[str], panel_width: float) -> bool:
+    """Whether names under an axis would run into each other set straight."""
+    return sum(text_width(n) + 6 for n in names) > panel_width
 
 
-def _unit_axis(ax: Axes, values: Sequence[float], axis: str = "y") -> None:
-    """Every metric judge knows lies in [0, 1]: such panels share that axis, so two metrics
-    (or two runs) are drawn to the same scale and a flat 1.0 does not fill the panel."""
-    if all(0.0 <= v <= 1.0 for v in values):
-        (ax.set_ylim if axis == "y" else ax.set_xlim)(-0.04, 1.04)
-
-
-def _tick_labels(ax: Axes, names: Sequence[str]) -> None:
-    """Engine names under the x axis, slanted when they would run into each other."""
-    ax.set_xticks(range(1, len(names) + 1), list(names))
-    if sum(len(n) for n in names) > 30:
-        ax.tick_params(axis="x", labelrotation=25)
-        for label in ax.get_xticklabels():
-            label.set_horizontalalignment("right")
+def _whiskers(data: np.ndarray) -> tuple[float, float, float, float, float]:
+    """A box plot's whisker ends, quartiles and median: whiskers reach the furthest points
+    within 1.5 inter-quartile ranges of the box."""
+    q1, median, q3 = np.percentile(data, [25, 50, 75])
+    reach = 1.5 * (q3 - q1)
+    low = float(data[data >= q1 - reach].min())
+    high = float(data[data <= q3 + reach].max())
+    return low, float(q1), float(median), float(q3), high
 
 
 def metric_distribution(
@@ -96,35 +62,41 @@ def metric_distribution(
     """Box plots of per-query values, one panel per metric, one box per engine; the points
     themselves are drawn over the boxes (jittered sideways) so small samples are visible."""
     metrics = list(values)
-    fig = _figure(len(metrics))
+    slant = _slanted(engines, 720 / min(3, max(1, len(metrics))) - 58)
+    bottom = 34 + (min(70.0, max(map(text_width, engines), default=0) * 0.45) if slant else 0)
+    fig = Figure(len(metrics), margins=(46.0, 24.0, 12.0, bottom), panel_height=190 + bottom)
     rng = np.random.default_rng(0)
-    for ax, metric in zip(_axes(fig), metrics, strict=False):
-        data = [list(values[metric].get(e, ())) for e in engines]
-        shown = [i for i, d in enumerate(data) if d]
-        if shown:
-            box = ax.boxplot(
-                [data[i] for i in shown],
-                positions=[i + 1 for i in shown],
-                widths=0.5,
-                patch_artist=True,
-                showfliers=False,
-            )
-            for patch, i in zip(box["boxes"], shown, strict=True):
-                patch.set(facecolor=engine_colour(i), alpha=0.35)
+    for panel, metric in zip(fig.panels, metrics, strict=True):
+        data = [np.asarray(values[metric].get(e, ()), dtype=float) for e in engines]
+        panel.xlim = (0.4, len(engines) + 0.6)
+        panel.ylim = _limits([float(v) for d in data for v in d])
+        panel.frame(
+            xticks=[(i + 1, e) for i, e in enumerate(engines)],
+            yticks=_ticks(panel.ylim),
+            grid="y",
+            title=[metric],
+            slant=slant,
+        )
         for i, d in enumerate(data):
-            x = i + 1 + rng.uniform(-0.12, 0.12, len(d))
-            ax.scatter(x, d, s=10, color=engine_colour(i), alpha=0.8, zorder=3)
-        _tick_labels(ax, engines)
-        ax.set_xlim(0.4, len(engines) + 0.6)
-        _unit_axis(ax, [v for d in data for v in d])
-        ax.set_title(metric)
-        ax.grid(axis="y", alpha=0.3)
-    return to_svg(fig, "metric distribution per engine")
+            if not len(d):
+                continue
+            low, q1, median, q3, high = _whiskers(d)
+            x = i + 1
+            panel.segment(x, low, x, q1)
+            panel.segment(x, q3, x, high)
+            for end in (low, high):
+                panel.segment(x - 0.12, end, x + 0.12, end)
+            panel.box(x - 0.25, x + 0.25, q1, q3, engine_colour(i), opacity=0.35, stroke="#222")
+            panel.segment(x - 0.25, median, x + 0.25, median, "#e07000")
+            panel.dots(list(x + rng.uniform(-0.12, 0.12, len(d))), list(d), engine_colour(i))
+    return fig.svg("metric distribution per engine")
 
 
-def _clusters(names: Sequence[str], x: Any, y: Any, ax: Axes) -> list[tuple[float, float, str]]:
-    """Points closer than 4% of the axes joined under one label ("q1, q2", or "q1 +3")."""
-    spans = [max(1e-9, hi - lo) for lo, hi in (ax.get_xlim(), ax.get_ylim())]
+def _clusters(
+    names: Sequence[str], x: Sequence[float], y: Sequence[float], panel: Panel
+) -> list[tuple[float, float, str]]:
+    """Points closer than 4% of the panel joined under one label ("q1, q2", or "q1 +3")."""
+    spans = [max(1e-9, hi - lo) for lo, hi in (panel.xlim, panel.ylim)]
     groups: list[tuple[float, float, list[str]]] = []
     for q, xi, yi in sorted(zip(names, x, y, strict=True), key=lambda t: (t[2], t[1], t[0])):
         near = [g for g in groups if abs(g[0] - xi) < 0.04 * spans[0]]
@@ -139,34 +111,41 @@ def _clusters(names: Sequence[str], x: Any, y: Any, ax: Axes) -> list[tuple[floa
     ]
 
 
-def _point_labels(ax: Axes, names: Sequence[str], x: Any, y: Any) -> None:
+def _point_labels(
+    panel: Panel, names: Sequence[str], x: Sequence[float], y: Sequence[float]
+) -> None:
     """Query ids beside their points, never over each other or outside the panel: each label
     tries the four corners around its point (the ones facing the panel's middle first) and is
     left out when all four would overprint one already placed; its point stays."""
-    renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
-    frame = ax.get_window_extent(renderer)
-    placed: list[Any] = []
-    mid_x, mid_y = (sum(ax.get_xlim()) / 2, sum(ax.get_ylim()) / 2)
-    for xi, yi, text in _clusters(names, x, y, ax):
-        sides = [(4, "left"), (-4, "right")]
-        heights = [4, -10]
+    placed: list[tuple[float, float, float, float]] = []
+    mid_x, mid_y = sum(panel.xlim) / 2, sum(panel.ylim) / 2
+    size, height = 7.0, 8.0
+    right, bottom = panel.left + panel.width, panel.top + panel.height
+    for xi, yi, text in _clusters(names, x, y, panel):
+        width = text_width(text, size)
+        sides = [(4.0, "start"), (-4.0, "end")]
+        heights = [-4.0, 10.0]  # baseline above the point, or below it (pixels grow down)
         sides = sides[::-1] if xi > mid_x else sides
         heights = heights[::-1] if yi > mid_y else heights
+        px, py = panel.px(xi), panel.py(yi)
         for dy in heights:
-            for dx, ha in sides:
-                label = ax.annotate(
-                    text, (xi, yi), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha
+            fitted = None
+            for dx, anchor in sides:
+                x0 = px + dx if anchor == "start" else px + dx - width
+                box = (x0, py + dy - height, x0 + width, py + dy)
+                inside = panel.left <= box[0] and box[2] <= right
+                inside = inside and panel.top <= box[1] and box[3] <= bottom
+                clear = all(
+                    box[2] <= b[0] or b[2] <= box[0] or box[3] <= b[1] or b[3] <= box[1]
+                    for b in placed
                 )
-                label.set_in_layout(False)
-                box = label.get_window_extent(renderer)
-                fits = frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
-                if fits and not any(box.overlaps(b) for b in placed):
-                    placed.append(box)
+                if inside and clear:
+                    fitted = (box, px + dx, anchor)
                     break
-                label.remove()
-            else:
-                continue
-            break
+            if fitted:
+                placed.append(fitted[0])
+                panel.label(fitted[1], py + dy, text, anchor=fitted[2], size=size)
+                break
 
 
 def engine_scatter(
@@ -180,30 +159,31 @@ def engine_scatter(
     lower-is-better metric (``near_dup``); the better / tie / worse counts are in each panel's
     title, off the data. Query ids label the points when few.
     """
-    fig = _figure(len(pairs), height=3.3)
-    labels: list[tuple[Axes, list[str], Any, Any]] = []
-    for ax, (metric, (base, other)) in zip(_axes(fig), pairs.items(), strict=False):
+    fig = Figure(len(pairs), panel_height=238, margins=(50.0, 38.0, 12.0, 40.0))
+    for panel, (metric, (base, other)) in zip(fig.panels, pairs.items(), strict=True):
         common = sorted(base.keys() & other.keys())
-        x = np.array([base[q] for q in common])
-        y = np.array([other[q] for q in common])
+        x = [base[q] for q in common]
+        y = [other[q] for q in common]
         lo = min(0.0, *x, *y) if common else 0.0
         hi = max(1.0, *x, *y) if common else 1.0
-        ax.plot([lo, hi], [lo, hi], color="#888888", lw=0.8, ls="--")
-        ax.scatter(x, y, s=18, color=engine_colour(1), alpha=0.7, zorder=3)
         pad = 0.04 * (hi - lo)
-        ax.set(xlabel=baseline, ylabel=engine, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad))
-        d = (x - y) if lower_is_better(metric) else (y - x)
+        panel.xlim = panel.ylim = (lo - pad, hi + pad)
+        d = np.subtract(x, y) if lower_is_better(metric) else np.subtract(y, x)
         wins, losses = int((d > 1e-12).sum()), int((d < -1e-12).sum())
-        ties = len(common) - wins - losses
-        ax.set_title(f"{metric}\nbetter {wins} · tie {ties} · worse {losses}", fontsize=9)
-        ax.grid(alpha=0.3)
-        labels.append((ax, common, x, y))
-    labels = [panel for panel in labels if len(panel[1]) <= 15]
-    if labels:
-        fig.draw_without_rendering()  # settle the layout, so the labels can see where they land
-    for ax, common, x, y in labels:
-        _point_labels(ax, common, x, y)
-    return to_svg(fig, f"per-query {engine} vs {baseline}")
+        ticks = _ticks(panel.xlim)
+        panel.frame(
+            xticks=ticks,
+            yticks=ticks,
+            grid="xy",
+            title=[metric, f"better {wins} · tie {len(common) - wins - losses} · worse {losses}"],
+            xlabel=baseline,
+            ylabel=engine,
+        )
+        panel.line([lo, hi], [lo, hi], "#888888", width=0.8, dash="4 3")
+        panel.dots(x, y, engine_colour(1), radius=3.0, opacity=0.7)
+        if len(common) <= 15:
+            _point_labels(panel, common, x, y)
+    return fig.svg(f"per-query {engine} vs {baseline}")
 
 
 def metric_bars(
@@ -213,22 +193,55 @@ def metric_bars(
     """One panel per metric: each engine's (or run's) mean as a horizontal bar with its 95%
     CI as a whisker, on the shared [0, 1] axis; engine names on the left, never overprinted."""
     metrics = list(means)
-    fig = _figure(len(metrics), height=0.9 + 0.32 * len(engines))
-    for n, (ax, metric) in enumerate(zip(_axes(fig), metrics, strict=False)):
+    names = min(170.0, max(map(text_width, engines), default=0) + 10)
+    fig = Figure(
+        len(metrics),
+        panel_height=64 + 23 * len(engines),
+        margins=(names, 24.0, 12.0, 30.0),
+    )
+    for n, (panel, metric) in enumerate(zip(fig.panels, metrics, strict=True)):
         rows = [means[metric].get(e, (None, None, None)) for e in engines]
-        ys = np.arange(len(engines))
-        mean = np.array([np.nan if m is None else m for m, _, _ in rows])
-        low = np.array([np.nan if lo is None or m is None else m - lo for m, lo, _ in rows])
-        high = np.array([np.nan if hi is None or m is None else hi - m for m, _, hi in rows])
-        colours = [engine_colour(i) for i in range(len(engines))]
-        ax.barh(ys, np.nan_to_num(mean), color=colours, alpha=0.75, height=0.6)
-        ax.errorbar(mean, ys, xerr=[low, high], fmt="none", ecolor="#222222", capsize=3, lw=1)
-        ax.set_yticks(ys, list(engines) if n % 3 == 0 else [""] * len(engines))
-        ax.invert_yaxis()
-        _unit_axis(ax, [float(v) for v in mean if not np.isnan(v)], axis="x")
-        ax.set_title(metric)
-        ax.grid(axis="x", alpha=0.3)
-    return to_svg(fig, "mean per engine with 95% CI")
+        ends = [float(v) for m, lo, hi in rows for v in (m, lo, hi) if v is not None]
+        panel.xlim = _limits([0.0, *ends])  # bars start at 0
+        panel.ylim = (len(engines) - 0.5, -0.5)  # the first engine on top
+        labels = [(i, e if n % fig.cols == 0 else "") for i, e in enumerate(engines)]
+        panel.frame(xticks=_ticks(panel.xlim), grid="x", title=[metric])
+        for i, name in labels:
+            if name:
+                panel.label(panel.left - 5, panel.py(i) + 3.5, name, anchor="end")
+        for i, (mean, low, high) in enumerate(rows):
+            if mean is None:
+                continue
+            panel.box(0.0, mean, i - 0.3, i + 0.3, engine_colour(i), opacity=0.75)
+            if low is not None and high is not None:
+                panel.segment(low, i, high, i)
+                for end in (low, high):
+                    panel.segment(end, i - 0.12, end, i + 0.12)
+    return fig.svg("mean per engine with 95% CI")
+
+
+def _series_panels(
+    fig: Figure,
+    panels: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]],
+    xlabel: str,
+    ylabel: str,
+) -> None:
+    """Line panels: per panel a title, the x values, and one line per named series."""
+    for panel, (title, xs, series) in zip(fig.panels, panels, strict=True):
+        drawn = [float(v) for ys in series.values() for v in ys if v is not None]
+        panel.xlim = (min(xs) - 0.5, max(xs) + 0.5) if xs else (0.0, 1.0)
+        panel.ylim = _limits(drawn)
+        step = max(1, math.ceil(len(xs) / 12))
+        panel.frame(
+            xticks=[(x, str(x)) for x in list(xs)[::step]],
+            yticks=_ticks(panel.ylim),
+            grid="xy",
+            title=[title],
+            xlabel=xlabel,
+            ylabel=ylabel,
+        )
+        for j, ys in enumerate(series.values()):
+            panel.line(list(xs), list(ys), engine_colour(j), markers=True)
 
 
 def stability_lines(
@@ -238,61 +251,66 @@ def stability_lines(
     """Per engine, each metric's mean in each repeat: flat lines mean a stable judge. One
     legend for all panels sits under them, off the data."""
     engines = list(per_repeat)
-    fig = _figure(len(engines), cols=2, height=3.2)
-    for ax, engine in zip(_axes(fig), engines, strict=False):
-        drawn: list[float] = []
-        for j, (metric, means) in enumerate(per_repeat[engine].items()):
-            xs = list(repeats[engine])
-            ys = [np.nan if m is None else m for m in means]
-            drawn += [m for m in means if m is not None]
-            ax.plot(xs, ys, marker="o", ms=4, label=metric, color=engine_colour(j))
-        ax.set(title=engine, xlabel="repeat", ylabel="mean over queries")
-        ax.set_xticks(list(repeats[engine]))
-        _unit_axis(ax, drawn)
-        ax.grid(alpha=0.3)
-    _legend_below(fig)
-    return to_svg(fig, "stability across repeats")
+    fig = Figure(len(engines), cols=2, panel_height=230, margins=(56.0, 24.0, 12.0, 40.0))
+    _series_panels(
+        fig,
+        [(e, list(repeats[e]), per_repeat[e]) for e in engines],
+        "repeat",
+        "mean over queries",
+    )
+    names = list(per_repeat[engines[0]]) if engines else []
+    fig.legend([Mark(m, engine_colour(j), line=True) for j, m in enumerate(names)])
+    return fig.svg("stability across repeats")
 
 
-def _legend_below(fig: Figure) -> None:
-    """One legend for the figure, under its panels (the first panel's series name them all)."""
-    handles, labels = fig.axes[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)))
-
-
-def label_distribution(
-    counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], *, colour_map: str = "RdYlGn"
-) -> str:
+def label_distribution(counts: Mapping[str, Mapping[str, int]], labels: Sequence[str]) -> str:
     """Stacked horizontal bars per engine: each scale label (worst to best on a red-to-green
     ramp), then ``unparsed`` (grey, hatched) and ``error`` (dark, cross-hatched)."""
     engines = list(counts)
-    fig = Figure(figsize=(10.0, 1.2 + 0.5 * len(engines)), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ramp = matplotlib.colormaps[colour_map]
-    styles: dict[str, tuple[Any, str]] = {
+    names = min(170.0, max(map(text_width, engines), default=0) + 10)
+    fig = Figure(1, cols=1, panel_height=60 + 30 * len(engines), margins=(names, 10.0, 16.0, 40.0))
+    panel = fig.panels[0]
+    styles = {
         name: (ramp(0.1 + 0.8 * i / max(1, len(labels) - 1)), "") for i, name in enumerate(labels)
     }
     styles.update(FAILED_STYLES)
-    left = np.zeros(len(engines))
-    for name, (colour, hatch) in styles.items():
-        widths = np.array([counts[e].get(name, 0) for e in engines], dtype=float)
-        bars = ax.barh(
-            engines, widths, left=left, color=colour, hatch=hatch, edgecolor="white", label=name
-        )
-        big = widths >= 0.03 * max((sum(c.values()) for c in counts.values()), default=1)
-        ax.bar_label(
-            bars,
-            labels=[f"{w:.0f}" if b else "" for w, b in zip(widths, big, strict=True)],
-            label_type="center",
-            size=8,
-        )
-        left += widths
-    ax.invert_yaxis()
-    ax.set_xlabel("verdicts")
-    fig.legend(loc="outside lower center", ncols=len(styles), fontsize=8)
-    return to_svg(fig, "verdict labels")
+    totals = [sum(counts[e].values()) for e in engines]
+    panel.xlim = (0.0, 1.05 * max(totals, default=1) or 1.0)
+    panel.ylim = (len(engines) - 0.5, -0.5)
+    ticks = nice_ticks(0.0, panel.xlim[1])
+    panel.frame(xticks=[(t, f"{t:g}") for t in ticks if t == int(t)], grid="x", xlabel="verdicts")
+    patterns = {
+        name: fig.pattern(name, hatch, "#ffffff") for name, (_, hatch) in styles.items() if hatch
+    }
+    biggest = max(totals, default=1)
+    for i, engine in enumerate(engines):
+        panel.label(panel.left - 5, panel.py(i) + 3.5, engine, anchor="end")
+        left = 0.0
+        for name, (colour, _) in styles.items():
+            width = counts[engine].get(name, 0)
+            if not width:
+                continue
+            panel.box(
+                left,
+                left + width,
+                i - 0.4,
+                i + 0.4,
+                colour,
+                stroke="#ffffff",
+                pattern=patterns.get(name, ""),
+            )
+            if width >= 0.03 * biggest:
+                middle = panel.px(left + width / 2)
+                panel.label(middle, panel.py(i) + 3, f"{width:.0f}", anchor="middle", size=8)
+            left += width
+    fig.legend(
+        [
+            Mark(name, colour, pattern=patterns.get(name, ""))
+            for name, (colour, _) in styles.items()
+        ],
+        cols=len(styles),
+    )
+    return fig.svg("verdict labels")
 
 
 def history_trend(
@@ -303,22 +321,22 @@ def history_trend(
 ) -> str:
     """Metric means over past runs (x = run id), one panel per metric, one line per engine;
     a red cross marks a run flagged as a regression for that engine and metric."""
-    fig = _figure(len(metrics), cols=2, height=3.0)
+    fig = Figure(len(metrics), cols=2, panel_height=216, margins=(46.0, 24.0, 12.0, 40.0))
     xs = [run_id for run_id, _ in runs]
-    for ax, metric in zip(_axes(fig), metrics, strict=False):
-        drawn: list[float] = []
-        for i, engine in enumerate(engines):
-            ys = [values.get(engine, {}).get(metric) for _, values in runs]
-            drawn += [y for y in ys if y is not None]
-            shown = [np.nan if y is None else y for y in ys]
-            ax.plot(xs, shown, marker="o", ms=4, color=engine_colour(i), label=engine)
-            bad = [(x, y) for x, y in zip(xs, ys, strict=True) if (x, engine, metric) in flagged]
-            if bad:
-                bx, by = zip(*bad, strict=True)
-                ax.scatter(bx, by, marker="x", s=80, color="#d62728", zorder=4)
-        ax.set(title=metric, xlabel="run")
-        ax.set_xticks(xs)
-        _unit_axis(ax, drawn)
-        ax.grid(alpha=0.3)
-    _legend_below(fig)
-    return to_svg(fig, "trend over previous runs")
+    _series_panels(
+        fig,
+        [
+            (m, xs, {e: [values.get(e, {}).get(m) for _, values in runs] for e in engines})
+            for m in metrics
+        ],
+        "run",
+        "",
+    )
+    for panel, metric in zip(fig.panels, metrics, strict=True):
+        for engine in engines:
+            for x, values in runs:
+                y = values.get(engine, {}).get(metric)
+                if y is not None and (x, engine, metric) in flagged:
+                    panel.cross(x, y, _RED)
+    fig.legend([Mark(e, engine_colour(i), line=True) for i, e in enumerate(engines)])
+    return fig.svg("trend over previous runs")
