@@ -455,3 +455,52 @@ def test_scatter_labels_never_print_over_each_other() -> None:
     named = [t for t in _svg_texts(svg) if t.startswith("q")]
     assert named == ["q00 +11"]
     assert "better 12 · tie 0 · worse 0" in svg  # the counts sit in the title, off the data
+
+
+def test_every_chart_is_well_formed_svg_and_escapes_names() -> None:
+    """Each chart parses as XML, with engine, metric and query names that need escaping."""
+    import xml.etree.ElementTree as ET
+
+    from judge.report import charts
+
+    engines = ['bm25 "v2" & <co>', "稠密检索"]
+    q = {f"q&{i}": i / 10 for i in range(5)}
+    svgs = [
+        charts.metric_distribution({"ap<5": {e: [0.1, 0.9, 0.4] for e in engines}}, engines),
+        charts.engine_scatter({"ndcg": (q, {k: v / 2 for k, v in q.items()})}, *engines),
+        charts.metric_bars({"ap": {e: (0.5, 0.4, 0.6) for e in engines}}, engines),
+        charts.stability_lines(
+            {e: {"ap": [0.5, None, 0.6]} for e in engines}, {e: [1, 2, 3] for e in engines}
+        ),
+        charts.label_distribution(
+            {e: {"no": 3, "yes": 5, "error": 1} for e in engines}, ["no", "yes"]
+        ),
+        charts.history_trend(
+            [(1, {engines[0]: {"ap": 0.5}}), (2, {engines[0]: {"ap": 0.3}})],
+            ["ap"],
+            engines,
+            {(2, engines[0], "ap")},
+        ),
+    ]
+    for svg in svgs:
+        root = ET.fromstring(svg)
+        assert root.tag == "svg" and root.get("role") == "img"
+        texts = "".join(root.itertext())
+        assert "http" not in svg  # nothing outside the page
+        assert any(name in texts for name in [*engines, "ap<5", "q&0", "ndcg", "ap"])
+    assert (
+        'bm25 "v2" &amp; <co>' not in svgs[0] and "bm25 &quot;v2&quot; &amp; &lt;co&gt;" in svgs[0]
+    )
+
+
+def test_tick_values_are_round_and_cover_the_range() -> None:
+    from judge.report.svg import nice_ticks, tick_labels
+
+    assert nice_ticks(-0.04, 1.04) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert tick_labels(nice_ticks(-0.04, 1.04)) == ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+    assert tick_labels(nice_ticks(0.9, 2.1)) == ["1.0", "1.2", "1.4", "1.6", "1.8", "2.0"]
+    assert tick_labels([1.0, 1.25, 1.5]) == ["1.00", "1.25", "1.50"]
+    assert tick_labels([0.0, 50.0, 100.0]) == ["0.0", "50.0", "100.0"]
+    for lo, hi in [(0.0, 105.0), (-3.2, 7.9), (0.001, 0.0042), (1e6, 3e6)]:
+        ticks = nice_ticks(lo, hi)
+        assert 2 <= len(ticks) <= 6 and lo <= ticks[0] and ticks[-1] <= hi
