@@ -4,8 +4,9 @@ that reads its answers: a cached re-run renders and parses nothing.
 A prompt's digest covers everything that makes its request: the model and sampling params, the
 template (its source and the source of every template it includes or imports), the scale, the
 answer-shape options, the query text and each passage's fields that the template can read
-(:func:`passage_fields`: id, title and text for the built-in templates, so two engines' copies
-of one passage, which differ in ``score``, are one request and one answer). Rendering is
+(:func:`passage_fields`: title and text for the built-in templates, so two engines' copies
+of one passage, which differ in ``score`` and perhaps in id, are one request and one answer;
+no template sees an engine's passage id). Rendering is
 deterministic in those, given the code that renders; the code's share is pinned by the judge
 version, the source of :mod:`judge.judging.prompts`, the Jinja version and one canary rendering
 (fence markers, chat control tokens, CJK, a title) made when the keys are built. A template
@@ -187,6 +188,9 @@ class PromptKeys:
         self.fields = passage_fields(template.template.environment, sources.values())
         if _fence_reads_more():
             self.fields = tuple(Passage.model_fields)
+        # A template never sees an engine's id: a pointwise one gets "", a listwise one the
+        # passage's position (prompts.numbered), which the order of the key's values carries.
+        self.fields = tuple(f for f in self.fields if f != "id")
         self._base = _digest(
             SCHEME,
             _code((prompts,)),
