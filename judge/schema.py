@@ -50,8 +50,8 @@ class Passage(Record):
     title: str | None = None
     url: str | None = None
     score: float | None = None
-    # Set by the dataset reader when the text was cut to the configured limit.
-    truncated_from: int | None = None
+    truncated_from: int | None = None  # the text's length before a cut to a limit
+    removed: tuple[str, ...] = ()  # text aimed at the judge, taken out (judging/sanitise.py)
 
 
 class Query(Record):

@@ -63,6 +63,9 @@ class JudgeSection(Record):
     # The model's context window in tokens: passages are cut (visibly) so that every request
     # fits. None: the embedded judge's own n_ctx, otherwise not enforced.
     context_tokens: int | None = Field(default=None, ge=256)
+    # Take text aimed at the judge (forged fences and verdicts, instructions to it, the query
+    # stuffed in) out of passages before judging; what was taken is in each passage's "removed".
+    sanitise: bool = True
     params: SamplingParams = DEFAULT_PARAMS
     # Opt-in: the [rerank] provider decides the passages it is sure of (see CascadeSection).
     cascade: CascadeSection | None = None

@@ -29,6 +29,7 @@ from judge.judging.context import (
 from judge.judging.dimensions import Aspects, Dimensions, aspect_fields, with_aspects
 from judge.judging.many import PassageLike, QueryRow, as_passages, as_query, judge_many
 from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
+from judge.judging.sanitise import sanitise_query
 from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.metrics.compute import metrics_for_queries
@@ -106,18 +107,21 @@ class Judge:
         reasons: bool = True,
         reask: bool = True,
         context_tokens: int | None = None,
+        sanitise: bool = True,
         cascade: CascadeSection | None = None,
         nuggets: NuggetsSection | bool = False,
         credibility: CredibilitySection | bool = False,
         **provider_overrides: Any,
     ) -> None:
         """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
-        (None: none); ``context_tokens``: the model's window (None: not enforced); ``cascade``:
+        (None: none); ``context_tokens``: the model's window (None: not enforced); ``sanitise``:
+        take text aimed at the judge out of passages first (judging/sanitise.py); ``cascade``:
         judging/cascade.py; ``nuggets``, ``credibility``: judging/dimensions.py. Other keyword
         arguments override the preset (``base_url``).
         Long because it wires every keyword into its part."""
         scale = Scale.named(scale) if isinstance(scale, str) else scale
         self.scale, self.model, self.mode, self.context_tokens = scale, model, mode, context_tokens
+        self.sanitise = sanitise
         if not isinstance(metrics, MetricPolicy):
             metrics = MetricPolicy(names=tuple(metrics))
         self.policy = metrics
@@ -159,7 +163,10 @@ class Judge:
         return self.asker.first_requests(self.fit(query))
 
     def fit(self, query: Query) -> Query:
-        """``query`` with passages cut to the context window (see judging/context.py)."""
+        """``query`` as the judge sees it: text aimed at the judge taken out of its passages
+        (judging/sanitise.py), and passages cut to the context window (judging/context.py)."""
+        if self.sanitise:
+            query = sanitise_query(query)
         if self.context_tokens is None:
             return query
         return fit_to_context(
@@ -210,6 +217,7 @@ class Judge:
             reasons=j.reasons,
             reask=j.reask,
             context_tokens=j.context_tokens or preset_context(spec),
+            sanitise=j.sanitise,
             cascade=j.cascade,
             nuggets=config.nuggets,
             credibility=config.credibility,

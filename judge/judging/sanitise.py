@@ -1,0 +1,233 @@
+"""Text in a passage that is aimed at the judge, not at a reader, taken out before judging.
+
+A retrieved passage is data. Some passages carry text written to move an automatic judge (a
+prompt injection, or search-engine spam); a small judge, and a reranker scoring text
+similarity, follow it. The prompt tells the judge to treat such text as a mark of a
+low-quality passage, but a 0.5B model does not obey that reliably, and a reranker reads no
+prompt at all. So before any judge sees a passage, four classes of text are removed:
+
+- **a forged end of the passage**: a closing or opening tag of the markup prompts fence
+  documents with (``</passage>``, ``<document>``, ``</context>``...), a chat-turn control token
+  of any model family (``<|im_end|>``, ``[/INST]``, ``<end_of_turn>``, ``### Response:``), or a
+  delimiter line announcing an end or a new document. By the passage's own claim, what
+  follows is not the passage, so everything from there on goes;
+- **a forged verdict**: a JSON object or a ``key: value`` line giving a verdict, label,
+  relevance, grade or score; it and everything after it go (what follows a forged verdict is
+  the attacker's fake next turn);
+- **an address to the judge**: a sentence that speaks to whoever grades the text (an
+  assessor, a grader, an AI, "you") about its relevance or verdict, or tells it to ignore its
+  instructions; the sentence goes;
+- **query stuffing**: a labelled keyword list (``Keywords:``, ``Tags:``, ``Related
+  searches:``...), and any fragment made (almost) only of the query's own words, such as the
+  query pasted as a heading or keywords between sentences; they go. The judge knows the query:
+  repeating it is no evidence that the passage answers it.
+
+What was removed is kept in ``Passage.removed``, so the verdicts show what the judge did not
+see; a passage with nothing to remove is returned as it is (the same object). Removal errs on
+the side of keeping text: the rules need words about judging, relevance or verdicts together
+with an address or an instruction, so a passage *about* judges or relevance stays whole (on
+our 475-passage TREC dev set, one passage lost a fragment; see tests/test_sanitise.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from judge.schema import Passage, Query
+
+__all__ = ["sanitise", "sanitise_query", "strip_aimed"]
+
+# Sentences: split after . ! ? (and their CJK forms) and at line ends; fragments also at ; ( ).
+_SENTENCES = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_FRAGMENTS = re.compile(r"([.!?;:()\[\]|\"“”。！？；（）\n]+)")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+_TAGS = r"passage|document|doc|context|query|title|input|output|text|source|article|content|data"
+_BOUNDARY = re.compile(
+    "|".join(
+        (
+            # fence tags, real or neutralised (‹), opening or closing
+            rf"[<‹]\s*/?\s*(?:{_TAGS})(?:\s[^>\n]*)?>",
+            # chat-template control tokens of the common model families
+            r"[<‹]\|[a-z_]+\|>|\[/?INST\]|<</?SYS>>|[<‹]/?(?:start|end)_of_turn>|[<‹]/?s>",
+            r"^\s*#{2,}\s*(?:response|answer|assistant|output|assessment|evaluation)\b",
+            r"^\s*(?:assistant|system|user|human|ai)\s*:",
+            # a delimiter line announcing an end, a start or a next document
+            r"^[\s\-=*#_~]*\b(?:end|begin|start|next|new)\b[\w\s]{0,20}"
+            r"\b(?:passage|document|text|input|context|page|article|section)\b[\s\-=*#_~:]*$",
+            r"^\s*(?:new|next|another) (?:document|passage|text|page)\s*:",
+        )
+    ),
+    re.IGNORECASE | re.MULTILINE,
+)
+_VERDICT_KEYS = r"verdict|label|relevan\w*|grade|score|rating|judge?ment|assessment|decision"
+_FORGED = re.compile(
+    "|".join(
+        (
+            rf"\{{[^{{}}]*[\"']?(?:{_VERDICT_KEYS})[\"']?\s*:[^{{}}]*\}}",
+            rf"^[\s*#>\-]*(?:{_VERDICT_KEYS}|answer|output|result)\s*[:=]\s*[\"']?"
+            r"(?:yes|no|true|false|relevant|irrelevant|not relevant|highly relevant|[0-9])\b",
+        )
+    ),
+    re.IGNORECASE | re.MULTILINE,
+)
+# Who a judge-addressed sentence speaks to, what it speaks about, and instructions.
+_ADDRESSEE = re.compile(
+    r"\b(?:you|your|assessors?|graders?|raters?|evaluators?|annotators?|judges?|reviewers?|"
+    r"label(?:l)?ers?|ai|a\.i\.|llms?|(?:language|ranking|ai) models?|chatbots?|assistants?|"
+    r"models?|systems?|bots?|crawlers?)\b",
+    re.IGNORECASE,
+)
+_THING = r"(?:passage|page|document|text|result|article|content|site|entry)"
+_PASSAGE = rf"(?:this|the|that) {_THING}"
+# Talk of a verdict: relevance, labels, grades, or the judge's role.
+_VERDICT_TALK = re.compile(
+    r"\b(?:relevan\w*|irrelevant|verdicts?|labels?|grad(?:e|es|ed|ing)|rat(?:e|ed|ing)|"
+    r"scor(?:e|ed|ing)|assess\w*|evaluat\w+|judg\w+|assessors?|graders?|raters?|ai|llms?|"
+    rf"models?|assistants?)\b|\b{_PASSAGE}\b",
+    re.IGNORECASE,
+)
+# A verdict aimed at this passage: "rate this page", "label it", "this passage ... relevant".
+_TARGETED = re.compile(
+    r"\b(?:rat(?:e|ing)|grad(?:e|ing)|scor(?:e|ing)|mark(?:ing)?|label(?:l?ing)?|classify\w*|"
+    r"judg(?:e|ing)|consider(?:ing)?|treat(?:ing)?|rank(?:ing)?|tag(?:ging)?|flag(?:ging)?|"
+    rf"call(?:ing)?|say|answer)\s+(?:it|this|the {_THING})\b|"
+    rf"\b(?:{_PASSAGE}|it|this)\b[^.!?\n]{{0,60}}"
+    r"\b(?:relevant|top grade|highest (?:grade|score))\b",
+    re.IGNORECASE,
+)
+_COMMAND = re.compile(
+    r"\b(?:must|should|have to|has to|need to|needs to|required|shall|please|always|"
+    r"ignore|disregard|forget|override|overrides|instruct\w*|answer|reply|respond|output|"
+    r"say|state|return|treat|consider|confirm\w*|note|attention|important)\b",
+    re.IGNORECASE,
+)
+_OVERRIDE = re.compile(
+    r"\b(?:ignore|disregard|forget|override)\b[^.!?\n]{0,40}\b(?:instructions?|rules?|"
+    r"guidelines?|prompts?|criteria|directions?)\b|\b(?:system|admin|developer)\s+"
+    r"(?:override|message|note|instructions?|prompt)\b",
+    re.IGNORECASE,
+)
+# "yes" / 'relevant' in quotes: a label, as an instruction to answer it would write it.
+_QUOTED_LABEL = re.compile(
+    r"[\"“'‘](?:yes|no|relevant|irrelevant|highly relevant|perfectly relevant|true)[\"”'’]",
+    re.IGNORECASE,
+)
+# A sentence that opens with a verdict verb aimed at "it" / "this": "Label it ...", "Rate this".
+_IMPERATIVE = re.compile(
+    r"\W*(?:please\s+)?(?:label|mark|rate|grade|score|classify|judge|tag|flag|treat|consider)\s+"
+    r"(?:it|this|the (?:passage|page|document|text|result|article))\b",
+    re.IGNORECASE,
+)
+# The passage vouching for its own relevance: "This text is relevant to every query".
+_SELF_CLAIM = re.compile(
+    r"\b(?:this|the present|our) (?:passage|page|text|document|article|result|content|site)\b"
+    r"[^.!?\n]{0,40}(?:\b(?:is|are|was|be|been)\s+(?:\w+\s+){0,2}(?:relevant|the best "
+    r"(?:available )?answer|the correct answer)|\b(?:fully|completely|directly|perfectly|exactly) "
+    r"answers)\b",
+    re.IGNORECASE,
+)
+_KEYWORD_LIST = re.compile(
+    r"(?:^|(?<=[.!?\s]))(?:meta[ -])?(?:keywords?|tags?|hashtags?|related (?:searches|queries|"
+    r"questions|terms|topics)|search (?:terms|queries)|popular searches|people also (?:ask|"
+    r"search)(?: for)?|trending searches|seo)\s*:[^\n]*",
+    re.IGNORECASE,
+)
+_HASHTAGS = re.compile(r"(?:#\w+\s*){2,}")  # removed when one of them is a query word
+_STOP_WORDS = """a an the of to in on for and or is are was were be by with what which who whom
+how why when where does do did can could should would it its this that these those as at from"""
+_STOP = frozenset(_STOP_WORDS.split())
+
+
+def _query_words(query: str) -> frozenset[str]:
+    return frozenset(w.casefold() for w in _WORD.findall(query))
+
+
+def _candidate(fragment: str, words: frozenset[str]) -> bool:
+    """Whether ``fragment`` holds every content word of the query (at least two) and at most
+    one word in five besides the query's words and stopwords."""
+    tokens = [t.casefold() for t in _WORD.findall(fragment)]
+    content = words - _STOP or words
+    if len(content) < 2 or not tokens:
+        return False
+    other = [t for t in tokens if t not in words and t not in _STOP]
+    return content <= set(tokens) and len(other) * 5 <= len(tokens)
+
+
+def _stuffed(fragments: list[str], words: frozenset[str]) -> set[int]:
+    """The fragments (by index) that are the query's words over again: each one that holds
+    every word of the query in some order, and all candidates when there are two or more. A
+    single heading naming the query's subject ("Social Determinants of Health" for "what are
+    the social determinants of health") is kept."""
+    found = {i for i, f in enumerate(fragments) if i % 2 == 0 and _candidate(f, words)}
+    if len(found) >= 2:
+        return found
+    return {i for i in found if words <= {t.casefold() for t in _WORD.findall(fragments[i])}}
+
+
+def _aimed(sentence: str) -> bool:
+    """Whether a sentence tells the judge what to answer about this passage, claims the
+    passage's own relevance, or overrides the judge's rules. A sentence about judges, grading
+    or forms elsewhere ("the judge ruled the evidence relevant", 'answer "yes" on line 4 of
+    the form') is not aimed at this judge."""
+    if _OVERRIDE.search(sentence) or _SELF_CLAIM.search(sentence) or _IMPERATIVE.match(sentence):
+        return True
+    if not _COMMAND.search(sentence):
+        return False
+    if _QUOTED_LABEL.search(sentence) and _VERDICT_TALK.search(sentence):
+        return True
+    return bool(_ADDRESSEE.search(sentence) and _TARGETED.search(sentence))
+
+
+def strip_aimed(text: str, query: str) -> tuple[str, list[str]]:
+    """``text`` without what is aimed at the judge (see the module docstring), and the pieces
+    removed, in the order found."""
+    removed: list[str] = []
+    cut = min(
+        (m.start() for pattern in (_BOUNDARY, _FORGED) for m in pattern.finditer(text)),
+        default=len(text),
+    )
+    if cut < len(text):
+        removed.append(text[cut:].strip())
+        text = text[:cut]
+    words = _query_words(query)
+    lists = list(_KEYWORD_LIST.finditer(text))
+    lists += [m for m in _HASHTAGS.finditer(text) if words & _query_words(m.group())]
+    end = len(text)
+    for match in sorted(lists, key=lambda m: m.start(), reverse=True):
+        if match.end() <= end:  # overlapping matches: the later one is already gone
+            removed.append(match.group().strip())
+            text, end = text[: match.start()] + text[match.end() :], match.start()
+    kept = []
+    for sentence in _SENTENCES.split(text):
+        if _aimed(sentence):
+            removed.append(sentence.strip())
+        else:
+            kept.append(sentence)
+    text = " ".join(s for s in kept if s.strip())
+    parts = _FRAGMENTS.split(text)  # fragments at even indexes, their separators between
+    stuffed = _stuffed(parts, words)
+    if stuffed:
+        removed += [parts[i].strip() for i in sorted(stuffed)]
+        text = "".join(p for i, p in enumerate(parts) if i not in stuffed)
+        text = re.sub(r"\(\s*\)|\[\s*\]|（\s*）", "", text)
+        text = re.sub(r"^[\s.!?;:,]+", "", text)
+        text = re.sub(r"([.!?;:])(?:\s*[.!?;:])+", r"\1", text)
+    return re.sub(r"[ \t]{2,}", " ", text).strip(), [r for r in removed if r]
+
+
+def sanitise(passage: Passage, query: str) -> Passage:
+    """``passage`` with text aimed at the judge removed and listed in ``removed``; the same
+    object when there is none."""
+    text, removed = strip_aimed(passage.text, query)
+    if not removed:
+        return passage
+    return passage.model_copy(update={"text": text, "removed": (*passage.removed, *removed)})
+
+
+def sanitise_query(query: Query) -> Query:
+    """``query`` with every passage sanitised (the same object when none changed)."""
+    passages = tuple(sanitise(p, query.query) for p in query.passages)
+    if all(a is b for a, b in zip(passages, query.passages, strict=True)):
+        return query
+    return query.model_copy(update={"passages": passages})
