@@ -20,7 +20,8 @@ the texts in bench/injections.py (an instruction to answer "relevant"; a fake fe
 fake verdict and a fake new passage; the query's words stuffed into the passage) and prints,
 paired over those pairs, the mean P(relevant) of the clean passages, each attack's shift
 (attacked mean minus clean mean, with a bootstrap CI) and the share judged relevant, next to
-the clean AUC of the selection.
+the clean AUC of the selection. ``--attacks FILE`` uses the ``ATTACKS`` of another module in
+that shape instead (a held-out set written without sight of the defences).
 
 Run (the embedded judge: ~6 s per passage on 2 idle CPU cores, 15-27 s beside other jobs):
     python bench/bench_quality.py configs/quickstart.toml ../shared/data/trec-dl-2019-sample.jsonl \
@@ -54,7 +55,7 @@ from typing import Any
 
 import numpy as np
 from cascades import measure, print_table
-from injections import ATTACKS, inject, phrasing_index
+from injections import ATTACKS, inject, load_attacks, phrasing_index
 
 from judge.analysis.calibration import Calibration, calibrate, relevance_pairs
 from judge.analysis.health import judge_health
@@ -446,6 +447,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample and --attack-pairs")
     ap.add_argument("--injection", action="store_true", help="also measure injection shifts")
     ap.add_argument("--attack-pairs", type=int, default=40, help="label-0 pairs to attack")
+    ap.add_argument("--attacks", help="a module defining ATTACKS to use instead of ours")
     ap.add_argument(
         "--cascade",
         action="append",
@@ -481,6 +483,10 @@ def report(config: RunConfig, judged: Judged, header: dict[str, Any]) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.attacks:  # inject() reads ATTACKS: the other set replaces ours in place
+        other = load_attacks(args.attacks)
+        ATTACKS.clear()
+        ATTACKS.update(other)
     overrides = dict(parse_override(s) for s in args.set)
     config = load_config(args.config, overrides)
     pairs = read_pairs(args.pairs)

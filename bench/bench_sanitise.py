@@ -18,25 +18,14 @@ No judge is called: this measures the text a judge would see. ``bench/bench_qual
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 from collections.abc import Mapping, Sequence
 from string import Template
 
-from injections import ATTACKS, _interleave
+from injections import ATTACKS, _interleave, load_attacks
 
 from judge.judging.sanitise import strip_aimed
-
-
-def load_attacks(path: str) -> Mapping[str, Sequence[str]]:
-    spec = importlib.util.spec_from_file_location("attacks", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"{path}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    attacks: Mapping[str, Sequence[str]] = module.ATTACKS
-    return attacks
 
 
 def restored(
