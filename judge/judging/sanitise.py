@@ -119,6 +119,7 @@ _IMPERATIVE = re.compile(
     r"(?:it|this|the (?:passage|page|document|text|result|article))\b",
     re.IGNORECASE,
 )
+_IMPERATIVE_ANYWHERE = re.compile(r"(?:^|(?<=[.!?\n]))\s*" + _IMPERATIVE.pattern, re.IGNORECASE)
 # The passage vouching for its own relevance: "This text is relevant to every query".
 _SELF_CLAIM = re.compile(
     r"\b(?:this|the present|our) (?:passage|page|text|document|article|result|content|site)\b"
@@ -134,9 +135,6 @@ _KEYWORD_LIST = re.compile(
     re.IGNORECASE,
 )
 _HASHTAGS = re.compile(r"(?:#\w+\s*){2,}")  # removed when one of them is a query word
-_STOP_WORDS = """a an the of to in on for and or is are was were be by with what which who whom
-how why when where does do did can could should would it its this that these those as at from"""
-_STOP = frozenset(_STOP_WORDS.split())
 
 
 def _query_words(query: str) -> frozenset[str]:
@@ -179,47 +177,107 @@ def _aimed(sentence: str) -> bool:
     return bool(_ADDRESSEE.search(sentence) and _TARGETED.search(sentence))
 
 
-def strip_aimed(text: str, query: str) -> tuple[str, list[str]]:
-    """``text`` without what is aimed at the judge (see the module docstring), and the pieces
-    removed, in the order found."""
-    removed: list[str] = []
-    cut = min(
-        (m.start() for pattern in (_BOUNDARY, _FORGED) for m in pattern.finditer(text)),
-        default=len(text),
+# Words without which a rule cannot match: a passage whose words miss a rule's set skips that
+# rule's regular expressions (most passages skip all of them; see _may).
+def _set(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+_ROLES = _set("assistant system user human ai")
+_DELIMITED = _set("end begin start next new another")
+_DOCUMENTS = _set("passage document text input context page article section")
+_VERDICTS = _set(
+    "verdict label relevance relevant irrelevant relevancy grade score rating judgment judgement "
+    "assessment decision answer output result"
+)
+_LISTS = _set(
+    "keyword keywords tag tags hashtag hashtags related search popular people trending seo meta"
+)
+_AIMED = _set(
+    "ignore disregard forget override system admin developer relevant answer answers label "
+    "labels mark rate grade score classify classifies classified classifying judge tag flag "
+    "treat consider rating grading scoring marking labeling labelling judging considering "
+    "treating rank ranking tagging flagging call calling say top highest"
+)
+_LABEL_WORDS = _set("yes no relevant irrelevant true")
+_STOP = _set(
+    """a an the of to in on for and or is are was were be by with what which who whom
+how why when where does do did can could should would it its this that these those as at from"""
+)
+
+
+def _may(text: str, tokens: set[str]) -> tuple[bool, bool, bool]:
+    """Whether ``text`` (its words: ``tokens``) may hold a forged end or verdict, a keyword
+    list, and a sentence aimed at the judge: cheap tests that rule the regexes out."""
+    forged = any(c in text for c in "<‹[{#") or bool(
+        ((":" in text or "=" in text) and tokens & (_ROLES | _VERDICTS))
+        or (tokens & _DELIMITED and tokens & _DOCUMENTS)
     )
-    if cut < len(text):
+    lists = ":" in text and bool(tokens & _LISTS)
+    quoted = any(c in text for c in "\"“'‘") and bool(tokens & _LABEL_WORDS)
+    return forged, lists, quoted or bool(tokens & _AIMED)
+
+
+def _any_aimed(text: str) -> bool:
+    """A look over the whole text: could any sentence of it be aimed at the judge?"""
+    if _OVERRIDE.search(text) or _SELF_CLAIM.search(text) or _QUOTED_LABEL.search(text):
+        return True
+    if _IMPERATIVE_ANYWHERE.search(text):
+        return True
+    return bool(_TARGETED.search(text) and _ADDRESSEE.search(text))
+
+
+def strip_aimed(
+    text: str, query: str, words: frozenset[str] | None = None
+) -> tuple[str, list[str]]:
+    """``text`` without what is aimed at the judge (see the module docstring), and the pieces
+    removed, in the order found. ``words``: the query's words, if already split."""
+    removed: list[str] = []
+    tokens = set(_WORD.findall(text.casefold()))
+    forged, lists_may, aimed_may = _may(text, tokens)
+    starts = (
+        [m.start() for m in (_BOUNDARY.search(text), _FORGED.search(text)) if m] if forged else []
+    )
+    if starts:
+        cut = min(starts)
         removed.append(text[cut:].strip())
         text = text[:cut]
-    words = _query_words(query)
-    lists = list(_KEYWORD_LIST.finditer(text))
-    lists += [m for m in _HASHTAGS.finditer(text) if words & _query_words(m.group())]
+    words = _query_words(query) if words is None else words
+    lists = list(_KEYWORD_LIST.finditer(text)) if lists_may else []
+    if "#" in text:
+        lists += [m for m in _HASHTAGS.finditer(text) if words & _query_words(m.group())]
     end = len(text)
     for match in sorted(lists, key=lambda m: m.start(), reverse=True):
         if match.end() <= end:  # overlapping matches: the later one is already gone
             removed.append(match.group().strip())
             text, end = text[: match.start()] + text[match.end() :], match.start()
-    kept = []
-    for sentence in _SENTENCES.split(text):
-        if _aimed(sentence):
-            removed.append(sentence.strip())
-        else:
-            kept.append(sentence)
-    text = " ".join(s for s in kept if s.strip())
-    parts = _FRAGMENTS.split(text)  # fragments at even indexes, their separators between
-    stuffed = _stuffed(parts, words)
-    if stuffed:
-        removed += [parts[i].strip() for i in sorted(stuffed)]
-        text = "".join(p for i, p in enumerate(parts) if i not in stuffed)
-        text = re.sub(r"\(\s*\)|\[\s*\]|（\s*）", "", text)
-        text = re.sub(r"^[\s.!?;:,]+", "", text)
-        text = re.sub(r"([.!?;:])(?:\s*[.!?;:])+", r"\1", text)
+    if aimed_may and _any_aimed(text):
+        kept = []
+        for sentence in _SENTENCES.split(text):
+            if _aimed(sentence):
+                removed.append(sentence.strip())
+            else:
+                kept.append(sentence)
+        text = " ".join(s for s in kept if s.strip())
+    content = words - _STOP or words
+    if len(content) >= 2 and content <= tokens:
+        parts = _FRAGMENTS.split(text)  # fragments at even indexes, their separators between
+        stuffed = _stuffed(parts, words)
+        if stuffed:
+            removed += [parts[i].strip() for i in sorted(stuffed)]
+            text = "".join(p for i, p in enumerate(parts) if i not in stuffed)
+            text = re.sub(r"\(\s*\)|\[\s*\]|（\s*）", "", text)
+            text = re.sub(r"^[\s.!?;:,]+", "", text)
+            text = re.sub(r"([.!?;:])(?:\s*[.!?;:])+", r"\1", text)
+    if not removed:
+        return text, removed
     return re.sub(r"[ \t]{2,}", " ", text).strip(), [r for r in removed if r]
 
 
-def sanitise(passage: Passage, query: str) -> Passage:
+def sanitise(passage: Passage, query: str, words: frozenset[str] | None = None) -> Passage:
     """``passage`` with text aimed at the judge removed and listed in ``removed``; the same
     object when there is none."""
-    text, removed = strip_aimed(passage.text, query)
+    text, removed = strip_aimed(passage.text, query, words)
     if not removed:
         return passage
     return passage.model_copy(update={"text": text, "removed": (*passage.removed, *removed)})
@@ -227,7 +285,8 @@ def sanitise(passage: Passage, query: str) -> Passage:
 
 def sanitise_query(query: Query) -> Query:
     """``query`` with every passage sanitised (the same object when none changed)."""
-    passages = tuple(sanitise(p, query.query) for p in query.passages)
+    words = _query_words(query.query)
+    passages = tuple(sanitise(p, query.query, words) for p in query.passages)
     if all(a is b for a, b in zip(passages, query.passages, strict=True)):
         return query
     return query.model_copy(update={"passages": passages})
