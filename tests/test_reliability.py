@@ -112,10 +112,31 @@ def test_bootstrap_ci_edge_cases() -> None:
 def test_bootstrap_ci_spanning_several_blocks_stays_reproducible() -> None:
     # 30k values x 200 resamples = 6M cells: drawn in several blocks of at most 2M cells.
     values = np.random.default_rng(4).random(30_000)
-    first = bootstrap_ci(values, n_boot=200, seed=9)
-    assert first == bootstrap_ci(values, n_boot=200, seed=9)
+    first = bootstrap_ci(values, n_boot=200, seed=9, normal_from=None)
+    assert first == bootstrap_ci(values, n_boot=200, seed=9, normal_from=None)
     assert first is not None
     low, high = first
     standard_error = values.std(ddof=1) / math.sqrt(values.size)
     assert low < values.mean() < high
     assert high - low == pytest.approx(2 * 1.96 * standard_error, rel=0.25)
+
+
+@pytest.mark.parametrize("kind", ["ap-like", "rare", "counts"])
+def test_from_5000_values_the_normal_interval_equals_the_bootstrap_within_its_own_noise(
+    kind: str,
+) -> None:
+    rng = np.random.default_rng(11)
+    n = 5_000
+    values = {
+        "ap-like": np.clip(rng.beta(0.5, 0.7, n) + (rng.random(n) < 0.2), 0.0, 1.0),
+        "rare": (rng.random(n) < 0.05).astype(float),
+        "counts": rng.poisson(2.0, n).astype(float),
+    }[kind]
+    boots = np.array(
+        [bootstrap_ci(values, n_boot=2000, seed=s, normal_from=None) for s in range(8)]
+    )
+    normal = bootstrap_ci(values)
+    assert normal is not None and normal != tuple(boots[0])  # the normal path was taken
+    spread = boots.std(axis=0, ddof=1)
+    assert np.all(np.abs(np.array(normal) - boots.mean(axis=0)) <= 3 * spread + 1e-4)
+    assert bootstrap_ci(values[:4_999]) == bootstrap_ci(values[:4_999], normal_from=None)

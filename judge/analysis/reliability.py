@@ -8,6 +8,7 @@ its input (0/0, an empty class) is returned as None rather than NaN or an except
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -18,22 +19,41 @@ FloatArray = NDArray[np.float64]
 
 # Resampled cells drawn per bootstrap block, so memory stays bounded for large datasets.
 _BOOT_BLOCK_CELLS = 2_000_000
+# From this many values on, the percentile bootstrap of a mean is replaced by the normal
+# interval it converges to (central limit theorem): mean +- z * sd / sqrt(n). At 5,000 values
+# the two differ by about one Monte Carlo standard deviation of the bootstrap's own endpoints
+# (on [0, 1] metrics, 2,000 resamples: ~0.0003; tests/test_reliability.py), and resampling
+# 10,000 queries 2,000 times for ten metrics was a seventh of a 100k-judgment re-run.
+NORMAL_FROM = 5_000
 
 
 def bootstrap_ci(
-    values: ArrayLike, *, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
+    values: ArrayLike,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    normal_from: int | None = NORMAL_FROM,
 ) -> tuple[float, float] | None:
     """Percentile bootstrap CI of the mean of ``values`` (None when there are none).
 
     Draws ``n_boot`` resamples with replacement from ``numpy.random.default_rng(seed)``
     and returns the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of
-    their means.
+    their means. From ``normal_from`` values on (None: never), the normal interval instead
+    (see :data:`NORMAL_FROM`).
     """
-    return bootstrap_cis([values], n_boot=n_boot, seed=seed, confidence=confidence)[0]
+    return bootstrap_cis(
+        [values], n_boot=n_boot, seed=seed, confidence=confidence, normal_from=normal_from
+    )[0]
 
 
 def bootstrap_cis(
-    samples: Sequence[ArrayLike], *, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
+    samples: Sequence[ArrayLike],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    normal_from: int | None = NORMAL_FROM,
 ) -> list[tuple[float, float] | None]:
     """:func:`bootstrap_ci` of each sample, the same numbers as one call each, but samples of
     one size share their resampled positions (the same seed draws the same ones): one draw
@@ -48,7 +68,13 @@ def bootstrap_cis(
             by_size.setdefault(d.size, []).append(i)
     out: list[tuple[float, float] | None] = [None] * len(data)
     tail = (1.0 - confidence) / 2.0
+    z = NormalDist().inv_cdf(1.0 - tail)
     for size, members in by_size.items():
+        if normal_from is not None and size >= normal_from:
+            for i in members:
+                mean, half = float(data[i].mean()), z * float(data[i].std(ddof=1)) / size**0.5
+                out[i] = (mean - half, mean + half)
+            continue
         rng = np.random.default_rng(seed)
         means = np.empty((len(members), n_boot))
         step = max(1, _BOOT_BLOCK_CELLS // size)
