@@ -97,6 +97,22 @@ def test_an_entry_that_no_longer_reads_is_a_miss(tmp_path: Path) -> None:
     cache.close()
 
 
+def test_answers_named_by_many_aliases_are_read_in_one_lookup(tmp_path: Path) -> None:
+    """What one query's cached passages are read with: each alias gets its own answer, an
+    alias naming nothing (or an answer this version cannot read) is left for the caller."""
+    cache = Cache(tmp_path / "cache.sqlite")
+    for i in range(3):
+        cache.put(f"k{i}", completion(f"k{i}"), kind="chat", model="m", alias=f"a{i}")
+    cache.put("r", RerankResult(scores=(0.5,)), kind="rerank", model="r", alias="ar")
+    found = cache.get_stored_many(["a2", "a0", "nope", "ar", "a1"], Completion)
+    assert sorted(found) == ["a0", "a1", "a2"]
+    assert all(found[f"a{i}"].value == completion(f"k{i}") for i in range(3))
+    assert [found[f"a{i}"].key for i in range(3)] == ["k0", "k1", "k2"]
+    assert cache.get_stored_many([], Completion) == {}
+    cache.close()
+    assert Cache(None).get_stored_many(["a0"], Completion) == {}
+
+
 def test_disabled_cache_stores_nothing(tmp_path: Path) -> None:
     cache = Cache(None)
     cache.put("k", completion("x"), kind="chat", model="m")

@@ -31,6 +31,7 @@ import random
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -232,6 +233,42 @@ class Cache:
         self.hits += 1
         reading = Reading(row[2], row[3]) if row[2] is not None and row[3] is not None else None
         return Stored(value, reading, row[0])
+
+    def get_stored_many(self, aliases: Sequence[str], model: type[T]) -> dict[str, Stored[T]]:
+        """:meth:`get_stored` by alias for each of ``aliases``, in one query (a cached re-run
+        looks up a query's passages together); the aliases that name no usable answer are
+        left out."""
+        if self._conn is None or not aliases:
+            return {}
+        with self._lock:
+            try:
+                if self._sql is None:
+                    self._sql = _queries(self._conn)
+                if " aliases x " not in self._sql[1]:
+                    return {}
+                sql = (
+                    self._sql[1]
+                    .replace("SELECT ", "SELECT x.key, ", 1)
+                    .replace("x.key = ?", f"x.key IN ({', '.join('?' * len(aliases))})")
+                )
+                rows = self._conn.execute(sql, tuple(aliases)).fetchall()
+            except sqlite3.DatabaseError as exc:
+                self._recover(exc)
+                rows = []
+        found: dict[str, Stored[T]] = {}
+        for alias, key, value, tag, reading in rows:
+            try:
+                answer = model.model_validate_json(value)
+            except ValidationError:
+                log.warning("%s: unreadable cache entry %s treated as a miss", self.path, key[:12])
+                continue
+            found[alias] = Stored(
+                answer,
+                Reading(tag, reading) if tag is not None and reading is not None else None,
+                key,
+            )
+        self.hits += len(found)  # a miss is counted where the caller looks further
+        return found
 
     def contains(self, key: str, *, alias: bool = False) -> bool:
         """Whether an answer is stored under ``key`` (``alias``: named by it)."""

@@ -17,14 +17,14 @@ import asyncio
 import functools
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from judge.calling.answers import CallResult, ChatAnswer, Prompt, Reader, parsed
 from judge.calling.answers import reading as reading_of
-from judge.calling.cache import Cache
+from judge.calling.cache import Cache, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
@@ -125,15 +125,27 @@ class Caller:
         cached = functools.partial(self._cached, key, request, repeat, parse)
         return await self._once(key, cached, fetch, share)
 
-    def cached(self, request: Prompt, repeat: int, parse: Reader[P]) -> ChatAnswer[P] | None:
-        """The cached answer to ``request`` now, without a task or a wait; None when it must
-        be asked (or is being asked) through :meth:`complete`."""
-        key = self.key(request, repeat)
-        if self.chat is None or key in self._inflight:
-            return None
-        hit = self._cached(key, request, repeat, parse)
-        self.stats.cache_hits += hit is not None
-        return hit
+    def cached(
+        self, requests: Sequence[Prompt], repeat: int, parse: Reader[P]
+    ) -> list[ChatAnswer[P] | None]:
+        """The cached answer to each of ``requests`` now, without a task or a wait, looked up
+        together; None for one that must be asked (or is being asked) through :meth:`complete`."""
+        if self.chat is None:
+            return [None] * len(requests)
+        keys = [self.key(r, repeat) for r in requests]
+        found = self.cache.get_stored_many([k for k in keys if k not in self._inflight], Completion)
+        hits: list[ChatAnswer[P] | None] = []
+        for key, request in zip(keys, requests, strict=True):
+            stored = found.get(key)
+            if key in self._inflight:
+                hit = None
+            elif stored is not None:
+                hit = self._read(stored, parse)
+            else:
+                hit = self._cached(key, request, repeat, parse)
+            self.stats.cache_hits += hit is not None
+            hits.append(hit)
+        return hits
 
     async def _once(
         self,
@@ -194,6 +206,13 @@ class Caller:
                 self.cache.add_alias(key, found.key)
         if found is None:
             return None
+        return self._read(found, parse)
+
+    def _read(
+        self, found: Stored[Completion], parse: Callable[[Completion], P] | Reader[P]
+    ) -> ChatAnswer[P]:
+        """A stored answer as read by ``parse``: from its reading when the parser's tag
+        matches, else parsed again (and the new reading stored)."""
         call, reading = (
             CallResult(found.value, cached=True, attempts=0, latency_s=0.0),
             found.reading,

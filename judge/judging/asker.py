@@ -146,9 +146,10 @@ class Asker:
             # Cached answers are read here and now: a task per passage would cost a cached
             # re-run more than reading its answers. The rest are asked concurrently.
             verdicts, asks = [], []
-            for rank, p in enumerate(query.passages, start=1):
-                prompt = self._pointwise_prompt(query, p)
-                hit = self.caller.cached(prompt, repeat, self._point_reader)
+            prompts = [self._pointwise_prompt(query, p) for p in query.passages]
+            hits = self.caller.cached(prompts, repeat, self._point_reader)
+            passages = zip(query.passages, prompts, hits, strict=True)
+            for rank, (p, prompt, hit) in enumerate(passages, start=1):
                 if hit is not None and hit.value is not None:
                     verdicts.append(self._ok(p, rank, hit.value, **_Tally().add(hit.call).fields()))
                 else:
