@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -220,17 +220,19 @@ class Cache:
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
                 row = None
-        if row is None:
-            self.misses += 1
-            return None
+        found = None if row is None else self._stored(row, model)
+        self.hits += found is not None
+        self.misses += found is None
+        return found
+
+    def _stored(self, row: Any, model: type[T]) -> Stored[T] | None:
+        """A row (key, value, reading tag, reading) as stored; None if unreadable as ``model``
+        (written by another version of judge: asked again and overwritten rather than fail)."""
         try:
             value = model.model_validate_json(row[1])
         except ValidationError:
-            # Written by another version of judge: ask again (and overwrite) rather than fail.
-            log.warning("%s: unreadable cache entry %s treated as a miss", self.path, key[:12])
-            self.misses += 1
+            log.warning("%s: unreadable cache entry %s treated as a miss", self.path, row[0][:12])
             return None
-        self.hits += 1
         reading = Reading(row[2], row[3]) if row[2] is not None and row[3] is not None else None
         return Stored(value, reading, row[0])
 
@@ -255,18 +257,8 @@ class Cache:
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
                 rows = []
-        found: dict[str, Stored[T]] = {}
-        for alias, key, value, tag, reading in rows:
-            try:
-                answer = model.model_validate_json(value)
-            except ValidationError:
-                log.warning("%s: unreadable cache entry %s treated as a miss", self.path, key[:12])
-                continue
-            found[alias] = Stored(
-                answer,
-                Reading(tag, reading) if tag is not None and reading is not None else None,
-                key,
-            )
+        stored = {row[0]: self._stored(row[1:], model) for row in rows}
+        found = {alias: hit for alias, hit in stored.items() if hit is not None}
         self.hits += len(found)  # a miss is counted where the caller looks further
         return found
 
