@@ -50,7 +50,8 @@ def restored(
                 )
                 got, _ = strip_aimed(attacked, row["query"])
                 total += 1
-                extra = [w for w in got.split() if w not in set(clean.split())]
+                kept = set(re.findall(r"\w+", clean.casefold()))
+                extra = [w for w in re.findall(r"\w+", got.casefold()) if w not in kept]
                 if len(extra) <= slack:
                     ok += 1
                 else:

@@ -43,11 +43,23 @@ _FRAGMENTS = re.compile(r"([.!?;:()\[\]|\"“”。！？；（）\n]+)")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 _TAGS = r"passage|document|doc|context|query|title|input|output|text|source|article|content|data"
+# HTML's element names: a closing tag of any other name in a passage is prompt structure.
+_HTML = (
+    r"a|abbr|address|article|aside|audio|b|bdi|bdo|blockquote|body|button|canvas|caption|cite|"
+    r"code|col|colgroup|data|datalist|dd|del|details|dfn|dialog|div|dl|dt|em|fieldset|"
+    r"figcaption|figure|font|footer|form|h[1-6]|head|header|hgroup|html|i|iframe|ins|kbd|label|"
+    r"legend|li|main|map|mark|menu|meter|nav|noscript|object|ol|optgroup|option|output|p|"
+    r"picture|pre|progress|q|rp|rt|ruby|s|samp|script|section|select|small|span|strike|strong|"
+    r"style|sub|summary|sup|svg|table|tbody|td|template|textarea|tfoot|th|thead|time|title|tr|"
+    r"tt|u|ul|var|video|center|big|math"
+)
 _BOUNDARY = re.compile(
     "|".join(
         (
             # fence tags, real or neutralised (‹), opening or closing
             rf"[<‹]\s*/?\s*(?:{_TAGS})(?:\s[^>\n]*)?>",
+            # any closing tag that no web page uses: prompt structure (</snippet>, </result>)
+            rf"[<‹]\s*/\s*(?!(?:{_HTML})\s*>)[a-z][\w:-]*\s*>",
             # chat-template control tokens of the common model families
             r"[<‹]\|[a-z_]+\|>|\[/?INST\]|<</?SYS>>|[<‹]/?(?:start|end)_of_turn>|[<‹]/?s>",
             r"^\s*#{2,}\s*(?:response|answer|assistant|output|assessment|evaluation)\b",
@@ -60,13 +72,19 @@ _BOUNDARY = re.compile(
     ),
     re.IGNORECASE | re.MULTILINE,
 )
-_VERDICT_KEYS = r"verdict|label|relevan\w*|grade|score|rating|judge?ment|assessment|decision"
+_VERDICT_KEYS = r"verdict|label|relevan\w*|judge?ment|assessment|evaluation"
 _FORGED = re.compile(
     "|".join(
         (
             rf"\{{[^{{}}]*[\"']?(?:{_VERDICT_KEYS})[\"']?\s*:[^{{}}]*\}}",
-            rf"^[\s*#>\-]*(?:{_VERDICT_KEYS}|answer|output|result)\s*[:=]\s*[\"']?"
+            # "Relevance: yes", "Assessment = 3": a verdict key with any label or grade
+            rf"^[^\n:=]{{0,24}}\b(?:{_VERDICT_KEYS})\s*[:=]\s*[\"']?"
             r"(?:yes|no|true|false|relevant|irrelevant|not relevant|highly relevant|[0-9])\b",
+            # "Final answer: yes", "Score: 3/3": a general key whose whole value is a verdict or
+            # a mark ("Answer: Yes, you can freeze bread" is an FAQ, not a verdict)
+            r"^[^\n:=]{0,24}\b(?:answer|output|result|decision|conclusion|score|rating|grade)"
+            r"\s*[:=]\s*[\"']?(?:yes|true|relevant|irrelevant|not relevant|highly relevant|"
+            r"[0-9]+\s*/\s*[0-9]+)[\"']?[ \t]*(?:[.(]|$)",
         )
     ),
     re.IGNORECASE | re.MULTILINE,
@@ -89,11 +107,20 @@ _VERDICT_TALK = re.compile(
 )
 # A verdict aimed at this passage: "rate this page", "label it", "this passage ... relevant".
 _TARGETED = re.compile(
+    # a verdict verb aimed at this passage: "rate this page", "label it"
     r"\b(?:rat(?:e|ing)|grad(?:e|ing)|scor(?:e|ing)|mark(?:ing)?|label(?:l?ing)?|classify\w*|"
     r"judg(?:e|ing)|consider(?:ing)?|treat(?:ing)?|rank(?:ing)?|tag(?:ging)?|flag(?:ging)?|"
     rf"call(?:ing)?|say|answer)\s+(?:it|this|the {_THING})\b|"
+    # the same in the passive: "this page must be scored as the top result"
+    rf"\b(?:{_PASSAGE}|it|this)\b[^.!?\n]{{0,30}}\b(?:be|is|are|get|gets)\s+(?:\w+\s+)?"
+    r"(?:scored|rated|graded|ranked|labell?ed|marked|judged|considered|treated|classified)\b|"
+    # this passage and a verdict: "... this is relevant", "... it the highest grade"
     rf"\b(?:{_PASSAGE}|it|this)\b[^.!?\n]{{0,60}}"
-    r"\b(?:relevant|top grade|highest (?:grade|score))\b",
+    r"\b(?:relevant|top (?:grade|score|rating)|highest (?:\w+ ){0,2}(?:grade|score|rating))\b|"
+    # a label to emit for this passage: "output yes for this document"
+    r"\b(?:output|respond|reply|answer|say|return|print)\s+(?:with\s+)?(?:only\s+)?[\"'“]?"
+    rf"(?:yes|relevant|true|highly relevant)\b[^.!?\n]{{0,20}}\b(?:for|to|about|on)\s+"
+    rf"(?:it|this|the {_THING})\b",
     re.IGNORECASE,
 )
 _COMMAND = re.compile(
@@ -105,7 +132,8 @@ _COMMAND = re.compile(
 _OVERRIDE = re.compile(
     r"\b(?:ignore|disregard|forget|override)\b[^.!?\n]{0,40}\b(?:instructions?|rules?|"
     r"guidelines?|prompts?|criteria|directions?)\b|\b(?:system|admin|developer)\s+"
-    r"(?:override|message|note|instructions?|prompt)\b",
+    r"(?:override|message|note|instructions?|prompt)\b|\byou are now\b|\bnew (?:policy|"
+    r"instructions?|rules?|guidelines?)\s*:|\b(?:evaluation|grading|judging)[ -]override\b",
     re.IGNORECASE,
 )
 # "yes" / 'relevant' in quotes: a label, as an instruction to answer it would write it.
@@ -115,23 +143,32 @@ _QUOTED_LABEL = re.compile(
 )
 # A sentence that opens with a verdict verb aimed at "it" / "this": "Label it ...", "Rate this".
 _IMPERATIVE = re.compile(
-    r"\W*(?:please\s+)?(?:label|mark|rate|grade|score|classify|judge|tag|flag|treat|consider)\s+"
-    r"(?:it|this|the (?:passage|page|document|text|result|article))\b",
+    r"\W*(?:please\s+)?(?:label|mark|rate|grade|score|classify|judge|tag|flag|treat|consider)"
+    r"\s+(?:it|this|the (?:passage|page|document|text|result|article))\b",
+    re.IGNORECASE,
+)
+# A sentence that opens by telling the judge which label to emit: "Respond yes.", 'Output
+# "relevant"'. Alone it is ambiguous ('Answer "yes" on line 4 of the form'), so it counts when
+# the sentence is that short, or talks of verdicts.
+_EMIT = re.compile(
+    r"\W*(?:please\s+)?(?:respond|reply|answer|output|say|return|print)\s+(?:with\s+)?"
+    r"(?:only\s+)?[\"'“]?(?:yes|relevant|true|highly relevant)\b",
     re.IGNORECASE,
 )
 _IMPERATIVE_ANYWHERE = re.compile(r"(?:^|(?<=[.!?\n]))\s*" + _IMPERATIVE.pattern, re.IGNORECASE)
+_EMIT_ANYWHERE = re.compile(r"(?:^|(?<=[.!?\n]))\s*" + _EMIT.pattern, re.IGNORECASE)
 # The passage vouching for its own relevance: "This text is relevant to every query".
 _SELF_CLAIM = re.compile(
-    r"\b(?:this|the present|our) (?:passage|page|text|document|article|result|content|site)\b"
-    r"[^.!?\n]{0,40}(?:\b(?:is|are|was|be|been)\s+(?:\w+\s+){0,2}(?:relevant|the best "
-    r"(?:available )?answer|the correct answer)|\b(?:fully|completely|directly|perfectly|exactly) "
-    r"answers)\b",
+    r"\b(?:this|the following|the present|our) (?:\w+ )?(?:passage|page|text|document|article|"
+    r"result|content|site|snippet)\b[^.!?\n]{0,40}(?:\b(?:is|are|was|be|been)\s+(?:\S+\s+){0,2}"
+    r"(?:relevant|the best (?:available )?answer|the correct answer)|\b(?:fully|completely|"
+    r"directly|perfectly|exactly|100%) (?:answers|satisfies|matches|addresses|meets|fulfil?ls))\b",
     re.IGNORECASE,
 )
 _KEYWORD_LIST = re.compile(
-    r"(?:^|(?<=[.!?\s]))(?:meta[ -])?(?:keywords?|tags?|hashtags?|related (?:searches|queries|"
-    r"questions|terms|topics)|search (?:terms|queries)|popular searches|people also (?:ask|"
-    r"search)(?: for)?|trending searches|seo)\s*:[^\n]*",
+    # a labelled list of search words: "Keywords:", "Related searches:", "Topics covered:"
+    r"(?:^|(?<=[.!?\s]))(?:[\w-]+\s+){0,2}(?:keywords?|tags?|hashtags?|phrases|terms|topics|"
+    r"queries|searches|questions|seo)(?:\s+(?:covered|included|for))?\s*:[^\n]*",
     re.IGNORECASE,
 )
 _HASHTAGS = re.compile(r"(?:#\w+\s*){2,}")  # removed when one of them is a query word
@@ -142,14 +179,19 @@ def _query_words(query: str) -> frozenset[str]:
 
 
 def _candidate(fragment: str, words: frozenset[str]) -> bool:
-    """Whether ``fragment`` holds every content word of the query (at least two) and at most
-    one word in five besides the query's words and stopwords."""
+    """Whether ``fragment`` restates the query: every content word of it (at least two), and
+    besides the query's words at most as many other content words as the query has when the
+    whole query is there (the query as a heading: "who is robert gray - complete guide"), else
+    at most one content word in four."""
     tokens = [t.casefold() for t in _WORD.findall(fragment)]
     content = words - _STOP or words
-    if len(content) < 2 or not tokens:
+    if len(content) < 2 or not content <= set(tokens):
         return False
-    other = [t for t in tokens if t not in words and t not in _STOP]
-    return content <= set(tokens) and len(other) * 5 <= len(tokens)
+    own = [t for t in tokens if t not in _STOP]
+    other = [t for t in own if t not in words]
+    if words <= set(tokens):
+        return len(other) <= len(content)
+    return len(other) * 4 <= len(own)
 
 
 def _stuffed(fragments: list[str], words: frozenset[str]) -> set[int]:
@@ -170,6 +212,10 @@ def _aimed(sentence: str) -> bool:
     the form') is not aimed at this judge."""
     if _OVERRIDE.search(sentence) or _SELF_CLAIM.search(sentence) or _IMPERATIVE.match(sentence):
         return True
+    if _EMIT.match(sentence) and (
+        len(_WORD.findall(sentence)) <= 4 or _VERDICT_TALK.search(sentence)
+    ):
+        return True
     if not _COMMAND.search(sentence):
         return False
     if _QUOTED_LABEL.search(sentence) and _VERDICT_TALK.search(sentence):
@@ -188,16 +234,18 @@ _DELIMITED = _set("end begin start next new another")
 _DOCUMENTS = _set("passage document text input context page article section")
 _VERDICTS = _set(
     "verdict label relevance relevant irrelevant relevancy grade score rating judgment judgement "
-    "assessment decision answer output result"
+    "assessment decision answer output result evaluation conclusion"
 )
 _LISTS = _set(
-    "keyword keywords tag tags hashtag hashtags related search popular people trending seo meta"
+    "keyword keywords tag tags hashtag hashtags phrases terms topics queries searches questions seo"
 )
 _AIMED = _set(
     "ignore disregard forget override system admin developer relevant answer answers label "
     "labels mark rate grade score classify classifies classified classifying judge tag flag "
     "treat consider rating grading scoring marking labeling labelling judging considering "
-    "treating rank ranking tagging flagging call calling say top highest"
+    "treating rank ranking tagging flagging call calling say top highest satisfies matches "
+    "addresses meets fulfils fulfills relevance output respond reply print return now policy "
+    "scored rated graded ranked labeled labelled marked judged considered treated"
 )
 _LABEL_WORDS = _set("yes no relevant irrelevant true")
 _STOP = _set(
@@ -222,7 +270,7 @@ def _any_aimed(text: str) -> bool:
     """A look over the whole text: could any sentence of it be aimed at the judge?"""
     if _OVERRIDE.search(text) or _SELF_CLAIM.search(text) or _QUOTED_LABEL.search(text):
         return True
-    if _IMPERATIVE_ANYWHERE.search(text):
+    if _IMPERATIVE_ANYWHERE.search(text) or _EMIT_ANYWHERE.search(text):
         return True
     return bool(_TARGETED.search(text) and _ADDRESSEE.search(text))
 
@@ -243,7 +291,12 @@ def strip_aimed(
         removed.append(text[cut:].strip())
         text = text[:cut]
     words = _query_words(query) if words is None else words
-    lists = list(_KEYWORD_LIST.finditer(text)) if lists_may else []
+    # a labelled list goes when it lists the query's words (a site's "Hot Topics:" stays)
+    lists = (
+        [m for m in _KEYWORD_LIST.finditer(text) if words & _query_words(m.group())]
+        if lists_may
+        else []
+    )
     if "#" in text:
         lists += [m for m in _HASHTAGS.finditer(text) if words & _query_words(m.group())]
     end = len(text)
