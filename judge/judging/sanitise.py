@@ -195,14 +195,11 @@ def _candidate(fragment: str, words: frozenset[str]) -> bool:
 
 
 def _stuffed(fragments: list[str], words: frozenset[str]) -> set[int]:
-    """The fragments (by index) that are the query's words over again: each one that holds
-    every word of the query in some order, and all candidates when there are two or more. A
-    single heading naming the query's subject ("Social Determinants of Health" for "what are
-    the social determinants of health") is kept."""
+    """The fragments (by index) that are the query's words over again, when there are two or
+    more: stuffing repeats. One restatement is what honest pages do ("How long do tortoises
+    live? Most species..."; a heading "Social Determinants of Health"), and it stays."""
     found = {i for i, f in enumerate(fragments) if i % 2 == 0 and _candidate(f, words)}
-    if len(found) >= 2:
-        return found
-    return {i for i in found if words <= {t.casefold() for t in _WORD.findall(fragments[i])}}
+    return found if len(found) >= 2 else set()
 
 
 def _aimed(sentence: str) -> bool:
@@ -322,9 +319,25 @@ def strip_aimed(
             text = re.sub(r"\(\s*\)|\[\s*\]|（\s*）", "", text)
             text = re.sub(r"^[\s.!?;:,]+", "", text)
             text = re.sub(r"([.!?;:])(?:\s*[.!?;:])+", r"\1", text)
+        text = _repeats(text, query, removed)
     if not removed:
         return text, removed
     return re.sub(r"[ \t]{2,}", " ", text).strip(), [r for r in removed if r]
+
+
+def _repeats(text: str, query: str, removed: list[str]) -> str:
+    """``text`` without the query, word for word, where it is there more than once (inside
+    sentences: "learn all about X, X tips and X facts"); a passage that names the query once
+    keeps it. What goes is added to ``removed``."""
+    spelled = _WORD.findall(query)
+    if len(spelled) < 2:
+        return text
+    pattern = re.compile(r"\b" + r"\W{1,3}".join(map(re.escape, spelled)) + r"\b", re.IGNORECASE)
+    found = pattern.findall(text)
+    if len(found) < 2:
+        return text
+    removed += found
+    return re.sub(r"\s+([,.;:!?])", r"\1", pattern.sub("", text))
 
 
 def sanitise(passage: Passage, query: str, words: frozenset[str] | None = None) -> Passage:
