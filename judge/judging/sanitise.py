@@ -195,11 +195,16 @@ def _candidate(fragment: str, words: frozenset[str]) -> bool:
 
 
 def _stuffed(fragments: list[str], words: frozenset[str]) -> set[int]:
-    """The fragments (by index) that are the query's words over again, when there are two or
-    more: stuffing repeats. One restatement is what honest pages do ("How long do tortoises
-    live? Most species..."; a heading "Social Determinants of Health"), and it stays."""
+    """The fragments (by index) that are the query's words over again: all of them when there
+    are two or more (stuffing repeats), else one that holds every word of the query (the query
+    restated: a heading, an FAQ's opening question). A restated query is no evidence that a
+    passage answers it, and the judge has the query already: the answer, if any, stays. A
+    fragment naming only the query's subject ("Social Determinants of Health" for "what are
+    the social determinants of health") stays."""
     found = {i for i, f in enumerate(fragments) if i % 2 == 0 and _candidate(f, words)}
-    return found if len(found) >= 2 else set()
+    if len(found) >= 2:
+        return found
+    return {i for i in found if words <= {t.casefold() for t in _WORD.findall(fragments[i])}}
 
 
 def _aimed(sentence: str) -> bool:
