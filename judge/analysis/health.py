@@ -151,10 +151,11 @@ KNOWN_WEAK: dict[str, str] = {
     "embedded-cascade": (
         "Most labels here come from the embedded reranker of the judge cascade, the rest from "
         "the embedded 0.5B LLM. On human-labelled TREC DL passages the cascade ranks them "
-        "usefully (AUC about 0.68, kappa about 0.31 at a calibrated cut), but only in English, "
-        "and a passage that repeats the query's words or carries a fake verdict fools it (it "
-        "then labels an irrelevant passage relevant in most cases). Use it to try the tool; "
-        "for numbers you publish, use a capable model (provider openai, dashscope or local)."
+        "usefully (AUC about 0.68, kappa about 0.31 at a calibrated cut), but only in English "
+        "and on a sample of 80 pairs. Passages are sanitised first, so the injections we tried "
+        "no longer move it, but what the sanitiser misses the reranker takes at face value. "
+        "Use it to try the tool; for numbers you publish, use a capable model (provider "
+        "openai, dashscope or local)."
     ),
 }
 
