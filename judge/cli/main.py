@@ -110,6 +110,11 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         print(f"  {engine}: {shown}")
     if summary.cascade is not None:
         print(summary.cascade.line())
+    if c.sanitised:
+        print(
+            f"sanitised: {c.sanitised} passage(s) carried text aimed at the judge, taken out "
+            'before judging ("removed" in verdicts.jsonl)'
+        )
     if summary.health.degenerate:  # DESIGN rule 10: said where nobody can miss it
         print(
             "judge: WARNING: the judge is degenerate; these metrics are not informative:",

@@ -84,6 +84,13 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
             f"{c.queries} queries ({c.query_ids} ids, engines: {', '.join(c.engines)}), "
             f"{c.repeats} repeat(s), {c.verdicts} verdicts: {c.ok} ok, "
             f"{c.unparsed} unparsed, {c.error} error."
+            + (
+                f" {c.sanitised} passage(s) carried text aimed at the judge (instructions, "
+                "forged fences or verdicts, the query stuffed in), taken out before judging; "
+                'verdicts.jsonl lists it under "removed".'
+                if c.sanitised
+                else ""
+            )
         ),
         Text(
             f"Tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; cost "

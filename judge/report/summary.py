@@ -36,7 +36,7 @@ from judge.config import RunConfig
 from judge.errors import InputError
 from judge.metrics.compute import is_label_based, parse_metric_name
 from judge.metrics.coverage import ASPECT_METRICS
-from judge.metrics.sources import lower_is_better, needs_no_judge
+from judge.metrics.sources import needs_no_judge
 from judge.report.legacy import V1Defaults, from_v1
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
 from judge.run.runner import RunOutcome
@@ -63,6 +63,7 @@ class Counts(Record):
     unparsed_rate: float
     empty_queries: int
     cached_verdicts: int
+    sanitised: int = 0  # distinct passages that had text aimed at the judge taken out
 
 
 class UsageSummary(Record):
@@ -192,6 +193,14 @@ def counts(results: Sequence[JudgedQuery]) -> Counts:
         unparsed_rate=_rate(status["unparsed"], total),
         empty_queries=sum(1 for jq in results if not jq.verdicts),
         cached_verdicts=sum(1 for jq in results for v in jq.verdicts if v.cached),
+        sanitised=len(
+            {
+                (q.query_id, q.engine, p.id)
+                for q in (jq.query for jq in results)
+                for p in q.passages
+                if p.removed
+            }
+        ),
     )
 
 
@@ -283,6 +292,8 @@ def build_summary(
         queries=rows,
         label_scale=None if labels == config.scale() else labels,
     )
+    from judge.report.thresholds import check_thresholds  # it reads a baseline summary
+
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
 
 
@@ -347,54 +358,3 @@ _V1 = V1Defaults(
     metric=dict.fromkeys(MetricSummary.model_fields)
     | {"per_repeat": [], "n_defined": 0, "n_undefined": 0},
 )
-
-
-def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
-    """Compare the summary with [thresholds]; a breach makes ``judge run`` exit 1."""
-    th, c = config.thresholds, summary.counts
-    checks = [_at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate)]
-    for engine, data in summary.engines.items():
-        for kind, metric, limit in th.bounds():
-            mean = data.mean(metric)
-            ok = mean is not None and (mean >= limit if kind == "min" else mean <= limit)
-            check = Check(check=f"{kind} {metric}", value=mean, limit=limit, ok=ok, engine=engine)
-            checks.append(check)
-    if th.baseline and th.max_drop and not Path(th.baseline).exists():
-        # The first night has no baseline yet: say so in the report instead of failing.
-        note = f"{th.baseline} not found: drop checks skipped"
-        checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
-    elif th.baseline and th.max_drop:
-        checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
-    if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
-        problems = " ".join(summary.health.problems) or "not degenerate"
-        ok = not summary.health.degenerate
-        checks.append(Check(check="degenerate judge", value=None, limit=None, ok=ok, note=problems))
-    return ThresholdResult.of(checks)
-
-
-def _at_most(name: str, value: float, limit: float) -> Check:
-    return Check(check=name, value=value, limit=limit, ok=value <= limit)
-
-
-def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
-    """Each engine's fall against the baseline (rise: lower-is-better), per metric it has."""
-    checks = []
-    for engine, data in summary.engines.items():
-        for metric, limit in max_drop.items():
-            before = base.engines[engine].mean(metric) if engine in base.engines else None
-            if before is None:
-                continue
-            now, rise = data.mean(metric), lower_is_better(metric)
-            drop = (now - before if rise else before - now) if now is not None else None
-            checks.append(
-                Check(
-                    check=f"{'rise' if rise else 'drop'} {metric}",
-                    value=drop,
-                    limit=limit,
-                    ok=drop is not None and drop <= limit,
-                    engine=engine,
-                    baseline=before,
-                    current=now,
-                )
-            )
-    return checks
