@@ -247,6 +247,11 @@ def test_a_stored_reading_is_trusted_only_under_its_own_parser_tag(
         for key, _, _ in rows:
             cache.set_reading(key, reading)
         cache.close()
+        # Whole queries' verdicts read from the old readings (judging/memo.py) go too: a
+        # parser of other code is another judge version, which never finds this one's sets.
+        with sqlite3.connect(path) as conn:
+            conn.execute("DELETE FROM verdict_sets")
+        conn.close()
 
     # The reading says "no" while the stored answer says "yes": a hit takes the reading as is.
     keep(Reading(tag, Parsed(label="no", grade=0, reason="kept").model_dump_json()))

@@ -15,6 +15,11 @@ by an older judge) or with another tag is simply parsed again. The alias table a
 columns were added to the first schema: older files gain them when opened; an older judge
 reads and writes the answers as it always did, and leaves the readings empty.
 
+A *verdict set* is a whole query's verdicts, read from answers stored here
+(:mod:`judge.judging.memo`), so a cached re-run reads one row per query. It is an index, never
+the only copy of anything: a set that cannot be stored is skipped, and clearing or pruning
+answers, or replacing one under its key, drops every set.
+
 One connection per process, guarded by a lock, serves every task of that process; WAL and
 a busy timeout let two processes share the file. Each ``put`` commits at once, so a killed
 run loses only the calls that were in flight.
@@ -27,7 +32,6 @@ only saves money, so losing it must not stop a run. ``judge cache check`` report
 from __future__ import annotations
 
 import logging
-import random
 import sqlite3
 import threading
 import time
@@ -38,28 +42,13 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from judge.calling.cache_file import answer_queries, damaged, open_file
 from judge.config import RunConfig
 from judge.errors import CacheError
 from judge.schema import Record
 
 T = TypeVar("T", bound=BaseModel)
 log = logging.getLogger(__name__)
-_BUSY_S = 30.0  # how long a writer waits for another process's lock before failing
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS answers (
-    key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    model TEXT NOT NULL,
-    value TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS answers_created ON answers(created);
-"""
-# Added since the first schema: the parsed answer and the tag of the parser that read it,
-# and the table of aliases.
-_READING_COLUMNS = ("reading_tag", "reading")
-_ALIASES = "CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, target TEXT NOT NULL)"
 
 
 @dataclass(frozen=True)
@@ -77,63 +66,6 @@ class CacheStats(Record):
     by_model: dict[str, int]
     oldest: float | None
     newest: float | None
-
-
-def _open(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
-    """A connection in WAL mode with the schema in place.
-
-    Switching a new file to WAL does not wait for a busy lock as other statements do, so two
-    runs starting at once on a fresh cache would fail with "database is locked": retried here.
-    """
-    deadline = time.monotonic() + wait_s
-    while True:
-        conn = sqlite3.connect(path, timeout=wait_s, check_same_thread=False, isolation_level=None)
-        try:
-            conn.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            _upgrade(conn)
-            return conn
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(random.uniform(0.005, 0.05))
-        except BaseException:
-            conn.close()
-            raise
-
-
-def _upgrade(conn: sqlite3.Connection) -> None:
-    """Give a file made by an older judge the reading columns and the alias table. Another
-    process may be adding them at the same moment (then SQLite says they exist, which is as
-    good); a read-only file keeps its schema and is read without them (see :func:`_queries`)."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
-    steps = [f"ALTER TABLE answers ADD COLUMN {c} TEXT" for c in _READING_COLUMNS if c not in have]
-    for step in [*steps, _ALIASES]:
-        try:
-            conn.execute(step)
-        except sqlite3.OperationalError as exc:
-            if "duplicate column" not in str(exc) and "readonly" not in str(exc):
-                raise
-
-
-def _queries(conn: sqlite3.Connection) -> tuple[str, str]:
-    """The queries for an answer by key and by alias: (key, value, reading tag, reading), with
-    NULLs for what a file without the newer columns or table lacks."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
-    columns = ", ".join(f"a.{c}" if c in have else "NULL" for c in _READING_COLUMNS)
-    by_key = f"SELECT a.key, a.value, {columns} FROM answers a WHERE a.key = ?"
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    by_alias = (
-        f"SELECT a.key, a.value, {columns} FROM aliases x JOIN answers a ON a.key = x.target "
-        "WHERE x.key = ?"
-        if "aliases" in tables
-        else "SELECT NULL, NULL, NULL, NULL WHERE 0 AND ? IS NULL"
-    )
-    return by_key, by_alias
 
 
 @dataclass(frozen=True)
@@ -163,12 +95,12 @@ class Cache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._conn = _open(self.path)
+                self._conn = open_file(self.path)
             except sqlite3.DatabaseError as exc:
-                if not (_damaged(exc) and recover):
+                if not (damaged(exc) and recover):
                     raise
                 self._move_aside(exc)
-                self._conn = _open(self.path)
+                self._conn = open_file(self.path)
         except (sqlite3.Error, OSError) as exc:
             raise CacheError(f"{self.path}: cannot open cache: {exc}") from None
 
@@ -192,11 +124,11 @@ class Cache:
 
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
         """A read or write met a damaged page: start over with a fresh file."""
-        if not (_damaged(exc) and self.recover):
+        if not (damaged(exc) and self.recover):
             raise CacheError(f"{self.path}: {exc}") from None
         self._move_aside(exc)
         assert self.path is not None
-        self._conn = _open(self.path)
+        self._conn = open_file(self.path)
         self._sql = None
 
     @property
@@ -215,7 +147,7 @@ class Cache:
         with self._lock:
             try:
                 if self._sql is None:
-                    self._sql = _queries(self._conn)
+                    self._sql = answer_queries(self._conn)
                 row = self._conn.execute(self._sql[alias], (key,)).fetchone()
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
@@ -245,7 +177,7 @@ class Cache:
         with self._lock:
             try:
                 if self._sql is None:
-                    self._sql = _queries(self._conn)
+                    self._sql = answer_queries(self._conn)
                 if " aliases x " not in self._sql[1]:
                     return {}
                 sql = (
@@ -262,6 +194,33 @@ class Cache:
         self.hits += len(found)  # a miss is counted where the caller looks further
         return found
 
+    def get_verdict_set(self, key: str) -> str | None:
+        """The verdicts of a whole query stored under ``key`` (judging/memo.py), or None."""
+        if self._conn is None:
+            return None
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT value FROM verdict_sets WHERE key = ?", (key,)
+                ).fetchone()
+            except sqlite3.OperationalError:  # a read-only file from before the table
+                return None
+            except sqlite3.DatabaseError as exc:
+                self._recover(exc)
+                return None
+        return None if row is None else str(row[0])
+
+    def put_verdict_set(self, key: str, value: str) -> None:
+        """Store a whole query's verdicts under ``key``: an index over answers already stored,
+        so a failure to write it (a read-only file) loses nothing and is not an error."""
+        if self._conn is None:
+            return
+        try:
+            sql = "INSERT OR REPLACE INTO verdict_sets(key, value) VALUES (?,?)"
+            self._write(sql, (key, value))
+        except CacheError as exc:
+            log.debug("%s: verdict set not stored: %s", self.path, exc)
+
     def contains(self, key: str, *, alias: bool = False) -> bool:
         """Whether an answer is stored under ``key`` (``alias``: named by it)."""
         if self._conn is None:
@@ -269,7 +228,7 @@ class Cache:
         with self._lock:
             try:
                 if self._sql is None:
-                    self._sql = _queries(self._conn)
+                    self._sql = answer_queries(self._conn)
                 row = self._conn.execute(self._sql[alias], (key,)).fetchone()
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
@@ -296,7 +255,10 @@ class Cache:
             "INSERT OR REPLACE INTO answers(key, kind, model, value, created, reading_tag, reading)"
             " VALUES (?,?,?,?,?,?,?)"
         )
+        replacing = self.contains(key)
         self._write(sql, row)
+        if replacing:  # another answer under this key: a set read from the old one is stale
+            self._write("DELETE FROM verdict_sets", ())
         if alias is not None:
             self.add_alias(alias, key)
 
@@ -318,7 +280,7 @@ class Cache:
             try:
                 self._conn.execute(sql, row)
             except sqlite3.DatabaseError as exc:
-                if type(exc) is not sqlite3.DatabaseError and not _damaged(exc):
+                if type(exc) is not sqlite3.DatabaseError and not damaged(exc):
                     raise CacheError(f"{self.path}: cannot write cache: {exc}") from None
                 self._recover(exc)
                 assert self._conn is not None
@@ -369,6 +331,9 @@ class Cache:
         with self._lock:
             count = self._conn.execute(sql, args).rowcount
             self._conn.execute("DELETE FROM aliases WHERE target NOT IN (SELECT key FROM answers)")
+            # Sets of verdicts are read from answers: any answer gone may be one of theirs.
+            if count:
+                self._conn.execute("DELETE FROM verdict_sets")
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.execute("VACUUM")
         return int(count)
@@ -378,12 +343,6 @@ class Cache:
             with self._lock:
                 self._conn.close()
             self._conn = None
-
-
-def _damaged(exc: sqlite3.DatabaseError) -> bool:
-    """Whether SQLite says the file itself is damaged (not: locked, full, read-only)."""
-    text = str(exc).lower()
-    return "malformed" in text or "not a database" in text or "corrupt" in text
 
 
 def open_cache(where: RunConfig | str | Path | None) -> Cache:

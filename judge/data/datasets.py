@@ -49,6 +49,7 @@ from judge.data.passages import (
 )
 from judge.data.results import REPEAT_POLICIES, append_result, read_qrels, read_results, write_qrels
 from judge.data.trec import read_trec_run
+from judge.compact import share_fields_sets
 from judge.errors import InputError, JudgeError
 from judge.schema import Passage, Query
 
@@ -256,6 +257,7 @@ def _load(
             row.bad("query_id", f"{what} (first on line {first[query.key]})")
             continue
         first[query.key] = n
+        share_fields_sets((query, *query.passages))
         queries.append(query)
     for key, n in sorted(unused.items()):
         sink.note(f"field '{key}' is not used (first seen on line {n}); see columns", name)

@@ -106,6 +106,13 @@ class Asker:
             Parsed.model_validate_json,
         )
 
+    def identity(self) -> str:
+        """What decides this asker's verdicts besides the query, its passages and the cached
+        answers: its prompts' shared digests, the parser's tag and how it asks."""
+        how = (self.mode, self.reask, self.schema_per_list, self.language)
+        parts = (self._keys.identity, self._point_keys.identity, self._point_reader.tag, repr(how))
+        return "\x00".join(parts)
+
     def _pointwise_prompt(self, query: Query, passage: Passage) -> Prompt:
         def render() -> ChatRequest:
             messages = self.pointwise_template.render_pointwise(

@@ -28,12 +28,13 @@ from judge.judging.context import (
 )
 from judge.judging.dimensions import Aspects, Dimensions, aspect_fields, with_aspects
 from judge.judging.many import PassageLike, QueryRow, as_passages, as_query, judge_many
+from judge.judging.memo import VerdictMemo
 from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
 from judge.judging.sanitise import sanitise_query
 from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.metrics.compute import metrics_for_queries
-from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
+from judge.providers import make_chat_provider, rerank_provider, resolve_spec
 from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
 from judge.schema import (
     BUILTIN_SCALES,
@@ -62,20 +63,6 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
 def _implied_schema(params: SamplingParams) -> bool:
     """Whether the answer schema is the one the scale implies (asked for, none given)."""
     return params.response_format == "json_schema" and params.json_schema is None
-
-
-def _reranker(
-    rerank: str | ProviderSpec | RerankProvider | None, model: str | None
-) -> RerankProvider | None:
-    if rerank is None:
-        return None
-    if model is None:
-        raise ConfigError("rerank_model is required with a rerank provider")
-    if isinstance(rerank, ProviderSpec):
-        return make_rerank_provider(rerank)
-    if isinstance(rerank, str):
-        return make_rerank_provider(resolve_spec(rerank, {}))
-    return rerank
 
 
 class Judge:
@@ -134,7 +121,7 @@ class Judge:
         self.params = with_schema(params or DEFAULT_PARAMS, scale, mode, shape)
         # A listwise judge's pointwise fallback needs the pointwise answer schema.
         pointwise_params = with_schema(params or DEFAULT_PARAMS, scale, "pointwise", shape)
-        reranker = _reranker(rerank, rerank_model)
+        reranker = rerank_provider(rerank, rerank_model)
         cache = open_cache(cache) if isinstance(cache, str | Path) else cache
         self._cache, self._chat, self._reranker = cache, chat, reranker
         self.rerank_model = rerank_model
@@ -157,6 +144,9 @@ class Judge:
         )
         self.dimensions = Dimensions.of(nuggets, credibility, self, template_dir)
         self.policy = self.dimensions.metric_policy(metrics) if self.dimensions else metrics
+        plain = self.cascade is None and self._reranker is None and self.dimensions is None
+        how = repr((sanitise, context_tokens, self.params.max_tokens))
+        self.memo = VerdictMemo(self.caller, f"{self.asker.identity()}\x00{how}") if plain else None
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
@@ -244,7 +234,11 @@ class Judge:
         repeat: int = 0,
     ) -> Judged:
         """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once."""
-        query = self.fit(as_query(query, passages))
+        query = as_query(query, passages)
+        if self.memo is not None:  # a plain judge: verdicts alone, read whole when stored
+            fitted, found = await self.memo.verdicts(query, repeat, self.fit, self.asker.verdicts)
+            return (fitted, repeat, found, None, None)
+        query = self.fit(query)
         if self.cascade is not None:
             ask = self.asker.verdicts
             routed, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))

@@ -44,7 +44,7 @@ from judge.judging.prompts import PromptTemplate
 from judge.schema import Passage, Query, SamplingParams, Scale
 from judge.version import __version__
 
-__all__ = ["FENCED", "PromptKeys", "parser_tag", "passage_fields"]
+__all__ = ["FENCED", "PromptKeys", "code_digest", "parser_tag", "passage_fields"]
 
 SCHEME = "judge-prompt-1"
 # The Passage fields ``fence`` shows (checked against fence itself when keys are built).
@@ -193,7 +193,7 @@ class PromptKeys:
         self.fields = tuple(f for f in self.fields if f != "id")
         self._base = _digest(
             SCHEME,
-            _code((prompts,)),
+            code_digest((prompts,)),
             jinja2.__version__,
             template.name,
             template.mode,
@@ -205,6 +205,11 @@ class PromptKeys:
             model,
             params.model_dump_json(),
         )
+
+    @property
+    def identity(self) -> str:
+        """A digest of everything the prompts share (all but the query and passages)."""
+        return self._base.hexdigest()
 
     def pointwise(self, query: Query, passage: Passage) -> str:
         """The digest of the pointwise prompt for ``passage``."""
@@ -220,7 +225,7 @@ class PromptKeys:
 
 
 @cache
-def _code(modules: tuple[ModuleType, ...]) -> str:
+def code_digest(modules: tuple[ModuleType, ...]) -> str:
     """A digest of the modules' source; a fresh random one when a source cannot be read (then
     nothing keyed by it is ever found again)."""
     h = _digest(__version__)
@@ -234,4 +239,4 @@ def _code(modules: tuple[ModuleType, ...]) -> str:
 
 def parser_tag(mode: str, scale: Scale, ids: Sequence[str] = ()) -> str:
     """The tag of the parser reading a ``mode`` answer on ``scale`` (listwise: for ``ids``)."""
-    return _digest(mode, _code(_PARSING), scale.model_dump_json(), *ids).hexdigest()
+    return _digest(mode, code_digest(_PARSING), scale.model_dump_json(), *ids).hexdigest()

@@ -61,7 +61,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from judge.errors import ProviderConfigError
+from judge.errors import ConfigError, ProviderConfigError
 from judge.providers.base import (
     ChatProvider,
     ProviderSpec,
@@ -76,6 +76,7 @@ __all__ = [
     "make_chat_provider",
     "make_rerank_provider",
     "planning_only",
+    "rerank_provider",
     "resolve_spec",
 ]
 
@@ -246,3 +247,18 @@ def make_rerank_provider(spec: ProviderSpec) -> RerankProvider:
             f"provider kind '{spec.kind}' is not a reranker (rerank kinds: {', '.join(_RERANK)})"
         )
     return factory(spec)
+
+
+def rerank_provider(
+    rerank: str | ProviderSpec | RerankProvider | None, model: str | None
+) -> RerankProvider | None:
+    """The reranker a Judge is given (a provider name, a spec or a provider), or None."""
+    if rerank is None:
+        return None
+    if model is None:
+        raise ConfigError("rerank_model is required with a rerank provider")
+    if isinstance(rerank, ProviderSpec):
+        return make_rerank_provider(rerank)
+    if isinstance(rerank, str):
+        return make_rerank_provider(resolve_spec(rerank, {}))
+    return rerank

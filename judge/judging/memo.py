@@ -1,0 +1,120 @@
+"""A query's verdicts remembered whole, so a cached re-run reads one record per query.
+
+A re-run whose every answer is cached gives each query the same verdicts it gave last time:
+they are a pure function of the query, its passages, the judge's settings and code, and the
+stored answers. So once a query's verdicts all came from the cache, they are stored together
+(with the query's passages as the judge saw them, where sanitising or the context window
+changed them) in the cache file's ``verdict_sets`` table, and the next run reads that one
+record instead of fitting, keying, looking up, reading and tallying every passage: at 100,000
+judgments that is most of a cached re-run's time.
+
+The key covers everything the verdicts depend on besides the stored answers: the judge
+version and the source of the modules that sanitise, fit, ask, parse and build the records;
+the asker's identity (its prompts' shared digests, the parser's tag, mode, re-asking); the
+provider's identity; the sanitising and context settings; the repeat; and every field of the
+query text and its passages. A set is written only from verdicts that were all ``ok`` and all
+read from the cache, never from a fresh call (whose attempts and latency a re-run would not
+repeat), and only by a plain judge: a cascade, a rerank provider or coverage and credibility
+have inputs of their own, and go the long way. Clearing or pruning the cache drops every set,
+since any answer gone may be one of theirs. A set that does not read back as this query's
+verdicts (another version's, or a damaged row) is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from judge import schema
+from judge.calling.caller import Caller
+from judge.compact import share_fields_sets
+from judge.judging import asker, context, sanitise, sanitise_zh, verdicts
+from judge.judging.keys import code_digest
+from judge.schema import Passage, Query, Record, Verdict
+
+SCHEME = "judge-verdict-set-1"
+_FIELDS = tuple(Passage.model_fields)
+
+
+class _Set(Record):
+    verdicts: tuple[Verdict, ...]
+    # The passages the judge saw, by position, where they differ from the query's.
+    fitted: dict[int, Passage] = Field(default_factory=dict)
+
+
+_READ = TypeAdapter(_Set)
+
+
+class VerdictMemo:
+    """Whole queries' verdicts in the cache, keyed by what decides them."""
+
+    def __init__(self, caller: Caller, identity: str) -> None:
+        self.caller = caller
+        code = code_digest((asker, context, sanitise, sanitise_zh, verdicts, schema))
+        chat = caller.chat.identity if caller.chat is not None else ""
+        self._base = hashlib.sha256(f"{SCHEME}\x00{code}\x00{chat}\x00{identity}\x00".encode())
+
+    async def verdicts(
+        self,
+        query: Query,
+        repeat: int,
+        fit: Callable[[Query], Query],
+        ask: Callable[[Query, int], Awaitable[list[Verdict]]],
+    ) -> tuple[Query, list[Verdict]]:
+        """``query`` as the judge saw it (``fit``) and its verdicts: read whole when stored, else
+        ``ask``ed and stored when they all came from the cache."""
+        key = self.key(query, repeat)
+        found = self.get(key, query)
+        if found is not None:
+            return found
+        fitted = fit(query)
+        asked = await ask(fitted, repeat)
+        self.put(key, query, fitted, asked)
+        return fitted, asked
+
+    def key(self, query: Query, repeat: int) -> str:
+        """The key of ``query``'s verdicts for ``repeat``."""
+        passages = [[getattr(p, f) for f in _FIELDS] for p in query.passages]
+        h = self._base.copy()
+        h.update(json.dumps([repeat, query.query, passages], ensure_ascii=False).encode("utf-8"))
+        return h.hexdigest()
+
+    def get(self, key: str, query: Query) -> tuple[Query, list[Verdict]] | None:
+        """The query as the judge saw it and its verdicts, when a set is stored under ``key``
+        for exactly these passages; None otherwise."""
+        blob = self.caller.cache.get_verdict_set(key)
+        if blob is None:
+            return None
+        try:
+            found = _READ.validate_json(blob)
+        except ValidationError:
+            return None
+        ids = [p.id for p in query.passages]
+        if [v.passage_id for v in found.verdicts] != ids or any(
+            not 0 <= i < len(ids) or found.fitted[i].id != ids[i] for i in found.fitted
+        ):
+            return None
+        if found.fitted:
+            fitted = tuple(found.fitted.get(i, p) for i, p in enumerate(query.passages))
+            query = query.model_copy(update={"passages": fitted})
+        share_fields_sets(found.verdicts)
+        share_fields_sets(v.usage for v in found.verdicts)
+        self.caller.stats.cache_hits += len(ids)
+        self.caller.cache.hits += len(ids)
+        return query, list(found.verdicts)
+
+    def put(self, key: str, query: Query, fitted: Query, found: Sequence[Verdict]) -> None:
+        """Store ``found`` (``query``'s verdicts as judged from ``fitted``) under ``key``, when
+        every one is ``ok`` and was read from the cache."""
+        if not all(v.status == "ok" and v.cached for v in found):
+            return
+        changed = {
+            i: p
+            for i, (p, q) in enumerate(zip(fitted.passages, query.passages, strict=True))
+            if p != q
+        }
+        value = _Set(verdicts=tuple(found), fitted=changed)
+        self.caller.cache.put_verdict_set(key, value.model_dump_json(exclude_defaults=True))
