@@ -4,6 +4,7 @@ record per query and gets exactly what reading each passage's answer would give.
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,8 @@ def test_a_set_that_does_not_read_back_is_ignored(server: ScriptedServer, tmp_pa
     for _ in range(2):
         with _judge(server.openai_base_url, path) as judge:
             expected = judge.judge(QUERY)
-    for damage in ("not json", '{"verdicts": []}', '{"verdicts": [{"passage_id": "p1"}]}'):
+    damaged = ("not json", '{"verdicts": []}', '{"verdicts": [{"passage_id": "p1"}]}')
+    for damage in [b"not zlib", "text", *(zlib.compress(d.encode()) for d in damaged)]:
         with sqlite3.connect(path) as conn:
             conn.execute("UPDATE verdict_sets SET value = ?", (damage,))
         conn.close()

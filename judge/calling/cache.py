@@ -194,7 +194,7 @@ class Cache:
         self.hits += len(found)  # a miss is counted where the caller looks further
         return found
 
-    def get_verdict_set(self, key: str) -> str | None:
+    def get_verdict_set(self, key: str) -> bytes | None:
         """The verdicts of a whole query stored under ``key`` (judging/memo.py), or None."""
         if self._conn is None:
             return None
@@ -208,9 +208,9 @@ class Cache:
             except sqlite3.DatabaseError as exc:
                 self._recover(exc)
                 return None
-        return None if row is None else str(row[0])
+        return row[0] if row is not None and isinstance(row[0], bytes) else None
 
-    def put_verdict_set(self, key: str, value: str) -> None:
+    def put_verdict_set(self, key: str, value: bytes) -> None:
         """Store a whole query's verdicts under ``key``: an index over answers already stored,
         so a failure to write it (a read-only file) loses nothing and is not an error."""
         if self._conn is None:

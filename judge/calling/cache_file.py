@@ -25,7 +25,7 @@ CREATE INDEX IF NOT EXISTS answers_created ON answers(created);
 _READING_COLUMNS = ("reading_tag", "reading")
 _ALIASES = "CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, target TEXT NOT NULL)"
 _VERDICT_SETS = (
-    "CREATE TABLE IF NOT EXISTS verdict_sets (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+    "CREATE TABLE IF NOT EXISTS verdict_sets (key TEXT PRIMARY KEY, value BLOB NOT NULL)"
 )
 
 

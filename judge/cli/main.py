@@ -53,6 +53,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     batch = {"run.batch": True} if args.batch else {}
     config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
+    # The dataset's records (and, below, the run's rows) live until the summary is written: the
+    # cyclic collector need not walk them again and again (reference counting still frees
+    # them). At 100,000 passages that walking was ~0.25 s of a cached re-run.
+    gc.freeze()
     out_dir = Path(args.out or config.run.out)
     # A dry run sends nothing, so it needs no API key; every other check is the same.
     with planning_only() if args.dry_run else contextlib.nullcontext():
@@ -69,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     more = {"keep": kept} if run is run_async else {}
     outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
     del queries  # the summary reads the results; a large dataset need not stay in memory
+    gc.freeze()
     summary = finish_run(config, out_dir, outcome, kept)
     _print_outcome(outcome, summary, out_dir)
     if outcome.stopped_by == "budget":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # The results file inside a run directory.
 RESULTS_FILE = "verdicts.jsonl"
+
+_SPACE = re.compile(r"\s")  # what a TREC qrels id cannot hold
 
 
 def append_result(path: str | Path, jq: JudgedQuery) -> None:
@@ -211,6 +214,8 @@ def unit_statuses(path: Path) -> tuple[dict[UnitKey, frozenset[str]], int]:
 
 def _majority(grades: Sequence[int]) -> int:
     """The most frequent grade; a tie goes to the lower grade (the cautious call)."""
+    if len(grades) == 1:  # one repeat, one engine: most qrels
+        return grades[0]
     counts = Counter(grades)
     top = max(counts.values())
     return min(grade for grade, count in counts.items() if count == top)
@@ -243,7 +248,7 @@ def write_qrels(
             if v.status != "ok" or v.grade is None:
                 continue
             for field, value in (("query_id", jq.query.query_id), ("passage_id", v.passage_id)):
-                if value.split() != [value]:
+                if not value or _SPACE.search(value):
                     raise InputError(
                         f"'{value}' has whitespace, which TREC qrels cannot hold",
                         file=jq.query.source,

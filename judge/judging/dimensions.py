@@ -328,7 +328,10 @@ async def with_aspects(
 
 def aspect_fields(aspects: Aspects | None, verdicts: Sequence[Verdict]) -> dict[str, Any]:
     """A JudgedQuery's coverage, credibility and usage (its verdicts' tokens and theirs)."""
-    usage = sum((v.usage for v in verdicts), Usage())
+    usage = Usage(  # summed as numbers: a cached run adds up 100,000 of these
+        prompt_tokens=sum(v.usage.prompt_tokens for v in verdicts),
+        completion_tokens=sum(v.usage.completion_tokens for v in verdicts),
+    )
     if aspects is None:
         return {"usage": usage}
     extra = Usage(prompt_tokens=aspects.prompt_tokens, completion_tokens=aspects.completion_tokens)

@@ -2,11 +2,11 @@
 
 A re-run whose every answer is cached gives each query the same verdicts it gave last time:
 they are a pure function of the query, its passages, the judge's settings and code, and the
-stored answers. So once a query's verdicts all came from the cache, they are stored together
-(with the query's passages as the judge saw them, where sanitising or the context window
-changed them) in the cache file's ``verdict_sets`` table, and the next run reads that one
-record instead of fitting, keying, looking up, reading and tallying every passage: at 100,000
-judgments that is most of a cached re-run's time.
+stored answers. So once a query's verdicts all came from the cache, they are stored together,
+with the query's passages as the judge saw them where sanitising or the context window changed
+them, in the cache file's ``verdict_sets`` table (zlib-compressed JSON). The next run reads
+that one record instead of fitting, keying, looking up, reading and tallying every passage: at
+100,000 judgments that was most of a cached re-run's time.
 
 The key covers everything the verdicts depend on besides the stored answers: the judge
 version and the source of the modules that sanitise, fit, ask, parse and build the records;
@@ -16,14 +16,16 @@ query text and its passages. A set is written only from verdicts that were all `
 read from the cache, never from a fresh call (whose attempts and latency a re-run would not
 repeat), and only by a plain judge: a cascade, a rerank provider or coverage and credibility
 have inputs of their own, and go the long way. Clearing or pruning the cache drops every set,
-since any answer gone may be one of theirs. A set that does not read back as this query's
-verdicts (another version's, or a damaged row) is ignored.
+since any answer gone may be one of theirs, and so does replacing an answer under its key. A
+set that does not read back as this query's verdicts (another version's, or a damaged row) is
+ignored.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import operator
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 
 from pydantic import Field, TypeAdapter, ValidationError
@@ -36,7 +38,7 @@ from judge.judging.keys import code_digest
 from judge.schema import Passage, Query, Record, Verdict
 
 SCHEME = "judge-verdict-set-1"
-_FIELDS = tuple(Passage.model_fields)
+_FIELDS = operator.attrgetter(*Passage.model_fields)
 
 
 class _Set(Record):
@@ -77,9 +79,10 @@ class VerdictMemo:
 
     def key(self, query: Query, repeat: int) -> str:
         """The key of ``query``'s verdicts for ``repeat``."""
-        passages = [[getattr(p, f) for f in _FIELDS] for p in query.passages]
+        # repr: unambiguous for the str, None, number and tuple values a Passage holds.
+        values = (repeat, query.query, [_FIELDS(p) for p in query.passages])
         h = self._base.copy()
-        h.update(json.dumps([repeat, query.query, passages], ensure_ascii=False).encode("utf-8"))
+        h.update(repr(values).encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
     def get(self, key: str, query: Query) -> tuple[Query, list[Verdict]] | None:
@@ -89,8 +92,8 @@ class VerdictMemo:
         if blob is None:
             return None
         try:
-            found = _READ.validate_json(blob)
-        except ValidationError:
+            found = _READ.validate_json(zlib.decompress(blob))
+        except (zlib.error, ValidationError):
             return None
         ids = [p.id for p in query.passages]
         if [v.passage_id for v in found.verdicts] != ids or any(
@@ -117,4 +120,5 @@ class VerdictMemo:
             if p != q
         }
         value = _Set(verdicts=tuple(found), fitted=changed)
-        self.caller.cache.put_verdict_set(key, value.model_dump_json(exclude_defaults=True))
+        blob = zlib.compress(value.model_dump_json(exclude_defaults=True).encode("utf-8"), 1)
+        self.caller.cache.put_verdict_set(key, blob)

@@ -237,12 +237,15 @@ def _engines(
         else majority_vote(results, names, config.scale(), config.metrics)
     )
     aspects = {n for n in names if parse_metric_name(n)[0] in ASPECT_METRICS}
+    by_engine: dict[str, list[JudgedQuery]] = {}
+    for jq in voted:
+        by_engine.setdefault(jq.query.engine, []).append(jq)
     return {
         engine: EngineSummary(
             majority_vote={
                 name: _mean(r.metrics.get(name) for r in rows if r.engine == engine)
                 if name in aspects
-                else _mean(jq.metrics.get(name) for jq in voted if jq.query.engine == engine)
+                else _mean(jq.metrics.get(name) for jq in by_engine.get(engine, ()))
                 for name in names
             },
             n_queries=est.n_queries,
