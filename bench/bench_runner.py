@@ -14,9 +14,10 @@ A. judge against a bare ``openai`` SDK loop, in one run. Both talk to the same l
 
 B. A fully cached re-run of ``--cached`` judgments, through the ``judge`` command as a child
    process (wall seconds, CPU seconds and peak memory from the operating system): into a new
-   run directory, then again into that finished directory. The cache is filled beforehand and
-   one untimed run reads every answer once (as a first run would have), so the timed runs
-   find every answer with its reading.
+   run directory, then again into that finished directory. The cache is filled beforehand
+   (answers only, as a paid run leaves them with their readings missing); the first re-run,
+   timed once and printed on its own line, reads every answer, stores its reading and each
+   query's verdict set (judging/memo.py); the timed re-runs after it find the sets.
 
 C. The same for a small run of ``--small`` judgments (100 queries x 10 passages), with and
    without charts.
@@ -257,6 +258,10 @@ def cached_reruns(n: int, trials: int, work: Path, label: str, extra: Sequence[s
     base = ["run", str(toml), str(dataset), *extra]
     first = judge_command([*base, "--out", str(work / "first")])
     assert first["exit"] == 0, first
+    print(
+        f"{label} first cached re-run of {n} judgments (reads every answer, stores the verdict "
+        f"sets): {first['wall']:.2f} s wall, {first['cpu']:.2f} s CPU, peak {first['peak']:.0f} MiB"
+    )
     new, finished = [], []
     for trial in range(trials):
         out = str(work / f"out-{trial}")

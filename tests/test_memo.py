@@ -16,7 +16,7 @@ from judge.compact import share_fields_sets
 from judge.judging.judge import Judge
 from judge.providers.base import Completion, ProviderSpec
 from judge.schema import JudgedQuery, Passage, Query, Usage, Verdict
-from tests.servers import ScriptedServer
+from tests.servers import ScriptedServer, verdict_json
 
 QUERY = Query(
     query_id="q1",
@@ -48,28 +48,58 @@ def _same(a: JudgedQuery, b: JudgedQuery) -> None:
     assert a.model_dump() == b.model_dump()
 
 
+def _drop_sets(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM verdict_sets")
+    conn.close()
+
+
 def test_a_cached_rerun_reads_the_query_whole_and_gets_the_same_verdicts(
     server: ScriptedServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "cache.sqlite"
     with _judge(server.openai_base_url, path) as judge:
         fresh = judge.judge(QUERY)
+        assert judge.caller.stats.cache_hits == 0  # the set is read back without counting
     assert len(server.requests) == 3
     assert fresh.query.passages[2].removed  # the sanitiser took something out
-    # Fresh answers are not kept as a set (a re-run would not repeat their latency).
-    assert _sets(path) == 0
-    with _judge(server.openai_base_url, path) as judge:
-        passage_by_passage = judge.judge(QUERY)
+    assert not any(v.cached for v in fresh.verdicts)
+    # A paid run stores the set a cached re-run would make: its answers read back at once.
     assert _sets(path) == 1
     with _judge(server.openai_base_url, path) as judge:
         whole = judge.judge(QUERY)
         assert judge.caller.stats.cache_hits == 3
+    _drop_sets(path)
+    with _judge(server.openai_base_url, path) as judge:
+        passage_by_passage = judge.judge(QUERY)  # the long way, which stores the set again
+    assert _sets(path) == 1
     assert len(server.requests) == 3
-    assert all(v.cached and v.attempts == 0 for v in whole.verdicts)
+    assert all(v.cached and v.attempts == 0 and v.latency_s == 0 for v in whole.verdicts)
     _same(whole, passage_by_passage)
     # The query as the judge saw it comes back too: what the sanitiser took out is kept.
     assert whole.query.passages[2] == fresh.query.passages[2]
     assert [v.label for v in whole.verdicts] == [v.label for v in fresh.verdicts]
+    assert [v.usage for v in whole.verdicts] == [v.usage for v in fresh.verdicts]
+
+
+def test_no_set_after_a_reask_or_from_a_listwise_judge_s_paid_run(
+    make_server: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "cache.sqlite"
+    server = make_server(responder=lambda _request: verdict_json("yes"))
+    # The first answer does not parse: the re-ask's answer is cached under the re-ask, so a
+    # cached re-run would ask the first prompt again; no set says otherwise.
+    server.enqueue("not a verdict")
+    with _judge(server.openai_base_url, path) as judge:
+        assert [v.status for v in judge.judge(QUERY).verdicts] == ["ok", "ok", "ok"]
+    assert len(server.requests) == 4 and _sets(path) == 0
+    with _judge(server.openai_base_url, path, mode="listwise") as judge:
+        judge.judge(QUERY)
+        assert _sets(path) == 0  # paid: a listwise judge's set comes with its first re-run
+        again = judge.judge(QUERY)
+    assert _sets(path) == 1 and all(v.cached for v in again.verdicts)
+    with _judge(server.openai_base_url, path, mode="listwise") as judge:
+        _same(judge.judge(QUERY), again)
 
 
 def test_a_set_is_keyed_by_everything_that_decides_its_verdicts(

@@ -126,10 +126,12 @@ class Caller:
         return await self._once(key, cached, fetch, share)
 
     def cached(
-        self, requests: Sequence[Prompt], repeat: int, parse: Reader[P]
+        self, requests: Sequence[Prompt], repeat: int, parse: Reader[P], *, count: bool = True
     ) -> list[ChatAnswer[P] | None]:
         """The cached answer to each of ``requests`` now, without a task or a wait, looked up
-        together; None for one that must be asked (or is being asked) through :meth:`complete`."""
+        together; None for one that must be asked (or is being asked) through :meth:`complete`.
+        ``count``: count the hits in :attr:`stats` (not for a second look at answers that a
+        run has already counted)."""
         if self.chat is None:
             return [None] * len(requests)
         keys = [self.key(r, repeat) for r in requests]
@@ -143,7 +145,7 @@ class Caller:
                 hit = self._read(stored, parse)
             else:
                 hit = self._cached(key, request, repeat, parse)
-            self.stats.cache_hits += hit is not None
+            self.stats.cache_hits += count and hit is not None
             hits.append(hit)
         return hits
 

@@ -165,6 +165,21 @@ class Asker:
         verdicts.sort(key=lambda v: v.rank)
         return verdicts
 
+    def cached_verdicts(self, query: Query, repeat: int) -> list[Verdict] | None:
+        """The verdicts a cached re-run would give ``query``, when every first-round answer is
+        in the cache now (pointwise); None otherwise, and for a listwise asker. Sends nothing
+        and counts no hit: what a paid run stores as the query's verdict set (judging/memo.py)."""
+        if self.mode == "listwise" and query.passages:
+            return None
+        prompts = [self._pointwise_prompt(query, p) for p in query.passages]
+        hits = self.caller.cached(prompts, repeat, self._point_reader, count=False)
+        verdicts = []
+        for rank, (p, hit) in enumerate(zip(query.passages, hits, strict=True), start=1):
+            if hit is None or hit.value is None:
+                return None
+            verdicts.append(self._ok(p, rank, hit.value, **_Tally().add(hit.call).fields()))
+        return verdicts
+
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
         options = self.shape.options()

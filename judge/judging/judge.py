@@ -236,7 +236,8 @@ class Judge:
         """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once."""
         query = as_query(query, passages)
         if self.memo is not None:  # a plain judge: verdicts alone, read whole when stored
-            fitted, found = await self.memo.verdicts(query, repeat, self.fit, self.asker.verdicts)
+            ask, reread = self.asker.verdicts, self.asker.cached_verdicts
+            fitted, found = await self.memo.verdicts(query, repeat, self.fit, ask, reread)
             return (fitted, repeat, found, None, None)
         query = self.fit(query)
         if self.cascade is not None:

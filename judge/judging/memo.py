@@ -12,9 +12,11 @@ The key covers everything the verdicts depend on besides the stored answers: the
 version and the source of the modules that sanitise, fit, ask, parse and build the records;
 the asker's identity (its prompts' shared digests, the parser's tag, mode, re-asking); the
 provider's identity; the sanitising and context settings; the repeat; and every field of the
-query text and its passages. A set is written only from verdicts that were all ``ok`` and all
-read from the cache, never from a fresh call (whose attempts and latency a re-run would not
-repeat), and only by a plain judge: a cascade, a rerank provider or coverage and credibility
+query text and its passages. A set holds what a cached re-run would give: verdicts that were all
+``ok`` and all read from the cache; after fresh calls (whose attempts and latency a re-run
+would not repeat), the verdicts read back from the cache at once, when every first-round
+answer is there (pointwise; a listwise judge's sets are written by its first cached re-run).
+Only a plain judge keeps sets: a cascade, a rerank provider or coverage and credibility
 have inputs of their own, and go the long way. Clearing or pruning the cache drops every set,
 since any answer gone may be one of theirs, and so does replacing an answer under its key. A
 set that does not read back as this query's verdicts (another version's, or a damaged row) is
@@ -65,16 +67,22 @@ class VerdictMemo:
         repeat: int,
         fit: Callable[[Query], Query],
         ask: Callable[[Query, int], Awaitable[list[Verdict]]],
+        reread: Callable[[Query, int], list[Verdict] | None],
     ) -> tuple[Query, list[Verdict]]:
         """``query`` as the judge saw it (``fit``) and its verdicts: read whole when stored, else
-        ``ask``ed and stored when they all came from the cache."""
+        ``ask``ed. Then stored: as asked when they all came from the cache; after fresh calls,
+        as ``reread`` from the cache (what a cached re-run would give, None when some answer
+        is not there: an unparsed first answer, a listwise judge)."""
         key = self.key(query, repeat)
         found = self.get(key, query)
         if found is not None:
             return found
         fitted = fit(query)
         asked = await ask(fitted, repeat)
-        self.put(key, query, fitted, asked)
+        if all(v.status == "ok" for v in asked):
+            kept = asked if all(v.cached for v in asked) else reread(fitted, repeat)
+            if kept is not None:
+                self.put(key, query, fitted, kept)
         return fitted, asked
 
     def key(self, query: Query, repeat: int) -> str:
