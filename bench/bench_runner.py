@@ -22,6 +22,12 @@ B. A fully cached re-run of ``--cached`` judgments, through the ``judge`` comman
 C. The same for a small run of ``--small`` judgments (100 queries x 10 passages), with and
    without charts.
 
+D. ``judge run`` end to end at its defaults (adaptive concurrency from 64, charts, summary,
+   reports; a child process with a fresh cache each trial) against the same loopback server
+   at 200 ms (``--defaults-latency``): ``--judgments`` pointwise judgments, and as many in lists
+   of 10 (one call per list). Beside each, the bare SDK loop of A for the same requests at 64
+   in flight, which is what the server allows in that time.
+
 Run from the repository root, in the environment judge is installed in:
 
     python bench/bench_runner.py [--judgments N] [--trials T] [--cached M] [--small S]
@@ -280,6 +286,43 @@ def cached_reruns(n: int, trials: int, work: Path, label: str, extra: Sequence[s
         )
 
 
+def cli_at_defaults(n: int, latency: float, mode: str, trials: int, work: Path) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    queries = make_queries(n, f"d{mode[0]}")
+    dataset = work / f"{mode}.jsonl"
+    with open(dataset, "w", encoding="utf-8") as fh:
+        for q in queries:
+            fh.write(q.model_dump_json(include={"query_id", "query", "engine", "passages"}) + "\n")
+    runs: list[dict[str, float]] = []
+    bare: list[float] = []
+    with serve(latency) as url:
+        bodies = request_bodies(config_for(url, work / "render", mode), queries)
+        for trial in range(trials):
+            toml = work / f"{mode}-{trial}.toml"
+            toml.write_text(
+                f'[judge]\nprovider = "local"\nmodel = "bench-judge"\nmode = "{mode}"\n'
+                f'[provider]\nbase_url = "{url}"\n'
+                f'[run]\ncache = "{work / f"{mode}-{trial}.sqlite"}"\n'
+                f'history = "{work / "history.sqlite"}"\n',
+                encoding="utf-8",
+            )
+            got = judge_command(["run", str(toml), str(dataset), "--out", str(work / toml.stem)])
+            assert got["exit"] in (0, 1), got  # 1: the judge's health warns, as it may here
+            summary = json.loads((work / toml.stem / "summary.json").read_text(encoding="utf-8"))
+            assert summary["run"]["requests"] == len(bodies), summary["run"]
+            runs.append(got)
+            read, wall, _ = timed(lambda: asyncio.run(bare_loop(url, bodies, mode == "listwise")))
+            assert read == n, read
+            bare.append(wall)
+    f = {k: median([r[k] for r in runs]) for k in ("wall", "cpu", "peak")}
+    print(
+        f"D. judge run at its defaults, {mode:9} {latency * 1000:3.0f} ms, {len(bodies):5d} "
+        f"requests ({n} judgments): {f['wall']:.2f} s wall end to end, {f['cpu']:.2f} s CPU, "
+        f"peak {f['peak']:.0f} MiB | bare openai loop at {CONCURRENCY} in flight "
+        f"{median(bare):.2f} s (median of {trials})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--judgments", type=int, default=1000, help="judgments for A")
@@ -287,6 +330,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--cached", type=int, default=100_000, help="judgments for B (0: skip)")
     parser.add_argument("--small", type=int, default=1000, help="judgments for C (0: skip)")
+    parser.add_argument(
+        "--defaults-latency", type=float, default=0.2, help="server latency for D (<0: skip)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-runner-") as tmp:
         work = Path(tmp)
@@ -298,6 +344,11 @@ def main() -> None:
             cached_reruns(args.small, args.trials, work / "c2", "C. --no-charts", ["--no-charts"])
         if args.cached:
             cached_reruns(args.cached, args.trials, work / "b", "B.")
+        if args.defaults_latency >= 0:
+            for mode in ("pointwise", "listwise"):
+                cli_at_defaults(
+                    args.judgments, args.defaults_latency, mode, args.trials, work / "d"
+                )
 
 
 if __name__ == "__main__":

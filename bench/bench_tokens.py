@@ -11,6 +11,9 @@ The bundled sample's lists are short (5.6 passages), so a listwise request's sha
 instructions are split over few passages. ``--pairs`` adds the same table for the ranked lists
 of a labelled pairs file (rows ``{query_id, query, doc_id, text}``, grouped by query in file
 order): the TREC DL 2019 dev set gives 43 lists of 11 passages with MS MARCO ids, untitled.
+``--width 5 10`` adds the same lists cut to their first 5 and first 10 passages: a listwise
+request's instructions are ~100 tokens shared by its passages plus ~11 per passage (its
+fence), so the per-passage share falls with the list's length.
 """
 
 from __future__ import annotations
@@ -61,11 +64,25 @@ def pair_lists(path: str) -> list[Query]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", help="also count a labelled pairs file's ranked lists")
+    parser.add_argument(
+        "--width",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also count the pairs file's lists cut to their first N passages (each N given)",
+    )
     args = parser.parse_args()
     table("datasets/sample.jsonl", read_queries("datasets/sample.jsonl").queries)
     if args.pairs:
         print()
         table(args.pairs, pair_lists(args.pairs))
+        for width in args.width:
+            print()
+            cut = [
+                q.model_copy(update={"passages": q.passages[:width]})
+                for q in pair_lists(args.pairs)
+            ]
+            table(f"{args.pairs}, lists cut to {width}", cut)
 
 
 def table(name: str, queries: Sequence[Query]) -> None:
