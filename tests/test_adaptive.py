@@ -3,6 +3,7 @@ down to about that capacity, no call is lost, and the configured ceiling is neve
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -75,3 +76,55 @@ def test_without_adaptation_the_limit_stays_at_the_ceiling() -> None:
             jq = j.judge("kettles", PASSAGES[:40])
             assert j.caller.slots["chat"].current == 6
     assert all(v.status == "ok" for v in jq.verdicts)
+
+
+def test_slots_go_to_waiters_first_come_first_served_one_per_free_slot() -> None:
+    from judge.calling.limits import AdaptiveLimit
+
+    async def scenario() -> tuple[list[int], int, int]:
+        limit = AdaptiveLimit(2, start=2)
+        order: list[int] = []
+        wakeups = 0
+
+        async def task(n: int, hold: asyncio.Event) -> None:
+            nonlocal wakeups
+            async with limit:
+                wakeups += 1
+                assert limit.in_flight <= 2
+                order.append(n)
+                await hold.wait()
+
+        holds = [asyncio.Event() for _ in range(6)]
+        tasks = [asyncio.create_task(task(n, holds[n])) for n in range(6)]
+        await asyncio.sleep(0.01)
+        assert order == [0, 1] and limit.in_flight == 2
+        tasks[3].cancel()  # a waiter that leaves gives up its place
+        await asyncio.sleep(0)
+        for n in (0, 1, 2, 4, 5):
+            holds[n].set()
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, wakeups, limit.in_flight
+
+    order, wakeups, in_flight = asyncio.run(scenario())
+    assert order == [0, 1, 2, 4, 5]  # in arrival order, the cancelled one skipped
+    assert wakeups == 5 and in_flight == 0  # no slot leaked, none handed twice
+
+
+def test_a_waiter_cancelled_after_its_slot_was_granted_passes_the_slot_on() -> None:
+    from judge.calling.limits import AdaptiveLimit
+
+    async def scenario() -> int:
+        limit = AdaptiveLimit(1, start=1)
+        await limit.acquire()
+        second = asyncio.create_task(limit.acquire())
+        third = asyncio.create_task(limit.acquire())
+        await asyncio.sleep(0)
+        limit.release()  # the slot is granted to the second waiter...
+        second.cancel()  # ...which is cancelled before it runs
+        await asyncio.sleep(0.01)
+        assert third.done() and limit.in_flight == 1
+        limit.release()
+        return limit.in_flight
+
+    assert asyncio.run(scenario()) == 0

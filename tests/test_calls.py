@@ -135,8 +135,16 @@ def test_faults_end_ok_or_reported_none_lost_or_doubled_and_retries_bounded(
     statuses = Counter(v.status for jq in results for v in jq.verdicts)
     assert set(statuses) <= {"ok", "error", "unparsed"}
     assert statuses["ok"] >= 0.9 * len(expected)
-    assert all(v.error for jq in results for v in jq.verdicts if v.status == "error")
-    assert outcome.status == "complete" and outcome.done == outcome.planned == len(queries)
+    errors = [v for jq in results for v in jq.verdicts if v.status == "error"]
+    # A passage may meet a fault on every one of its attempts (0.4^6 each: about one run in
+    # four has one): it is then reported, with its attempts spent, and the run says so.
+    assert all(v.error and v.attempts == max_attempts for v in errors), errors
+    assert outcome.done == outcome.planned == len(queries), outcome
+    if errors:
+        assert outcome.status == "incomplete", outcome
+        assert "provider errors after retries" in (outcome.reason or ""), outcome
+    else:
+        assert outcome.status == "complete", outcome
 
     distinct = {(q.query_id, p.id) for q in queries for p in q.passages}
     assert len(server.requests) <= len(distinct) * max_attempts * 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from judge.config import Price, RunConfig
@@ -87,22 +88,42 @@ class AdaptiveLimit:
         self.fastest: float | None = None
         self.cool_s = 1.0
         self._last_cut = -1e9
-        self._freed = asyncio.Event()
+        # Tasks waiting for a slot, first come first served; each is woken only when a slot is
+        # its own (one Event for all woke every waiter on every release: O(n^2) at 1,000).
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
     def current(self) -> int:
         return max(1, int(self.limit))
 
     async def acquire(self) -> None:
-        while self.in_flight >= self.current:
-            self._freed.clear()
-            await self._freed.wait()
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
+        if not self._waiters and self.in_flight < self.current:
+            self._take()
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # resolved by _wake with the slot already taken for us
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # granted, then cancelled: pass it on
+                self.release()
+            raise
 
     def release(self) -> None:
         self.in_flight -= 1
-        self._freed.set()
+        self._wake()
+
+    def _take(self) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def _wake(self) -> None:
+        """Hand the free slots to the longest waiting tasks."""
+        while self._waiters and self.in_flight < self.current:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a cancelled waiter has gone
+                self._take()
+                waiter.set_result(None)
 
     async def __aenter__(self) -> AdaptiveLimit:
         await self.acquire()
@@ -120,6 +141,7 @@ class AdaptiveLimit:
         if latency_s > self.slow * self.fastest and self._cut(0.75):
             return
         self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+        self._wake()
 
     def throttled(self) -> None:
         if self.adaptive:
@@ -131,7 +153,6 @@ class AdaptiveLimit:
             return False
         self._last_cut = now
         self.limit = max(1.0, self.limit * factor)
-        self._freed.set()
         return True
 
 
