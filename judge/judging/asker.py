@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from judge.calling.answers import CallResult, Prompt, Reader
 from judge.calling.caller import Caller
+from judge.compact import share_fields_sets
 from judge.errors import ProviderError
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
@@ -163,6 +164,8 @@ class Asker:
                     asks.append(self._pointwise(query, p, rank, repeat, prompt))
             verdicts += await asyncio.gather(*asks)
         verdicts.sort(key=lambda v: v.rank)
+        share_fields_sets(verdicts)  # a run holds them all (judge/compact.py)
+        share_fields_sets(v.usage for v in verdicts)
         return verdicts
 
     def cached_verdicts(self, query: Query, repeat: int) -> list[Verdict] | None:
