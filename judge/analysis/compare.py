@@ -185,16 +185,16 @@ def per_query_values(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``[metric][engine][query_id]`` = mean over the repeats where the value is defined."""
     rows = _metric_rows(results, names, scale, policy)
-    sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    repeats: dict[tuple[str, str], list[dict[str, float | None]]] = defaultdict(list)
     for jq, row in zip(results, rows, strict=True):
-        for name in names:
-            value = row.get(name)
-            if value is not None:
-                sums[(name, jq.query.engine, jq.query.query_id)].append(value)
-    engines = sorted({jq.query.engine for jq in results})
+        repeats[(jq.query.engine, jq.query.query_id)].append(row)
+    engines = sorted({engine for engine, _ in repeats})
     out: dict[str, dict[str, dict[str, float]]] = {n: {e: {} for e in engines} for n in names}
-    for (name, engine, qid), values in sorted(sums.items()):
-        out[name][engine][qid] = sum(values) / len(values)
+    for (engine, qid), group in sorted(repeats.items()):  # query ids in order, per engine
+        for name in names:
+            values = [v for row in group if (v := row.get(name)) is not None]
+            if values:
+                out[name][engine][qid] = sum(values) / len(values)
     return out
 
 
