@@ -151,8 +151,9 @@ def test_clearing_pruning_or_replacing_answers_drops_the_sets(
     fill()
     cache = Cache(path)
     assert cache.prune(older_than_days=365) == 0  # nothing old: the sets stay
-    assert _sets(path) == 1
+    assert _sets(path) == 1 and cache.stats().verdict_sets == 1
     assert cache.clear() == 3
+    assert cache.stats().verdict_sets == 0
     cache.close()
     assert _sets(path) == 0
     fill()

@@ -66,6 +66,7 @@ class CacheStats(Record):
     by_model: dict[str, int]
     oldest: float | None
     newest: float | None
+    verdict_sets: int = 0  # whole queries' verdicts (judging/memo.py)
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,10 @@ class Cache:
             by_model = dict(
                 self._conn.execute("SELECT model, count(*) FROM answers GROUP BY model").fetchall()
             )
+            try:
+                sets = self._conn.execute("SELECT count(*) FROM verdict_sets").fetchone()[0]
+            except sqlite3.OperationalError:  # a read-only file from before the table
+                sets = 0
         size = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
         return CacheStats(
             path=str(self.path),
@@ -304,6 +309,7 @@ class Cache:
             by_model=by_model,
             oldest=oldest,
             newest=newest,
+            verdict_sets=sets,
         )
 
     def check(self) -> list[str]:

@@ -26,7 +26,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         if args.action == "stats":
             s = cache.stats()
-            print(f"{s.path}: {s.entries} answers, {s.bytes / 1e6:.2f} MB")
+            print(
+                f"{s.path}: {s.entries} answers, {s.verdict_sets} queries' verdict sets, "
+                f"{s.bytes / 1e6:.2f} MB"
+            )
             for model, n in sorted(s.by_model.items()):
                 print(f"  {model}: {n}")
         elif args.action == "clear":
