@@ -18,7 +18,8 @@ reads and writes the answers as it always did, and leaves the readings empty.
 A *verdict set* is a whole query's verdicts, read from answers stored here
 (:mod:`judge.judging.memo`), so a cached re-run reads one row per query. It is an index, never
 the only copy of anything: a set that cannot be stored is skipped, and clearing or pruning
-answers, or replacing one under its key, drops every set.
+the cache (which also drops sets older judge versions left), or replacing an answer under its
+key, drops every set.
 
 One connection per process, guarded by a lock, serves every task of that process; WAL and
 a busy timeout let two processes share the file. Each ``put`` commits at once, so a killed
@@ -337,9 +338,10 @@ class Cache:
         with self._lock:
             count = self._conn.execute(sql, args).rowcount
             self._conn.execute("DELETE FROM aliases WHERE target NOT IN (SELECT key FROM answers)")
-            # Sets of verdicts are read from answers: any answer gone may be one of theirs.
-            if count:
-                self._conn.execute("DELETE FROM verdict_sets")
+            # Sets of verdicts are read from answers (any answer gone may be one of theirs), and
+            # each judge version keys its own: a clear or prune drops them all, and the next
+            # cached re-run stores its sets again.
+            self._conn.execute("DELETE FROM verdict_sets")
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.execute("VACUUM")
         return int(count)

@@ -17,10 +17,10 @@ query text and its passages. A set holds what a cached re-run would give: verdic
 would not repeat), the verdicts read back from the cache at once, when every first-round
 answer is there (pointwise; a listwise judge's sets are written by its first cached re-run).
 Only a plain judge keeps sets: a cascade, a rerank provider or coverage and credibility
-have inputs of their own, and go the long way. Clearing or pruning the cache drops every set,
-since any answer gone may be one of theirs, and so does replacing an answer under its key. A
-set that does not read back as this query's verdicts (another version's, or a damaged row) is
-ignored.
+have inputs of their own, and go the long way. Clearing or pruning the cache drops every set
+(any answer gone may be one of theirs, and each judge version keys its own, so a prune is what
+clears an older version's), and so does replacing an answer under its key. A set that does not
+read back as this query's verdicts (another version's, or a damaged row) is ignored.
 """
 
 from __future__ import annotations
