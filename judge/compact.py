@@ -7,7 +7,7 @@ these sets alone were about 150 MB. Frozen records never change that set (pydant
 only on attribute assignment, which a frozen model refuses, and ``model_copy`` copies it before
 adding), so records whose sets are equal can share one. :func:`share_fields_sets` makes them
 do so; nothing else about the records changes (``model_fields_set``, ``exclude_unset`` dumps
-and copies behave as before: tests/test_compact.py).
+and copies behave as before: tests/test_memo.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-__all__ = ["share_fields_sets"]
+from judge.schema import Verdict
+
+__all__ = ["share_fields_sets", "share_verdict_fields"]
 
 # Per record class, the sets shared so far (a class sees a handful of distinct ones).
 _SHARED: dict[type[BaseModel], list[set[str]]] = {}
@@ -36,3 +38,10 @@ def share_fields_sets(records: Iterable[BaseModel]) -> None:
                 break
         else:
             known.append(own)
+
+
+def share_verdict_fields(verdicts: Iterable[Verdict]) -> None:
+    """:func:`share_fields_sets` for verdicts and their usages (a run holds all of them)."""
+    verdicts = list(verdicts)
+    share_fields_sets(verdicts)
+    share_fields_sets(v.usage for v in verdicts)

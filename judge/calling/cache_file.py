@@ -57,9 +57,10 @@ def open_file(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
 
 
 def upgrade(conn: sqlite3.Connection) -> None:
-    """Give a file made by an older judge the reading columns and the alias table. Another
-    process may be adding them at the same moment (then SQLite says they exist, which is as
-    good); a read-only file keeps its schema and is read without them (see :func:`_queries`)."""
+    """Give a file made by an older judge the reading columns, the alias table and the table of
+    verdict sets. Another process may be adding them at the same moment (then SQLite says they
+    exist, which is as good); a read-only file keeps its schema and is read without them (see
+    :func:`answer_queries`)."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
     steps = [f"ALTER TABLE answers ADD COLUMN {c} TEXT" for c in _READING_COLUMNS if c not in have]
     for step in [*steps, _ALIASES, _VERDICT_SETS]:

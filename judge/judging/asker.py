@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from judge.calling.answers import CallResult, Prompt, Reader
 from judge.calling.caller import Caller
-from judge.compact import share_fields_sets
+from judge.compact import share_verdict_fields
 from judge.errors import ProviderError
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
@@ -159,13 +159,12 @@ class Asker:
             passages = zip(query.passages, prompts, hits, strict=True)
             for rank, (p, prompt, hit) in enumerate(passages, start=1):
                 if hit is not None and hit.value is not None:
-                    verdicts.append(self._ok(p, rank, hit.value, **_Tally().add(hit.call).fields()))
+                    verdicts.append(self._hit(p, rank, hit.call, hit.value))
                 else:
                     asks.append(self._pointwise(query, p, rank, repeat, prompt))
             verdicts += await asyncio.gather(*asks)
         verdicts.sort(key=lambda v: v.rank)
-        share_fields_sets(verdicts)  # a run holds them all (judge/compact.py)
-        share_fields_sets(v.usage for v in verdicts)
+        share_verdict_fields(verdicts)  # a run holds them all (judge/compact.py)
         return verdicts
 
     def cached_verdicts(self, query: Query, repeat: int) -> list[Verdict] | None:
@@ -180,7 +179,7 @@ class Asker:
         for rank, (p, hit) in enumerate(zip(query.passages, hits, strict=True), start=1):
             if hit is None or hit.value is None:
                 return None
-            verdicts.append(self._ok(p, rank, hit.value, **_Tally().add(hit.call).fields()))
+            verdicts.append(self._hit(p, rank, hit.call, hit.value))
         return verdicts
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
@@ -205,6 +204,12 @@ class Asker:
         if self.mode == "listwise":
             return self.template.render_listwise(query, numbered(passages), self.scale, **options)
         return self.pointwise_template.render_pointwise(query, passages[0], self.scale, **options)
+
+    def _hit(
+        self, passage: Passage, rank: int, call: CallResult[Completion], parsed: Parsed
+    ) -> Verdict:
+        """The verdict a cached answer gives (one call, read from the cache)."""
+        return self._ok(passage, rank, parsed, **_Tally().add(call).fields())
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
         return Verdict(

@@ -34,7 +34,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from judge import schema
 from judge.calling.caller import Caller
-from judge.compact import share_fields_sets
+from judge.compact import share_verdict_fields
 from judge.judging import asker, context, sanitise, sanitise_zh, verdicts
 from judge.judging.keys import code_digest
 from judge.schema import Passage, Query, Record, Verdict
@@ -111,8 +111,7 @@ class VerdictMemo:
         if found.fitted:
             fitted = tuple(found.fitted.get(i, p) for i, p in enumerate(query.passages))
             query = query.model_copy(update={"passages": fitted})
-        share_fields_sets(found.verdicts)
-        share_fields_sets(v.usage for v in found.verdicts)
+        share_verdict_fields(found.verdicts)
         self.caller.stats.cache_hits += len(ids)
         self.caller.cache.hits += len(ids)
         return query, list(found.verdicts)
