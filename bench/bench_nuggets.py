@@ -366,7 +366,8 @@ async def agreement(n_topics: int, credibility: bool, keep: Path | None) -> None
             cache=cache,
         )
         dims = judge.dimensions
-        assert dims is not None
+        assert dims is not None and dims.nuggets is not None
+        nuggets = dims.nuggets
         try:
             # Starts the local server before the clock does (relevance only: one call).
             await judge.asker.verdicts(
@@ -375,12 +376,13 @@ async def agreement(n_topics: int, credibility: bool, keep: Path | None) -> None
             start = time.perf_counter()
             await dims.prepare(queries)
             made = (time.perf_counter() - start) / len(truth)
-            written = dict(dims.sets)
+            written = dict(nuggets.sets)
             print(f"  nuggets written: {made:.0f} s per query id", file=sys.stderr, flush=True)
             own = {q.key: await _judged(dims, q, "own nuggets") for q in queries}
-            dims.sets.clear()
-            dims.failures.clear()
-            await dims.prepare(queries, truth)
+            nuggets.sets.clear()
+            nuggets.failures.clear()
+            nuggets.sets.update(truth)
+            await dims.prepare(queries)
             start = time.perf_counter()
             given = {q.key: await _judged(dims, q, "true nuggets") for q in queries}
             per_unit = (time.perf_counter() - start) / len(queries)
@@ -406,7 +408,7 @@ async def agreement(n_topics: int, credibility: bool, keep: Path | None) -> None
 
 async def _judged(dims: Dimensions, query: Query, what: str) -> Aspects:
     start = time.perf_counter()
-    got = await dims.judge(query, 0)
+    got = Aspects(**(await dims.judge(query, 0)).results)
     took = time.perf_counter() - start
     print(f"  {what}: {query.query_id}/{query.engine} {took:.0f} s", file=sys.stderr, flush=True)
     return got

@@ -13,6 +13,7 @@ from judge.aspects import CREDIBILITY_MAX, Coverage, Nugget, NuggetSet, Support
 from judge.calling.caller import Caller
 from judge.data.nuggets import read_nuggets, write_nuggets
 from judge.errors import InputError, ParseError, TemplateError
+from judge.judging.ask import AskContext
 from judge.judging.context import count_tokens
 from judge.judging.credibility import CREDIBILITY
 from judge.judging.nuggets import IMPORTANCE, parse_nuggets, pool
@@ -206,7 +207,8 @@ def test_assignment_groups_fit_the_context_window_in_rank_order() -> None:
 
     def assigner(context: int | None, group: int = 20) -> Assigner:
         template = load_template("support.listwise.en")
-        return Assigner(Caller(None), template, "m", SamplingParams(), "en", True, group, context)
+        ctx = AskContext(Caller(None), "m", SamplingParams(), "en", True, context, 30)
+        return Assigner(ctx, template, group)
 
     assert [len(g) for g in assigner(None).groups(query, nuggets)] == [7]
     assert [len(g) for g in assigner(None, group=3).groups(query, nuggets)] == [3, 3, 1]

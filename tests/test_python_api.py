@@ -439,3 +439,37 @@ def test_sync_and_async_calls_mix_on_one_judge_in_either_order(
             got = ask_sync(j, q) if how == "sync" else asyncio.run(ask_async(j, q))
             assert got == ["yes", "no"], (i, how)
     assert chat_calls(yes_if_pale) == 2 * len(order)
+
+
+def test_judge_many_and_judge_run_judge_alike_through_one_unit_loop(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The same dataset judged apart, each with a cache of its own, by `judge run` and by
+    judge_many: the same verdicts and metrics, for the same requests to the provider."""
+    server = make_server(responder=keyword_responder({"passage 3": "yes", "passage 1": "yes"}))
+    config_path = write_config(tmp_path, server, None, rerank=False, run={"repeats": 2})
+    config = load_config(config_path)
+    rows = [json.loads(line) for line in Path(config.dataset.path).read_text().splitlines()]
+
+    out = tmp_path / "out"
+    assert main(["run", str(config_path), "--out", str(out)]) == 0
+    by_run = len(server.requests)
+    config = config.model_copy(
+        update={"run": config.run.model_copy(update={"cache": str(tmp_path / "own.sqlite")})}
+    )
+    cache = open_cache(config)
+    with Judge.from_config(config, cache=cache, limits=Limits.from_config(config)) as j:
+        got = j.judge_many(rows, repeats=2, progress=False)
+    assert by_run == 40 and len(server.requests) == 2 * by_run  # nothing shared, nothing skipped
+    run = judge.read_run(out)
+
+    def verdicts(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        keys = ("query_id", "engine", "repeat", "passage_id", "status", "label", "reason")
+        return sorted(tuple(r[k] for k in keys) for r in records)
+
+    assert verdicts(run.to_records()) == verdicts(got.to_records())
+    assert {r["label"] for r in got.to_records()} == {"yes", "no"}
+    names = config.metrics.names
+    mine = {(r["query_id"], r["repeat"]): r for r in got.to_records("queries")}
+    for r in run.to_records("queries"):
+        assert {k: r[k] for k in names} == {k: mine[(r["query_id"], r["repeat"])][k] for k in names}

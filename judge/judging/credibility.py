@@ -15,13 +15,12 @@ import functools
 from dataclasses import dataclass
 
 from judge.aspects import Credibility
-from judge.calling.caller import Caller
-from judge.judging.asking import answer_room, ask, aspect_params
+from judge.judging.ask import AskContext, answer_room, ask, aspect_params
 from judge.judging.context import fit_to_context
 from judge.judging.prompts import PromptTemplate, neutralise
 from judge.judging.verdicts import parse_pointwise
 from judge.providers.base import ChatRequest
-from judge.schema import Passage, Query, SamplingParams, Scale, ScaleLabel, Usage
+from judge.schema import Passage, Query, Scale, ScaleLabel, Usage
 
 __all__ = ["CREDIBILITY", "CredibilityAsker"]
 
@@ -72,36 +71,30 @@ CREDIBILITY = Scale(
 class CredibilityAsker:
     """Asks for each passage's source credibility, for one judge."""
 
-    caller: Caller
+    ctx: AskContext
     template: PromptTemplate
-    model: str
-    params: SamplingParams
-    language: str
-    reask: bool
-    max_reason_words: int
-    context_tokens: int | None
 
     @property
     def answer_tokens(self) -> int:
         # A short reason and the label, as a relevance verdict with a reason takes.
-        return 16 + 2 * self.max_reason_words
+        return 16 + 2 * self.ctx.max_reason_words
 
     def _render(self, query: Query, passage: Passage) -> ChatRequest:
         # The URL is printed outside the fence: it is untrusted text too.
         shown = passage.model_copy(update={"url": neutralise(passage.url or "") or None})
         messages = self.template.render_pointwise(
-            query, shown, CREDIBILITY, max_reason_words=self.max_reason_words
+            query, shown, CREDIBILITY, max_reason_words=self.ctx.max_reason_words
         )
-        params = aspect_params(self.params, self.answer_tokens)
-        return ChatRequest(model=self.model, messages=messages, params=params)
+        params = aspect_params(self.ctx.params, self.answer_tokens)
+        return ChatRequest(model=self.ctx.model, messages=messages, params=params)
 
     def requests(self, query: Query) -> list[ChatRequest]:
         """One request per passage, each passage cut to fit the context window."""
-        if self.context_tokens is not None and query.passages:
+        if self.ctx.context_tokens is not None and query.passages:
             query = fit_to_context(
                 query,
-                context_tokens=self.context_tokens,
-                answer_tokens=answer_room(self.params, self.answer_tokens),
+                context_tokens=self.ctx.context_tokens,
+                answer_tokens=answer_room(self.ctx.params, self.answer_tokens),
                 listwise=False,
                 render=lambda q, ps: self._render(q, ps[0]).messages,
             )
@@ -110,9 +103,10 @@ class CredibilityAsker:
     async def grades(self, query: Query, repeat: int) -> tuple[tuple[Credibility, ...], Usage]:
         """Every passage's credibility, in rank order, and the tokens they took."""
         parse = functools.partial(parse_pointwise, scale=CREDIBILITY)
+        ctx = self.ctx
         asked = await asyncio.gather(
             *(
-                ask(self.caller, r, repeat, parse, reask=self.reask, language=self.language)
+                ask(ctx.caller, r, repeat, parse, reask=ctx.reask, language=ctx.language)
                 for r in self.requests(query)
             )
         )

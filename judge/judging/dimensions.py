@@ -1,44 +1,51 @@
-"""Coverage and credibility beside relevance, for one Judge: the ``[nuggets]`` and
-``[credibility]`` dimensions, each opt-in because each costs calls.
+"""Dimensions beyond relevance, as plug-ins: each a :class:`Dimension`, registered in
+:data:`DIMENSIONS`, opt-in because each costs calls.
 
-A run first gives every query a nugget set (:meth:`Dimensions.prepare`: the sets it is given
-as they are, the rest written by the judge from every engine's passages for that query
-pooled, :mod:`judge.judging.nuggets`); then, per (query, engine, repeat) unit, after its
-relevance verdicts (:func:`with_aspects`), :meth:`Dimensions.judge` asks which passages
-support which nugget (:mod:`judge.judging.support`) and how credible each source is
-(:mod:`judge.judging.credibility`). A query whose set could not be written has every
-passage's support ``error`` or ``unparsed`` with the reason, so its coverage is undefined and
-a resumed run asks again. Judging a query whose set is unknown (the Python API without
-``prepare``) writes its set from that query's own passages first, once per query id.
+A dimension is named by its config table (``[nuggets]``, ``[credibility]``) and fills one
+field of a :class:`~judge.schema.JudgedQuery` (``coverage``, ``credibility``). It is built
+from its table and the judge's :class:`~judge.judging.ask.AskContext`; before the first unit a
+run lets it :meth:`~Dimension.prepare` (the nugget dimension gives every query a nugget set:
+the sets it is given as they are, the rest written by the judge from every engine's passages
+for that query pooled, :mod:`judge.judging.nuggets`); then, per (query, engine, repeat) unit,
+after its relevance verdicts, :meth:`~Dimension.judge` gives its result and the tokens it took.
+A dry run asks it for the requests it would send (:meth:`~Dimension.planned`).
+
+Adding a dimension: its asker and prompts (judging/), its records (aspects.py) and a
+JudgedQuery field, a metric kernel (metrics/), its table (sections.py) and a line in
+:data:`DIMENSIONS`; docs/DESIGN.md lists the files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
-from judge.aspects import Aspects, AspectStatus, Coverage, Nugget, NuggetSet, Support
+from judge.aspects import AspectStatus, Coverage, Credibility, Nugget, NuggetSet, Support
 from judge.calling.cache import Cache
-from judge.calling.caller import Caller
 from judge.config import CredibilitySection, NuggetsSection
-from judge.data.nuggets import same_query
+from judge.data.nuggets import NUGGETS_FILE, given_sets, same_query, write_nuggets
 from judge.errors import BudgetExceeded, ParseError
-from judge.judging.asking import ask
+from judge.judging.ask import AskContext, ask
 from judge.judging.credibility import CredibilityAsker
 from judge.judging.nuggets import NuggetPrompt, parse_nuggets, pool
 from judge.judging.prompts import load_template
 from judge.judging.support import Assigner
 from judge.metrics.compute import parse_metric_name
 from judge.providers.base import ChatRequest, Completion
-from judge.schema import JudgedQuery, MetricPolicy, Query, SamplingParams, Usage, Verdict
+from judge.schema import JudgedQuery, MetricPolicy, Query, Record, Usage
 
-if TYPE_CHECKING:
-    from judge.judging.judge import Judge, Judged
-
-__all__ = ["Aspects", "Dimensions", "Planned", "aspect_fields", "unit_statuses_of", "with_aspects"]
+__all__ = [
+    "DIMENSIONS",
+    "Dimension",
+    "Dimensions",
+    "Planned",
+    "UnitAspects",
+    "unit_statuses_of",
+]
 
 # A request a dry run counts: (kind, request, repeat, completion tokens it expects).
 Planned = tuple[str, ChatRequest, int, int]
@@ -46,116 +53,104 @@ Planned = tuple[str, ChatRequest, int, int]
 _PLACEHOLDER = "one fact of about a dozen words standing in for a nugget not written yet"
 
 
-class Dimensions:
-    """The dimensions a Judge adds to relevance; build with :meth:`of` (None when all off)."""
+class Dimension(Protocol):
+    """One question beyond relevance, asked per unit after its verdicts."""
 
-    def __init__(
+    name: ClassVar[str]  # its config table, and its key among a unit's results
+    field: ClassVar[str]  # the JudgedQuery field its result fills
+    section_type: ClassVar[type[Record]]  # its table's record; ``enabled`` switches it on
+
+    @classmethod
+    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension: ...
+
+    def default_metrics(self) -> tuple[str, ...]:
+        """The metrics computed when ``[metrics] names`` names none of this dimension's."""
+        ...
+
+    def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        """What it is given for ``queries`` (files, a run directory's own), read before anything
+        is paid: an InputError names a bad file."""
+        ...
+
+    async def prepare(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        """Before the first unit, with every query of the run (a run directory to keep what
+        it prepared in, or None). BudgetExceeded propagates."""
+        ...
+
+    async def judge(self, query: Query, repeat: int) -> tuple[Any, Usage]:
+        """One unit's result (the JudgedQuery field's value) and the tokens it took."""
+        ...
+
+    def planned(
         self,
-        nuggets: NuggetsSection,
-        credibility: CredibilitySection,
-        *,
-        caller: Caller,
-        model: str,
-        params: SamplingParams,
-        language: str,
-        template_dir: str | Path | None,
-        context_tokens: int | None,
-        reask: bool,
-        max_reason_words: int,
-    ) -> None:
-        """Long because it wires each dimension's asker from the judge's settings."""
-        tdir = Path(template_dir) if template_dir else None
-        self.section, self.model, self.caller = nuggets, model, caller
-        self.language, self.reask = language, reask
+        queries: Sequence[Query],
+        units: Sequence[tuple[Query, int]],
+        run_dir: Path,
+        cache: Cache,
+    ) -> tuple[list[Planned], bool]:
+        """The requests ``units`` need, and whether some are estimates (stand-in content)."""
+        ...
+
+    @staticmethod
+    def statuses(result: Any) -> Iterable[AspectStatus]:
+        """How a result's answers ended (a resumed run judges an ``error`` again)."""
+        ...
+
+
+class NuggetsDimension:
+    """``[nuggets]``: a nugget set per query, then which passages support which nugget."""
+
+    name: ClassVar[str] = "nuggets"
+    field: ClassVar[str] = "coverage"
+    section_type: ClassVar[type[Record]] = NuggetsSection
+
+    def __init__(self, section: NuggetsSection, ctx: AskContext, template_dir: Path | None):
+        self.section, self.ctx = section, ctx
         self.sets: dict[str, NuggetSet] = {}
         # Query ids whose set could not be written in this Judge's life: status and why.
         self.failures: dict[str, tuple[AspectStatus, str]] = {}
-        self.creation_usage = Usage()
         self._creating: dict[str, asyncio.Task[None]] = {}
-        self.maker: NuggetPrompt | None = None
-        self.assigner: Assigner | None = None
-        self.credibility: CredibilityAsker | None = None
-        if nuggets.enabled:
-            self.maker = NuggetPrompt(
-                load_template(f"nuggets.listwise.{language}", template_dir=tdir),
-                model,
-                params,
-                nuggets.max_nuggets,
-                nuggets.pool_tokens,
-                context_tokens,
-            )
-            self.assigner = Assigner(
-                caller,
-                load_template(f"support.listwise.{language}", template_dir=tdir),
-                model,
-                params,
-                language,
-                reask,
-                nuggets.group_passages,
-                context_tokens,
-            )
-        if credibility.enabled:
-            self.credibility = CredibilityAsker(
-                caller,
-                load_template(f"credibility.pointwise.{language}", template_dir=tdir),
-                model,
-                params,
-                language,
-                reask,
-                max_reason_words,
-                context_tokens,
-            )
-
-    @classmethod
-    def of(
-        cls,
-        nuggets: NuggetsSection | bool,
-        credibility: CredibilitySection | bool,
-        judge: Judge,
-        template_dir: str | Path | None,
-    ) -> Dimensions | None:
-        """The dimensions turned on for ``judge`` (``True``: with the default settings), asked
-        with its model, params, language, re-ask and context window; None when none is on."""
-        n = nuggets if isinstance(nuggets, NuggetsSection) else NuggetsSection(enabled=nuggets)
-        c = credibility
-        if not isinstance(c, CredibilitySection):
-            c = CredibilitySection(enabled=c)
-        if not n.enabled and not c.enabled:
-            return None
-        return cls(
-            n,
-            c,
-            caller=judge.caller,
-            model=judge.model,
-            params=judge.params,
-            language=judge.asker.language,
-            template_dir=template_dir,
-            context_tokens=judge.context_tokens,
-            reask=judge.asker.reask,
-            max_reason_words=judge.asker.shape.max_reason_words,
+        language, params = ctx.language, ctx.params
+        self.maker = NuggetPrompt(
+            load_template(f"nuggets.listwise.{language}", template_dir=template_dir),
+            ctx.model,
+            params,
+            section.max_nuggets,
+            section.pool_tokens,
+            ctx.context_tokens,
+        )
+        self.assigner = Assigner(
+            ctx,
+            load_template(f"support.listwise.{language}", template_dir=template_dir),
+            section.group_passages,
         )
 
-    def metric_policy(self, policy: MetricPolicy) -> MetricPolicy:
-        """``policy`` with each dimension's default metrics added when it names none of its own."""
-        names = list(policy.names)
-        for on, defaults in (
-            (self.assigner is not None, NuggetsSection.DEFAULT),
-            (self.credibility is not None, CredibilitySection.DEFAULT),
-        ):
-            bases = {parse_metric_name(d)[0] for d in defaults}
-            if on and not any(parse_metric_name(n)[0] in bases for n in names):
-                names += defaults
-        return policy.model_copy(update={"names": tuple(names)})
+    @classmethod
+    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension:
+        return cls(section, ctx, template_dir)
 
-    # ---- nugget sets ------------------------------------------------------------------
+    def default_metrics(self) -> tuple[str, ...]:
+        return NuggetsSection.DEFAULT
 
-    async def prepare(
-        self, queries: Sequence[Query], known: Mapping[str, NuggetSet] | None = None
-    ) -> None:
-        """A nugget set for every query id of ``queries``: ``known`` ones as given, the rest
-        written by the judge from every engine's passages pooled, concurrently (one request
-        per query id). BudgetExceeded propagates; other failures are kept per query id."""
-        self.sets.update(known or {})
+    @staticmethod
+    def statuses(result: Any) -> Iterable[AspectStatus]:
+        return [] if result is None else [s.status for s in result.supports]
+
+    def given(self, queries: Sequence[Query], run_dir: Path | None) -> dict[str, NuggetSet]:
+        """The sets given for ``queries``: the ``path`` file's, then the run directory's own."""
+        if run_dir is None and self.section.path is None:
+            return {}
+        return given_sets(self.section.path, run_dir or Path(), queries)
+
+    def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        if run_dir is not None:
+            self.sets.update(self.given(queries, run_dir))
+
+    async def prepare(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        """A nugget set for every query id of ``queries``: given ones (:meth:`load`) as they
+        are, the rest written by the judge from every engine's passages pooled, concurrently
+        (one request per query id); the sets then written to the run directory.
+        BudgetExceeded propagates; other failures are kept per query id."""
         by_id: dict[str, list[Query]] = {}
         for q in queries:
             by_id.setdefault(q.query_id, []).append(q)
@@ -166,6 +161,9 @@ class Dimensions:
         failed = [r for r in done if isinstance(r, BaseException)]
         if failed:  # the budget's stop first: the run ends resumable on it
             raise next((r for r in failed if isinstance(r, BudgetExceeded)), failed[0])
+        if run_dir is not None:
+            sets = [self.sets[qid] for qid in by_id if qid in self.sets]
+            write_nuggets(run_dir / NUGGETS_FILE, sets)
 
     def _key(self, query: Query) -> str:
         """Where ``query``'s set is kept: its id, unless a set kept there is for another text
@@ -177,7 +175,7 @@ class Dimensions:
 
     async def _create(self, queries: Sequence[Query]) -> None:
         first, key = queries[0], self._key(queries[0])
-        if self.maker is None or key in self.sets:
+        if key in self.sets:
             return
         passages = pool(queries, self.section.pool_passages)
         if not passages:
@@ -185,15 +183,15 @@ class Dimensions:
             return
         pooled = first.model_copy(update={"passages": passages, "engine": "pool"})
         parse = functools.partial(parse_nuggets, max_nuggets=self.section.max_nuggets)
+        ctx = self.ctx
         request = self.maker.request(pooled)
-        asked = await ask(self.caller, request, 0, parse, reask=self.reask, language=self.language)
-        self.creation_usage = self.creation_usage + asked.usage
+        asked = await ask(ctx.caller, request, 0, parse, reask=ctx.reask, language=ctx.language)
         if asked.value is None:
             status: AspectStatus = "error" if asked.failed else "unparsed"
             self.failures[key] = (status, f"nugget creation: {asked.error}")
             return
         self.sets[key] = NuggetSet(
-            query_id=first.query_id, query=first.query, nuggets=asked.value, model=self.model
+            query_id=first.query_id, query=first.query, nuggets=asked.value, model=ctx.model
         )
 
     async def _nugget_set(self, query: Query) -> tuple[str, NuggetSet | None]:
@@ -207,30 +205,7 @@ class Dimensions:
             await task
         return key, self.sets.get(key)
 
-    # ---- per unit ---------------------------------------------------------------------
-
-    async def judge(self, query: Query, repeat: int) -> Aspects:
-        """``query``'s coverage and credibility for repeat ``repeat`` (each None when off)."""
-        coverage, c_usage = (None, Usage())
-        credibility, r_usage = (None, Usage())
-        if self.assigner is not None and self.credibility is not None:
-            (coverage, c_usage), (credibility, r_usage) = await asyncio.gather(
-                self._coverage(query, repeat), self.credibility.grades(query, repeat)
-            )
-        elif self.assigner is not None:
-            coverage, c_usage = await self._coverage(query, repeat)
-        elif self.credibility is not None:
-            credibility, r_usage = await self.credibility.grades(query, repeat)
-        usage = c_usage + r_usage
-        return Aspects(
-            coverage=coverage,
-            credibility=credibility,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-        )
-
-    async def _coverage(self, query: Query, repeat: int) -> tuple[Coverage, Usage]:
-        assert self.assigner is not None
+    async def judge(self, query: Query, repeat: int) -> tuple[Coverage, Usage]:
         key, found = await self._nugget_set(query)
         if found is None:
             status, why = self.failures[key]
@@ -242,34 +217,30 @@ class Dimensions:
             return Coverage(nuggets=found.nuggets, supports=()), Usage()
         return await self.assigner.coverage(query, found, repeat)
 
-    # ---- a dry run --------------------------------------------------------------------
-
     def planned(
         self,
         queries: Sequence[Query],
         units: Sequence[tuple[Query, int]],
-        known: Mapping[str, NuggetSet],
+        run_dir: Path,
         cache: Cache,
     ) -> tuple[list[Planned], bool]:
-        """The requests ``units`` need, creation for the query ids ``known`` lacks included,
-        and whether some assignment prompts stand in placeholder nuggets for a set not written
-        yet (a creation answer in ``cache`` is read: its set is known)."""
+        """Creation for the query ids with no set given, then assignment; assignment prompts
+        stand in placeholder nuggets for a set not written yet (a creation answer in ``cache``
+        is read: its set is known)."""
+        known = self.given(queries, run_dir)
         out, sets = self._creation_planned(queries, {q.query_id for q, _ in units}, known, cache)
         stand_in = tuple(
             Nugget(id=f"n{i}", text=_PLACEHOLDER) for i in range(1, self.section.max_nuggets + 1)
         )
         for q, repeat in units:
-            if self.assigner is not None and q.passages:
+            if q.passages:
                 nuggets = sets[q.query_id].nuggets if q.query_id in sets else stand_in
                 for batch in self.assigner.groups(q, nuggets):
                     # An entry per passage with a nugget id or two: about 12 tokens.
                     request = self.assigner.request(q, batch, nuggets)
                     out.append(("support", request, repeat, 8 + 12 * len(batch)))
-            if self.credibility is not None:
-                answer = self.credibility.answer_tokens
-                out += [("credibility", r, repeat, answer) for r in self.credibility.requests(q)]
         stood_in = any(q.query_id not in sets and q.passages for q, _ in units)
-        return out, stood_in and self.assigner is not None
+        return out, stood_in
 
     def _creation_planned(
         self,
@@ -282,8 +253,6 @@ class Dimensions:
         after reading those a cached creation answer gives."""
         out: list[Planned] = []
         sets = dict(known)
-        if self.maker is None:
-            return out, sets
         for qid in sorted(wanted - set(known)):
             group = [q for q in queries if q.query_id == qid]
             passages = pool(group, self.section.pool_passages)
@@ -293,7 +262,7 @@ class Dimensions:
             request = self.maker.request(pooled)
             # A written nugget takes about 25 tokens, the JSON around them 10.
             out.append(("nuggets", request, 0, 10 + 25 * self.section.max_nuggets))
-            answer = cache.get(self.caller.key(request, 0), Completion)
+            answer = cache.get(self.ctx.caller.key(request, 0), Completion)
             try:
                 nuggets = parse_nuggets(answer, self.section.max_nuggets) if answer else None
             except ParseError:
@@ -303,40 +272,140 @@ class Dimensions:
         return out, sets
 
 
+class CredibilityDimension:
+    """``[credibility]``: each passage's source graded low / medium / high with a reason."""
+
+    name: ClassVar[str] = "credibility"
+    field: ClassVar[str] = "credibility"
+    section_type: ClassVar[type[Record]] = CredibilitySection
+
+    def __init__(self, ctx: AskContext, template_dir: Path | None) -> None:
+        template = load_template(f"credibility.pointwise.{ctx.language}", template_dir=template_dir)
+        self.asker = CredibilityAsker(ctx, template)
+
+    @classmethod
+    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension:
+        return cls(ctx, template_dir)
+
+    def default_metrics(self) -> tuple[str, ...]:
+        return CredibilitySection.DEFAULT
+
+    @staticmethod
+    def statuses(result: Any) -> Iterable[AspectStatus]:
+        return [c.status for c in result or ()]
+
+    def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        return None
+
+    async def prepare(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        return None
+
+    async def judge(self, query: Query, repeat: int) -> tuple[tuple[Credibility, ...], Usage]:
+        return await self.asker.grades(query, repeat)
+
+    def planned(
+        self,
+        queries: Sequence[Query],
+        units: Sequence[tuple[Query, int]],
+        run_dir: Path,
+        cache: Cache,
+    ) -> tuple[list[Planned], bool]:
+        answer = self.asker.answer_tokens
+        out = [
+            ("credibility", r, repeat, answer)
+            for q, repeat in units
+            for r in self.asker.requests(q)
+        ]
+        return out, False
+
+
+# Every dimension judge knows, in the order a unit asks them and a dry run lists them.
+DIMENSIONS: tuple[type[Dimension], ...] = (NuggetsDimension, CredibilityDimension)
+
+
+@dataclass(frozen=True)
+class UnitAspects:
+    """What one unit's dimensions gave: each result by the JudgedQuery field it fills, and the
+    tokens they took (nugget creation's are the run's, not a unit's: it serves every engine)."""
+
+    results: dict[str, Any]
+    usage: Usage
+
+
+class Dimensions:
+    """The dimensions turned on for one Judge; build with :meth:`of` (None when all are off)."""
+
+    def __init__(self, dims: Sequence[Dimension]) -> None:
+        self.on = tuple(dims)
+        self.by_name = {d.name: d for d in self.on}
+
+    @classmethod
+    def of(
+        cls, sections: Mapping[str, Any], ctx: AskContext, template_dir: str | Path | None
+    ) -> Dimensions | None:
+        """The dimensions whose table in ``sections`` (by name; ``True``: default settings) is
+        enabled, asked with ``ctx``; None when none is on."""
+        tdir = Path(template_dir) if template_dir else None
+        dims = []
+        for kind in DIMENSIONS:
+            section = sections.get(kind.name, False)
+            if not isinstance(section, kind.section_type):
+                section = kind.section_type.model_validate({"enabled": bool(section)})
+            if getattr(section, "enabled", False):
+                dims.append(kind.build(section, ctx, tdir))
+        return cls(dims) if dims else None
+
+    @property
+    def nuggets(self) -> NuggetsDimension | None:
+        found = self.by_name.get(NuggetsDimension.name)
+        return found if isinstance(found, NuggetsDimension) else None
+
+    def metric_policy(self, policy: MetricPolicy) -> MetricPolicy:
+        """``policy`` with each dimension's default metrics added when it names none of its own."""
+        names = list(policy.names)
+        for dim in self.on:
+            defaults = dim.default_metrics()
+            bases = {parse_metric_name(d)[0] for d in defaults}
+            if not any(parse_metric_name(n)[0] in bases for n in names):
+                names += defaults
+        return policy.model_copy(update={"names": tuple(names)})
+
+    def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
+        for dim in self.on:
+            dim.load(queries, run_dir)
+
+    async def prepare(self, queries: Sequence[Query], run_dir: Path | None = None) -> None:
+        for dim in self.on:
+            await dim.prepare(queries, run_dir)
+
+    async def judge(self, query: Query, repeat: int) -> UnitAspects:
+        """``query``'s results for repeat ``repeat``, the dimensions asked together. Asked
+        after its verdicts, not beside them: a run keeps many units in flight, so the caller's
+        concurrency limit, not one unit's wait, sets the pace."""
+        got = await asyncio.gather(*(d.judge(query, repeat) for d in self.on))
+        usage = sum((u for _, u in got), Usage())
+        return UnitAspects({d.field: r for d, (r, _) in zip(self.on, got, strict=True)}, usage)
+
+    def planned(
+        self,
+        queries: Sequence[Query],
+        units: Sequence[tuple[Query, int]],
+        run_dir: Path,
+        cache: Cache,
+    ) -> tuple[list[Planned], bool]:
+        out: list[Planned] = []
+        estimated = False
+        for dim in self.on:
+            planned, stood_in = dim.planned(queries, units, run_dir, cache)
+            out += planned
+            estimated = estimated or stood_in
+        return out, estimated
+
+
 def unit_statuses_of(jq: JudgedQuery) -> frozenset[str]:
-    """How a unit's answers ended: its verdicts', its supports' and its credibility grades'
-    statuses (a resumed run judges a unit with an ``error`` among them again)."""
-    supports = jq.coverage.supports if jq.coverage is not None else ()
-    return frozenset(
-        [v.status for v in jq.verdicts]
-        + [s.status for s in supports]
-        + [c.status for c in jq.credibility or ()]
-    )
-
-
-async def with_aspects(
-    dimensions: Dimensions | None,
-    judged: tuple[Query, int, Sequence[Verdict], dict[str, float] | None],
-) -> Judged:
-    """A unit's relevance judging with its coverage and credibility (None when all are off).
-    Asked after its verdicts, not beside them: a run keeps many units in flight, so the
-    caller's concurrency limit, not one unit's wait, sets the pace."""
-    query, repeat, _, _ = judged
-    aspects = await dimensions.judge(query, repeat) if dimensions is not None else None
-    return (*judged, aspects)
-
-
-def aspect_fields(aspects: Aspects | None, verdicts: Sequence[Verdict]) -> dict[str, Any]:
-    """A JudgedQuery's coverage, credibility and usage (its verdicts' tokens and theirs)."""
-    usage = Usage(  # summed as numbers: a cached run adds up 100,000 of these
-        prompt_tokens=sum(v.usage.prompt_tokens for v in verdicts),
-        completion_tokens=sum(v.usage.completion_tokens for v in verdicts),
-    )
-    if aspects is None:
-        return {"usage": usage}
-    extra = Usage(prompt_tokens=aspects.prompt_tokens, completion_tokens=aspects.completion_tokens)
-    return {
-        "usage": usage + extra,
-        "coverage": aspects.coverage,
-        "credibility": aspects.credibility,
-    }
+    """How a unit's answers ended: its verdicts' and every dimension's statuses (a resumed run
+    judges a unit with an ``error`` among them again)."""
+    out: set[str] = {v.status for v in jq.verdicts}
+    for kind in DIMENSIONS:
+        out.update(kind.statuses(getattr(jq, kind.field)))
+    return frozenset(out)

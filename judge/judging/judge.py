@@ -1,24 +1,33 @@
-"""One query's passages -> verdicts -> label-free metrics (the per-query Python API).
+"""One query's passages -> verdicts -> label-free metrics (the per-query Python API), and
+many queries at once (:meth:`Judge.judge_many`, through the one unit loop of judging/units.py).
 
 Async core (:meth:`Judge.ajudge`), one sync wrapper at the edge (:meth:`Judge.judge`, which
 runs the core on an event loop the Judge owns, so its HTTP clients survive between calls;
-see judging/sync.py), for one query or many (judging/many.py). How verdicts are asked for
-(pointwise, listwise, re-asks) lives in :mod:`judge.judging.asker`.
+see judging/sync.py). A Judge is built from one settings record, the ``[judge]`` table's
+:class:`~judge.config.JudgeSection`: ``Judge(settings)``, or ``Judge(provider, model, **knobs)``,
+which validates the keywords into that record. How verdicts are asked for (pointwise,
+listwise, re-asks) lives in :mod:`judge.judging.relevance`; every question goes through
+:func:`judge.judging.ask.ask`.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from pydantic import ValidationError
+from tqdm import tqdm
+
+from judge.aspects import Aspects
 from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Caller
 from judge.calling.limits import Limits
-from judge.config import DEFAULT_PARAMS, CascadeSection, RunConfig
-from judge.errors import ConfigError
-from judge.judging.asker import Asker
+from judge.config import JudgeSection, RunConfig
+from judge.errors import ConfigError, ProviderError
+from judge.judging.ask import AskContext
 from judge.judging.cascade import Band, Cascade, rerank_scores
 from judge.judging.context import (
     DEFAULT_ANSWER_TOKENS,
@@ -26,43 +35,56 @@ from judge.judging.context import (
     fit_to_context,
     preset_context,
 )
-from judge.judging.dimensions import Aspects, Dimensions, aspect_fields, with_aspects
-from judge.judging.many import PassageLike, QueryRow, as_passages, as_query, judge_many
+from judge.judging.dimensions import DIMENSIONS, Dimensions, UnitAspects
 from judge.judging.memo import VerdictMemo
 from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
+from judge.judging.relevance import Asker
+from judge.judging.rows import PassageLike, QueryRow, as_passages, as_queries, as_query
 from judge.judging.sanitise import sanitise_query
 from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
+from judge.judging.units import Judged, judge_units, refusal
 from judge.metrics.compute import metrics_for_queries
 from judge.providers import make_chat_provider, rerank_provider, resolve_spec
 from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
-from judge.schema import (
-    BUILTIN_SCALES,
-    JudgedQuery,
-    MetricPolicy,
-    Query,
-    SamplingParams,
-    Scale,
-    Verdict,
-)
-from judge.sections import CredibilitySection, NuggetsSection
+from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Query, Scale, Usage, Verdict
 
 __all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "PassageLike", "as_passages"]
 
 T = TypeVar("T")
-# One query's judging before its metrics: (query, repeat, verdicts, reranker scores, coverage
-# and credibility: judging/dimensions.py).
-Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None, Aspects | None]
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "max": max,
     "mean": statistics.fmean,
     "median": statistics.median,
 }
+# The keywords Judge(...) reads into its settings record, besides provider and model.
+_SETTINGS = frozenset(JudgeSection.model_fields) - {"provider", "model"}
+_DIMENSION_NAMES = frozenset(d.name for d in DIMENSIONS)
 
 
-def _implied_schema(params: SamplingParams) -> bool:
-    """Whether the answer schema is the one the scale implies (asked for, none given)."""
-    return params.response_format == "json_schema" and params.json_schema is None
+def _settings(provider: str, model: str | None, knobs: Mapping[str, Any]) -> JudgeSection:
+    """``knobs`` validated into the settings record; ConfigError naming each bad keyword."""
+    data = {k: str(v) if isinstance(v, Path) else v for k, v in knobs.items()}
+    data["provider"] = provider
+    if model is not None:
+        data["model"] = model
+    try:
+        return JudgeSection.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"Judge: {problems}") from None
+
+
+def _usage(verdicts: Sequence[Verdict], aspects: UnitAspects | None) -> Usage:
+    """A unit's tokens: its verdicts' and its dimensions' (summed as numbers: a cached run adds
+    up 100,000 of these)."""
+    usage = Usage(
+        prompt_tokens=sum(v.usage.prompt_tokens for v in verdicts),
+        completion_tokens=sum(v.usage.completion_tokens for v in verdicts),
+    )
+    return usage if aspects is None else usage + aspects.usage
 
 
 class Judge:
@@ -75,78 +97,97 @@ class Judge:
 
     def __init__(
         self,
-        provider: str | ProviderSpec | ChatProvider = "openai",
-        model: str = "gpt-4o-mini",
+        provider: str | ProviderSpec | ChatProvider | JudgeSection = "openai",
+        model: str | None = None,
         *,
-        scale: str | Scale = "binary",
-        mode: Literal["pointwise", "listwise"] = "pointwise",
-        language: Literal["en", "zh"] = "en",
-        template: str | None = None,
-        template_dir: str | Path | None = None,
-        params: SamplingParams | None = None,
+        scale: str | Scale | None = None,
         metrics: Sequence[str] | MetricPolicy = MetricPolicy(),
         rerank: str | ProviderSpec | RerankProvider | None = None,
         rerank_model: str | None = None,
         cache: str | Path | Cache | None = None,
         limits: Limits | None = None,
-        verdict_first: bool = False,
-        max_reason_words: int = 30,
-        reasons: bool = True,
-        reask: bool = True,
-        context_tokens: int | None = None,
-        sanitise: bool = True,
-        cascade: CascadeSection | None = None,
-        nuggets: NuggetsSection | bool = False,
-        credibility: CredibilitySection | bool = False,
-        **provider_overrides: Any,
+        **knobs: Any,
     ) -> None:
-        """``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
-        (None: none); ``context_tokens``: the model's window (None: not enforced); ``sanitise``:
-        take text aimed at the judge out of passages first (judging/sanitise.py); ``cascade``:
-        judging/cascade.py; ``nuggets``, ``credibility``: judging/dimensions.py. Other keyword
-        arguments override the preset (``base_url``).
-        Long because it wires every keyword into its part."""
-        scale = Scale.named(scale) if isinstance(scale, str) else scale
-        self.scale, self.model, self.mode, self.context_tokens = scale, model, mode, context_tokens
-        self.sanitise = sanitise
-        if not isinstance(metrics, MetricPolicy):
-            metrics = MetricPolicy(names=tuple(metrics))
-        self.policy = metrics
-        name = template or template_name(
-            scale.name if scale.name in BUILTIN_SCALES else "graded", mode, language
+        """``provider``: a preset name, a ProviderSpec, a ChatProvider, or the whole settings
+        record (a ``[judge]`` table); ``scale``: a name or a Scale record (a custom scale);
+        ``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
+        (None: none). ``knobs``: fields of :class:`~judge.config.JudgeSection` (``mode``,
+        ``language``, ``params``, ``reask``, ``context_tokens``, ``sanitise``, ``cascade``,
+        ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
+        judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
+        settings_keys = {k: v for k, v in knobs.items() if k in _SETTINGS}
+        sections = {k: v for k, v in knobs.items() if k in _DIMENSION_NAMES}
+        overrides = {k: v for k, v in knobs.items() if k not in _SETTINGS | _DIMENSION_NAMES}
+        if isinstance(provider, JudgeSection):
+            if model is not None or settings_keys:
+                raise ConfigError("Judge(settings): give the settings record alone, or keywords")
+            settings = provider
+        else:
+            if scale is not None:
+                settings_keys["scale"] = scale if isinstance(scale, str) else scale.name
+            name = provider if isinstance(provider, str) else "custom"
+            settings = _settings(name, model, settings_keys)
+        self.settings = settings
+        self.scale = scale if isinstance(scale, Scale) else Scale.named(settings.scale)
+        self.model, self.mode = settings.model, settings.mode
+        self.context_tokens, self.sanitise = settings.context_tokens, settings.sanitise
+        self.policy = (
+            metrics if isinstance(metrics, MetricPolicy) else MetricPolicy(names=tuple(metrics))
         )
-        self.template, pointwise_template = template_pair(name, template_dir)
-        chat = self._chat_provider(provider, provider_overrides)
-        shape = AnswerShape(verdict_first, max_reason_words, reasons)
-        self.params = with_schema(params or DEFAULT_PARAMS, scale, mode, shape)
-        # A listwise judge's pointwise fallback needs the pointwise answer schema.
-        pointwise_params = with_schema(params or DEFAULT_PARAMS, scale, "pointwise", shape)
+        chat = self._chat_provider(
+            provider if not isinstance(provider, JudgeSection | str) else settings.provider,
+            overrides,
+        )
         reranker = rerank_provider(rerank, rerank_model)
         cache = open_cache(cache) if isinstance(cache, str | Path) else cache
         self._cache, self._chat, self._reranker = cache, chat, reranker
         self.rerank_model = rerank_model
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
-        self.cascade = Cascade.of(cascade, scale, self.caller, rerank_model)
+        self.cascade = Cascade.of(settings.cascade, self.scale, self.caller, rerank_model)
         self._loop = OwnLoop()
-        self.asker = Asker(
+        shape = AnswerShape(settings.verdict_first, settings.max_reason_words, settings.reasons)
+        self.params = with_schema(settings.params, self.scale, settings.mode, shape)
+        self.ctx = AskContext(
             caller=self.caller,
-            model=model,
+            model=settings.model,
             params=self.params,
-            pointwise_params=pointwise_params,
+            language=settings.language,
+            reask=settings.reask,
+            context_tokens=settings.context_tokens,
+            max_reason_words=settings.max_reason_words,
+        )
+        self.asker = self._asker(settings, shape)
+        self.template = self.asker.template
+        self.dimensions = Dimensions.of(sections, self.ctx, settings.template_dir)
+        if self.dimensions is not None:
+            self.policy = self.dimensions.metric_policy(self.policy)
+        plain = self.cascade is None and self._reranker is None and self.dimensions is None
+        how = repr((self.sanitise, self.context_tokens, self.params.max_tokens))
+        self.memo = VerdictMemo(self.caller, f"{self.asker.identity()}\x00{how}") if plain else None
+
+    def _asker(self, settings: JudgeSection, shape: AnswerShape) -> Asker:
+        """The relevance asker: the mode's template and params, and the pointwise ones a
+        listwise judge falls back to (with the pointwise answer schema)."""
+        scale, mode = self.scale, settings.mode
+        name = settings.template or template_name(
+            scale.name if scale.name in BUILTIN_SCALES else "graded", mode, settings.language
+        )
+        template, pointwise_template = template_pair(name, settings.template_dir)
+        implied = (
+            settings.params.response_format == "json_schema" and settings.params.json_schema is None
+        )
+        return Asker(
+            ctx=self.ctx,
+            params=self.params,
+            pointwise_params=with_schema(settings.params, scale, "pointwise", shape),
             scale=scale,
             mode=mode,
-            template=self.template,
+            template=template,
             pointwise_template=pointwise_template,
-            language=language,
             shape=shape,
-            reask=reask,
-            schema_per_list=mode == "listwise" and _implied_schema(params or DEFAULT_PARAMS),
+            # The listwise schema the scale implies is made per list (its ids and count).
+            schema_per_list=mode == "listwise" and implied,
         )
-        self.dimensions = Dimensions.of(nuggets, credibility, self, template_dir)
-        self.policy = self.dimensions.metric_policy(metrics) if self.dimensions else metrics
-        plain = self.cascade is None and self._reranker is None and self.dimensions is None
-        how = repr((sanitise, context_tokens, self.params.max_tokens))
-        self.memo = VerdictMemo(self.caller, f"{self.asker.identity()}\x00{how}") if plain else None
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
@@ -181,6 +222,9 @@ class Judge:
     def from_config(
         cls, config: RunConfig, *, cache: Cache | None = None, limits: Limits | None = None
     ) -> Judge:
+        """The judge a run config describes: its ``[judge]`` record as it is (the context
+        window filled in from the provider preset when not given), its ``[provider]``,
+        ``[rerank]``, ``[metrics]`` and every dimension's table."""
         j = config.judge
         spec = resolve_spec(j.provider, config.provider.overrides())
         rerank_spec = (
@@ -188,29 +232,17 @@ class Judge:
             if config.rerank
             else None
         )
+        settings = j.model_copy(update={"context_tokens": j.context_tokens or preset_context(spec)})
         return cls(
-            spec,
-            j.model,
+            settings,
             scale=config.scale(),
-            mode=j.mode,
-            language=j.language,
-            template=j.template,
-            template_dir=j.template_dir,
-            params=j.params,
             metrics=config.metrics,
             rerank=rerank_spec,
             rerank_model=config.rerank.model if config.rerank else None,
             cache=cache,
             limits=limits,
-            verdict_first=j.verdict_first,
-            max_reason_words=j.max_reason_words,
-            reasons=j.reasons,
-            reask=j.reask,
-            context_tokens=j.context_tokens or preset_context(spec),
-            sanitise=j.sanitise,
-            cascade=j.cascade,
-            nuggets=config.nuggets,
-            credibility=config.credibility,
+            **{d.name: getattr(config, d.name) for d in DIMENSIONS},
+            **config.provider.overrides(),
         )
 
     # ---- async core -------------------------------------------------------------------
@@ -242,13 +274,27 @@ class Judge:
         query = self.fit(query)
         if self.cascade is not None:
             ask = self.asker.verdicts
-            routed, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))
-            return await with_aspects(self.dimensions, (query, repeat, routed, scores))
-        verdicts = await self.asker.verdicts(query, repeat)
-        rerank_scores = None
-        if self._reranker is not None and query.passages:
-            rerank_scores = await self._rerank_scores(query, repeat)
-        return await with_aspects(self.dimensions, (query, repeat, verdicts, rerank_scores))
+            verdicts, scores = await self.cascade.verdicts(query, lambda q: ask(q, repeat))
+        else:
+            verdicts, scores = await self.asker.verdicts(query, repeat), None
+            if self._reranker is not None and query.passages:
+                scores = await self._rerank_scores(query, repeat)
+        # Dimensions are asked after the verdicts, not beside them: a run keeps many units in
+        # flight, so the caller's concurrency limit, not one unit's wait, sets the pace.
+        aspects = await self.dimensions.judge(query, repeat) if self.dimensions else None
+        return (query, repeat, verdicts, scores, aspects)
+
+    async def prepare(
+        self, queries: Sequence[Query], labels: Scale | None = None, run_dir: Path | None = None
+    ) -> None:
+        """What judging ``queries`` needs before its first unit, paid for: a cascade's band from
+        their reranker scores (when it comes from quantiles or human ``labels``), then each
+        dimension's preparation (nugget sets from every engine's passages pooled, kept in
+        ``run_dir`` when given)."""
+        if self.cascade is not None and self.cascade.band is None:
+            await self.fit_band(queries, labels)
+        if self.dimensions is not None:
+            await self.dimensions.prepare(queries, run_dir)
 
     async def ajudge_many(
         self,
@@ -258,10 +304,57 @@ class Judge:
         progress: bool = True,
         label_scale: Scale | None = None,
     ) -> Judgements:
-        """Judge dataset rows (dicts in the dataset JSONL shape) or Queries ``repeats`` times
-        each, as ``judge run`` does (limits, cache, cascade); see judging/many.py."""
-        many = judge_many(self, rows, repeats=repeats, progress=progress, label_scale=label_scale)
-        return await self._loop.call(many)
+        """Judge dataset rows (dicts in the dataset JSONL shape, judging/rows.py) or Queries
+        ``repeats`` times each, as ``judge run`` does (limits, cache, cascade, dimensions,
+        through the same unit loop); the rows' order kept, repeats side by side. A provider
+        that refuses every request (bad model name or key) stops it after a few refusals with
+        a ProviderError. Progress is a tqdm bar on stderr: plain text, which a terminal and a
+        Jupyter cell both show as one updating line."""
+        return await self._loop.call(self._judge_many(rows, repeats, progress, label_scale))
+
+    async def _judge_many(
+        self, rows: Iterable[QueryRow], repeats: int, progress: bool, labels: Scale | None
+    ) -> Judgements:
+        if repeats < 1:
+            raise ConfigError(f"repeats must be at least 1, got {repeats}")
+        queries = as_queries(rows)
+        units = [(q, r) for q in queries for r in range(repeats)]
+        if units:
+            await self.prepare(queries, labels)
+        out: list[Judged | None] = [None] * len(units)
+        stats, counts = self.caller.stats, {"passages": 0, "errors": 0}
+        bar = tqdm(
+            total=len(units),
+            desc="judging",
+            unit="query",
+            file=sys.stderr,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+        async def judged_one(index: int, judged: Judged) -> None:
+            out[index] = judged
+            counts["passages"] += len(judged[2])
+            counts["errors"] += sum(v.status != "ok" for v in judged[2])
+            bar.set_postfix_str(
+                f"passages {counts['passages']}, cached {stats.cache_hits}, "
+                f"failed {counts['errors']}",
+                refresh=False,
+            )
+            bar.update(1)
+            if (why := refusal(stats, judged[2])) is not None:
+                raise ProviderError(why, kind="client")
+
+        try:
+            await judge_units(
+                units,
+                lambda query, repeat: self.averdicts(query, repeat=repeat),
+                judged_one,
+                workers=self.caller.limits.concurrency * 2,
+            )
+        finally:
+            bar.close()
+        return Judgements(self.finish_many([j for j in out if j is not None]))
 
     def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
         """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed
@@ -273,7 +366,7 @@ class Judge:
             self.scale,
             self.policy,
             [j[3] for j in judged],
-            [j[4] for j in judged],
+            [None if j[4] is None else Aspects(**j[4].results) for j in judged],
         )
         return [
             JudgedQuery(
@@ -283,7 +376,8 @@ class Judge:
                 verdicts=tuple(verdicts),
                 metrics=metrics,
                 rerank_scores=scores,
-                **aspect_fields(aspects, verdicts),
+                usage=_usage(verdicts, aspects),
+                **(aspects.results if aspects is not None else {}),
             )
             for (query, repeat, verdicts, scores, aspects), metrics in zip(
                 judged, values, strict=True

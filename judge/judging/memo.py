@@ -34,10 +34,9 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from judge import schema
 from judge.calling.caller import Caller
-from judge.compact import share_verdict_fields
-from judge.judging import asker, context, sanitise, sanitise_zh, verdicts
+from judge.judging import ask, context, relevance, sanitise, verdicts
 from judge.judging.keys import code_digest
-from judge.schema import Passage, Query, Record, Verdict
+from judge.schema import Passage, Query, Record, Verdict, share_verdict_fields
 
 SCHEME = "judge-verdict-set-1"
 _FIELDS = operator.attrgetter(*Passage.model_fields)
@@ -57,7 +56,7 @@ class VerdictMemo:
 
     def __init__(self, caller: Caller, identity: str) -> None:
         self.caller = caller
-        code = code_digest((asker, context, sanitise, sanitise_zh, verdicts, schema))
+        code = code_digest((ask, relevance, context, sanitise, verdicts, schema))
         chat = caller.chat.identity if caller.chat is not None else ""
         self._base = hashlib.sha256(f"{SCHEME}\x00{code}\x00{chat}\x00{identity}\x00".encode())
 

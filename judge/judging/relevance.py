@@ -1,4 +1,4 @@
-"""Asking the judge: rendering, calling, parsing, re-asking — one query's verdicts.
+"""Relevance verdicts: rendering, asking (judging/ask.py), reading — one query's verdicts.
 
 Pointwise: one call per passage. Listwise: one call for the whole list; ids the judge left
 out (or answered off-scale) are asked again in a second, smaller listwise call, and whatever
@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-from judge.calling.answers import CallResult, Prompt, Reader
-from judge.calling.caller import Caller
-from judge.compact import share_verdict_fields
-from judge.errors import ProviderError
+from judge.calling.caller import Caller, CallResult, Prompt, Reader
+from judge.judging.ask import AskContext, Asked, ask
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
-from judge.judging.verdicts import (
-    ListwiseParsed,
-    Parsed,
-    parse_listwise,
-    parse_pointwise,
-    reask_messages,
-)
+from judge.judging.verdicts import ListwiseParsed, Parsed, parse_listwise, parse_pointwise
 from judge.providers.base import ChatRequest, Completion, Message
-from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict
+from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict, share_verdict_fields
+
+R = TypeVar("R")
 
 
 def _split_usage(usage: Usage, n: int) -> list[Usage]:
@@ -44,51 +38,36 @@ def _split_usage(usage: Usage, n: int) -> list[Usage]:
 
 
 @dataclass
-class _Tally:
-    """What the calls for one passage added up to (first ask and re-ask)."""
-
-    attempts: int = 0
-    usage: Usage = field(default_factory=Usage)
-    latency_s: float = 0.0
-    cached: bool = True
-    raw: str | None = None
-
-    def add(self, call: CallResult[Completion]) -> _Tally:
-        self.attempts += call.attempts
-        self.usage = self.usage + call.answer.usage
-        self.latency_s += call.latency_s
-        self.cached = self.cached and call.cached
-        self.raw = call.answer.text
-        return self
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "raw": self.raw,
-            "attempts": self.attempts,
-            "usage": self.usage,
-            "latency_s": self.latency_s,
-            "cached": self.cached,
-        }
-
-
-@dataclass
 class Asker:
     """Everything needed to turn passages into verdicts with one chat model."""
 
-    caller: Caller
-    model: str
+    ctx: AskContext
     params: SamplingParams  # for the mode's requests (listwise in listwise mode)
     pointwise_params: SamplingParams  # for pointwise requests, the listwise fallback included
     scale: Scale
     mode: Literal["pointwise", "listwise"]
     template: PromptTemplate
     pointwise_template: PromptTemplate
-    language: str
     shape: AnswerShape
-    reask: bool
     # The listwise schema is the one the scale implies: each list request gets its own, with
     # its passages' ids and count (a schema the user gave is sent as given).
     schema_per_list: bool = False
+
+    @property
+    def caller(self) -> Caller:
+        return self.ctx.caller
+
+    @property
+    def model(self) -> str:
+        return self.ctx.model
+
+    @property
+    def language(self) -> str:
+        return self.ctx.language
+
+    @property
+    def reask(self) -> bool:
+        return self.ctx.reask
 
     def __post_init__(self) -> None:
         # First-round prompts are known by digests before they are rendered, and their
@@ -209,7 +188,16 @@ class Asker:
         self, passage: Passage, rank: int, call: CallResult[Completion], parsed: Parsed
     ) -> Verdict:
         """The verdict a cached answer gives (one call, read from the cache)."""
-        return self._ok(passage, rank, parsed, **_Tally().add(call).fields())
+        return self._ok(
+            passage,
+            rank,
+            parsed,
+            raw=call.answer.text,
+            attempts=call.attempts,
+            usage=call.answer.usage,
+            latency_s=call.latency_s,
+            cached=call.cached,
+        )
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
         return Verdict(
@@ -229,33 +217,22 @@ class Asker:
         self, query: Query, passage: Passage, rank: int, repeat: int, prompt: Prompt | None = None
     ) -> Verdict:
         prompt = prompt or self._pointwise_prompt(query, passage)
-        tally = _Tally()
-        error = ""
-        request: ChatRequest | Prompt = prompt
-        for round_ in range(2 if self.reask else 1):
-            try:
-                got = await self.caller.complete(request, repeat, self._point_reader)
-            except ProviderError as exc:
-                fields = tally.fields() | {"attempts": tally.attempts + exc.attempts}
-                return Verdict(
-                    passage_id=passage.id,
-                    rank=rank,
-                    status="error",
-                    error=str(exc),
-                    **fields | {"cached": False},
-                )
-            tally.add(got.call)
-            if got.value is not None:
-                return self._ok(passage, rank, got.value, **tally.fields())
-            error = str(got.error)
-            if round_ == 0:
-                first = prompt.request
-                conversation = reask_messages(
-                    first.messages, got.call.answer.text, error, language=self.language
-                )
-                request = first.model_copy(update={"messages": conversation})
-        return Verdict(
-            passage_id=passage.id, rank=rank, status="unparsed", error=error, **tally.fields()
+        asked = await self._ask(prompt, repeat, self._point_reader)
+        tally = {
+            "raw": asked.raw,
+            "attempts": asked.attempts,
+            "usage": asked.usage,
+            "latency_s": asked.latency_s,
+            "cached": asked.cached,
+        }
+        if asked.value is not None:
+            return self._ok(passage, rank, asked.value, **tally)
+        status = "error" if asked.failed else "unparsed"
+        return Verdict(passage_id=passage.id, rank=rank, status=status, error=asked.error, **tally)
+
+    async def _ask(self, prompt: Prompt, repeat: int, reader: Reader[R]) -> Asked[R]:
+        return await ask(
+            self.caller, prompt, repeat, reader, reask=self.reask, language=self.language
         )
 
     async def _listwise(self, query: Query, passages: list[Passage], repeat: int) -> list[Verdict]:
@@ -292,34 +269,23 @@ class Asker:
             ListwiseParsed.model_dump_json,
             ListwiseParsed.model_validate_json,
         )
-        request: ChatRequest | Prompt = prompt
-        for round_ in range(2 if self.reask else 1):
-            try:
-                got = await self.caller.complete(request, repeat, reader)
-            except ProviderError:
-                return None
-            res, parsed = got.call, got.value
-            if parsed is None:
-                if round_ == 0:
-                    first = prompt.request
-                    conversation = reask_messages(
-                        first.messages, res.answer.text, str(got.error), language=self.language
-                    )
-                    request = first.model_copy(update={"messages": conversation})
-                continue
-            by_id = {p.id: p for p in passages}
-            shares = _split_usage(res.answer.usage, max(1, len(parsed.verdicts)))
-            return {
-                pid: self._ok(
-                    by_id[pid],
-                    ranks[pid],
-                    item,
-                    raw=res.answer.text,
-                    attempts=res.attempts,
-                    usage=share,
-                    latency_s=res.latency_s,
-                    cached=res.cached,
-                )
-                for (pid, item), share in zip(parsed.verdicts.items(), shares, strict=False)
-            }
-        return {}
+        asked = await self._ask(prompt, repeat, reader)
+        if asked.failed:
+            return None
+        if asked.value is None:
+            return {}
+        by_id = {p.id: p for p in passages}
+        shares = _split_usage(asked.usage, max(1, len(asked.value.verdicts)))
+        return {
+            pid: self._ok(
+                by_id[pid],
+                ranks[pid],
+                item,
+                raw=asked.raw,
+                attempts=asked.attempts,
+                usage=share,
+                latency_s=asked.latency_s,
+                cached=asked.cached,
+            )
+            for (pid, item), share in zip(asked.value.verdicts.items(), shares, strict=False)
+        }

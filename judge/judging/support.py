@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from judge.aspects import Coverage, Nugget, NuggetSet, Support
-from judge.calling.caller import Caller
 from judge.errors import ParseError
-from judge.judging.asking import (
+from judge.judging.ask import (
+    AskContext,
     answer_entries,
     answer_field,
     answer_room,
@@ -34,26 +34,19 @@ from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
 from judge.judging.jsonscan import Node
 from judge.judging.prompts import PromptTemplate, fence, neutralise
 from judge.providers.base import ChatRequest, Completion, Message
-from judge.schema import Passage, Query, Record, SamplingParams, Scale, ScaleLabel, Usage
+from judge.schema import Passage, Query, Record, Scale, Usage
 
 __all__ = ["SUPPORT", "Assigner", "SupportsParsed", "parse_supports"]
 
-SUPPORT = Scale(
-    name="support",
-    threshold=1,
-    labels=(
-        ScaleLabel(
-            name="no",
-            grade=0,
-            description="the passage does not state the fact",
-            descriptions={"zh": "文本没有陈述这一事实"},
-        ),
-        ScaleLabel(
-            name="supports",
-            grade=1,
-            description="the passage states the fact, or something that directly implies it",
-            descriptions={"zh": "文本陈述了这一事实，或陈述了直接蕴含它的内容"},
-        ),
+SUPPORT = Scale.ordered(
+    "support",
+    1,
+    ("no", "the passage does not state the fact", "文本没有陈述这一事实", ()),
+    (
+        "supports",
+        "the passage states the fact, or something that directly implies it",
+        "文本陈述了这一事实，或陈述了直接蕴含它的内容",
+        (),
     ),
 )
 _LIST_KEYS = ("supports", "passages", "results", "items", "assignments")
@@ -146,14 +139,13 @@ def parse_supports(
 class Assigner:
     """Asks which passages support which nuggets, for one judge."""
 
-    caller: Caller
+    ctx: AskContext
     template: PromptTemplate
-    model: str
-    params: SamplingParams
-    language: str
-    reask: bool
     group_passages: int
-    context_tokens: int | None
+
+    @property
+    def context_tokens(self) -> int | None:
+        return self.ctx.context_tokens
 
     @staticmethod
     def answer_tokens(n_passages: int, n_nuggets: int) -> int:
@@ -161,7 +153,7 @@ class Assigner:
         return 16 + n_passages * (12 + 4 * min(n_nuggets, 5))
 
     def _room(self, n_passages: int, n_nuggets: int) -> int:
-        return answer_room(self.params, self.answer_tokens(n_passages, n_nuggets))
+        return answer_room(self.ctx.params, self.answer_tokens(n_passages, n_nuggets))
 
     def _render(
         self, query: Query, passages: Sequence[Passage], nuggets: Sequence[Nugget]
@@ -174,9 +166,8 @@ class Assigner:
     ) -> ChatRequest:
         answer = self.answer_tokens(len(passages), len(nuggets))
         messages = self._render(query, passages, nuggets)
-        return ChatRequest(
-            model=self.model, messages=messages, params=aspect_params(self.params, answer)
-        )
+        params = aspect_params(self.ctx.params, answer)
+        return ChatRequest(model=self.ctx.model, messages=messages, params=params)
 
     def groups(self, query: Query, nuggets: Sequence[Nugget]) -> list[list[Passage]]:
         """The passages in consecutive groups whose requests fit (see the module docstring)."""
@@ -240,16 +231,16 @@ class Assigner:
     ) -> Usage:
         """One group's supports into ``done``: a listwise request (re-asked once when it does
         not parse), then once more for the passages it left unread."""
-        usage, todo, why = Usage(), group, ""
-        for round_ in range(2 if self.reask else 1):
+        usage, todo, why, ctx = Usage(), group, "", self.ctx
+        for round_ in range(2 if ctx.reask else 1):
             asked_ids = [p.id for p in todo]
             asked = await ask(
-                self.caller,
+                ctx.caller,
                 self.request(query, todo, nuggets),
                 repeat,
                 functools.partial(parse_supports, passage_ids=asked_ids, nuggets=nuggets),
-                reask=self.reask and round_ == 0,
-                language=self.language,
+                reask=ctx.reask and round_ == 0,
+                language=ctx.language,
             )
             usage = usage + asked.usage
             if asked.value is None:

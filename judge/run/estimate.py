@@ -33,11 +33,10 @@ from typing import Any
 
 from pydantic import Field
 
-from judge.calling.answers import Prompt
 from judge.calling.batch import worst_case
 from judge.calling.cache import Cache, open_cache
+from judge.calling.caller import Prompt
 from judge.config import Price, RunConfig
-from judge.data.nuggets import given_sets
 from judge.data.results import RESULTS_FILE
 from judge.judging.cascade import fit_band, rerank_request
 from judge.judging.context import count_tokens
@@ -246,6 +245,5 @@ def _aspects(
         for q in fitted
         if (q.query_id, q.engine, r) not in done
     ]
-    known = given_sets(config.nuggets.path, out_dir, given) if dims.maker is not None else {}
-    extra.planned, extra.estimated = dims.planned(given, units, known, cache)
+    extra.planned, extra.estimated = dims.planned(given, units, out_dir, cache)
     return extra

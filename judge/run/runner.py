@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from judge.aspects import NuggetSet
 from judge.calling.cache import Cache, open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
-from judge.data.nuggets import NUGGETS_FILE, given_sets, write_nuggets
+from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import (
     RESULTS_FILE,
     UnitKey,
@@ -35,7 +34,8 @@ from judge.data.results import (
 from judge.errors import BudgetExceeded, ConfigError, ProviderError
 from judge.judging.cascade import Band
 from judge.judging.dimensions import unit_statuses_of
-from judge.judging.judge import Judge, Judged
+from judge.judging.judge import Judge
+from judge.judging.units import Judged, judge_units, refusal
 from judge.run.progress import Progress
 from judge.run.resume import (
     Redo,
@@ -50,8 +50,6 @@ from judge.schema import JudgedQuery, Query, Record
 
 log = logging.getLogger(__name__)
 
-# Refused calls (bad key, model or URL) seen with no success at all before the run stops.
-REFUSED_CALLS = 3
 # Finished units wait for their metrics until this many are ready or this long has passed.
 FLUSH_UNITS, FLUSH_S = 256, 0.05
 # Passages finished before abort_error_rate is applied (a few early errors are not a trend).
@@ -210,20 +208,16 @@ class _Batch:
         self.judge = Judge.from_config(
             self.config, cache=self.cache, limits=Limits.from_config(self.config)
         )
-        # The nugget sets given ([nuggets] path, and the run's own), read before any call.
-        dims, run_dir = self.judge.dimensions, self.results_path.parent
-        self.known: dict[str, NuggetSet] = {}
-        if dims is not None and dims.maker is not None:
-            self.known = given_sets(self.config.nuggets.path, run_dir, self.queries)
+        # What the dimensions are given (a [nuggets] path, the run's own sets), read before
+        # any call.
+        if self.judge.dimensions is not None:
+            self.judge.dimensions.load(self.queries, self.results_path.parent)
         self.progress = Progress(
             total_units=len(self.units),
             total_passages=sum(len(q.passages) for q, _ in self.units),
             caller=self.judge.caller,
             interval_s=self.config.run.progress_interval_s,
         )
-        self.queue: asyncio.Queue[tuple[Query, int]] = asyncio.Queue()
-        for unit in self.units:
-            self.queue.put_nowait(unit)
         self.stopped = asyncio.Event()
         self.grace_s = self.config.run.grace_s
         self.tasks: list[asyncio.Task[Any]] = []
@@ -234,33 +228,23 @@ class _Batch:
         self.kept: list[JudgedQuery] = []
 
     async def run(self) -> None:
-        """Workers pull units until the queue is empty or a stop reason is set.
-
-        More workers than call slots keep the slots busy while a unit waits on its last call;
-        the call layer's per-provider limit is what bounds requests in flight.
-        """
-        n_workers = max(1, min(len(self.units), self.config.run.concurrency * 2))
+        """Workers pull units (judging/units.py) until none is left or a stop reason is set."""
         self.writer = ResultsWriter(self.results_path)
-        tasks: list[asyncio.Task[Any]] = []
         try:
-            if self.units and not await self._fit_cascade():
+            if self.units and not await self._prepare():
                 return
-            if self.units and not await self._prepare_nuggets():
-                return
-            tasks = [asyncio.create_task(self._worker()) for _ in range(n_workers)]
-            self.tasks = tasks
-            await asyncio.gather(*tasks)
+            await judge_units(
+                self.units,
+                self._judge_one,
+                self._judged,
+                workers=self.config.run.concurrency * 2,
+                stopped=self.stopped.is_set,
+                tasks=self.tasks,
+            )
         except asyncio.CancelledError:
             if self.stopped_by != "interrupted" or _cancelling():
                 raise
             # The grace period ran out: the cancelled units stay unfinished (resumable).
-            await asyncio.gather(*tasks, return_exceptions=True)
-        except BaseException:
-            # A failure (or Ctrl-C) in one worker stops the others before the clients close.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
         finally:
             try:
                 self._flush()
@@ -271,40 +255,21 @@ class _Batch:
                 await self.judge.aclose()
                 self.cache.close()
 
-    async def _fit_cascade(self) -> bool:
-        """Set a cascade's band from the run's reranker scores before the first LLM call
-        (judging/cascade.py); False when the run stopped instead."""
-        cascade = self.judge.cascade
-        if cascade is None or cascade.band is not None:
-            return True
-        fit = asyncio.create_task(self.judge.fit_band(self.queries, self.config.label_scale()))
-        self.tasks = [fit]  # a signal's cancel() reaches it too
+    async def _prepare(self) -> bool:
+        """What the units need first (judging/judge.py ``Judge.prepare``: a cascade's band from
+        the run's reranker scores, every query's nugget set, written to the run directory);
+        False when the run stopped instead."""
+        labels, run_dir = self.config.label_scale(), self.results_path.parent
+        prepare = asyncio.create_task(self.judge.prepare(self.queries, labels, run_dir))
+        self.tasks[:] = [prepare]  # a signal's cancel() reaches it too
         try:
-            await fit
+            await prepare
         except BudgetExceeded as exc:
             self.stop(str(exc), "budget")
             return False
         except ProviderError as exc:
             self.stop(f"the reranker failed while setting the cascade band: {exc}", "errors")
             return False
-        return True
-
-    async def _prepare_nuggets(self) -> bool:
-        """Every query's nugget set before the first unit (pooling needs every engine's
-        passages), then the sets written to the run directory; False when the run stopped."""
-        dims = self.judge.dimensions
-        if dims is None or dims.maker is None:
-            return True
-        prepare = asyncio.create_task(dims.prepare(self.queries, self.known))
-        self.tasks = [prepare]  # a signal's cancel() reaches it too
-        try:
-            await prepare
-        except BudgetExceeded as exc:
-            self.stop(str(exc), "budget")
-            return False
-        ids = dict.fromkeys(q.query_id for q in self.queries)
-        path = self.results_path.parent / NUGGETS_FILE
-        write_nuggets(path, [dims.sets[qid] for qid in ids if qid in dims.sets])
         return True
 
     def stop(self, reason: str, kind: StopKind) -> None:
@@ -316,23 +281,20 @@ class _Batch:
         for task in self.tasks:
             task.cancel()
 
-    async def _worker(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                query, repeat = self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            try:
-                judged = await self.judge.averdicts(query, repeat=repeat)
-            except BudgetExceeded as exc:
-                self.stop(str(exc), "budget")
-                return
-            # Units finishing together (a cached run: thousands a second) get their metrics in
-            # one pass (per unit, its fixed cost is most of a cached run); alone or failed: now.
-            self._ready.append(judged)
-            await asyncio.sleep(0)
-            if self._due() or any(v.status == "error" for v in judged[2]):
-                self._flush()
+    async def _judge_one(self, query: Query, repeat: int) -> Judged | None:
+        try:
+            return await self.judge.averdicts(query, repeat=repeat)
+        except BudgetExceeded as exc:
+            self.stop(str(exc), "budget")
+            return None
+
+    async def _judged(self, _index: int, judged: Judged) -> None:
+        # Units finishing together (a cached run: thousands a second) get their metrics in
+        # one pass (per unit, its fixed cost is most of a cached run); alone or failed: now.
+        self._ready.append(judged)
+        await asyncio.sleep(0)
+        if self._due() or any(v.status == "error" for v in judged[2]):
+            self._flush()
 
     def _due(self) -> bool:
         return len(self._ready) >= FLUSH_UNITS or time.monotonic() - self._flushed >= FLUSH_S
@@ -353,15 +315,9 @@ class _Batch:
         """Stop when every call is refused, or when too many passages end in errors."""
         finished = self.progress.passages
         errors = self.progress.status["error"]
-        stats = self.judge.caller.stats
         rate = self.config.run.abort_error_rate
-        if stats.errors["client"] >= REFUSED_CALLS and stats.successes == 0:
-            example = next((v.error for v in jq.verdicts if v.error), "")
-            self.stop(
-                "the provider refuses every request (not retried; check the API key, "
-                f"model name and base_url): {example}",
-                "refused",
-            )
+        if (why := refusal(self.judge.caller.stats, jq.verdicts)) is not None:
+            self.stop(why, "refused")
         elif finished >= MIN_FOR_ERROR_RATE and errors / finished > rate:
             self.stop(
                 f"too many errors: {errors} of {finished} passages failed "

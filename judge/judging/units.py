@@ -1,0 +1,74 @@
+"""The one unit loop: (query, repeat) units judged by workers sharing one iterator of them.
+
+``judge run`` (judge/run/runner.py) and ``Judge.judge_many`` both judge through
+:func:`judge_units`. It takes a judging callable, not a Judge: the CLI adds the results writer,
+resume, signals and its health stop around it; the Python API adds a progress bar. Workers are
+more than the call slots (twice the calls allowed in flight), so the slots stay busy while a
+unit waits on its last call; the Caller's per-provider limit is what bounds requests in flight.
+One worker's failure (or a cancel) stops the others before anything else is paid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from judge.calling.retries import CallStats
+from judge.judging.dimensions import UnitAspects
+from judge.schema import Query, Verdict
+
+__all__ = ["REFUSED_CALLS", "Judged", "Unit", "judge_units", "refusal"]
+
+Unit = tuple[Query, int]
+# One query's judging before its metrics: (query, repeat, verdicts, reranker scores, what its
+# dimensions gave: judging/dimensions.py).
+Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None, UnitAspects | None]
+# Refused calls (bad key, model or URL) seen with no success at all before judging stops.
+REFUSED_CALLS = 3
+
+
+def refusal(stats: CallStats, verdicts: Sequence[Verdict]) -> str | None:
+    """Why judging should stop when the provider has refused every request so far (None
+    while it has not): not retried, so asking for every other passage would be in vain."""
+    if stats.errors["client"] < REFUSED_CALLS or stats.successes != 0:
+        return None
+    example = next((v.error for v in verdicts if v.error), "")
+    return (
+        "the provider refuses every request (not retried; check the API key, "
+        f"model name and base_url): {example}"
+    )
+
+
+async def judge_units(
+    units: Sequence[Unit],
+    judge_one: Callable[[Query, int], Awaitable[Judged | None]],
+    on_judged: Callable[[int, Judged], Awaitable[None]],
+    *,
+    workers: int,
+    stopped: Callable[[], bool] = lambda: False,
+    tasks: list[asyncio.Task[Any]] | None = None,
+) -> None:
+    """Judge ``units`` with ``judge_one`` (None: nothing to record), handing each result and
+    its index in ``units`` to ``on_judged``; no new unit starts once ``stopped()``.
+    ``tasks``: filled with the worker tasks, for a signal handler to cancel."""
+    todo = iter(enumerate(units))
+
+    async def worker() -> None:
+        for index, (query, repeat) in todo:
+            if stopped():
+                return
+            judged = await judge_one(query, repeat)
+            if judged is not None:
+                await on_judged(index, judged)
+
+    running = [asyncio.create_task(worker()) for _ in range(max(1, min(len(units), workers)))]
+    if tasks is not None:
+        tasks[:] = running
+    try:
+        await asyncio.gather(*running)
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
