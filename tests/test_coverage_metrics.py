@@ -13,13 +13,13 @@ from ir_measures import ERR_IA, alpha_nDCG
 from judge.aspects import Aspects, Coverage, Credibility, Nugget, Support
 from judge.metrics.compute import metrics_for_queries, parse_metric_name
 from judge.metrics.coverage import (
-    ASPECT_METRICS,
     alpha_ndcg_at,
     coverage_at,
     credibility_at,
     err_ia_at,
     wcoverage_at,
 )
+from judge.metrics.facts import METRICS
 from judge.schema import Passage, Query, Scale, Verdict
 from judge.sections import CREDIBILITY_METRICS, NUGGET_METRICS
 
@@ -44,7 +44,8 @@ def aspects(*supported: tuple[str, ...] | None, nuggets: tuple[Nugget, ...] = NU
 
 def test_the_registry_is_the_config_check_list() -> None:
     # Config validation reads the base names without importing metrics: they must agree.
-    assert set(ASPECT_METRICS) == {*NUGGET_METRICS, *CREDIBILITY_METRICS}
+    coverage = {name for name, m in METRICS.items() if m.family == "coverage"}
+    assert coverage == {*NUGGET_METRICS, *CREDIBILITY_METRICS}
     assert parse_metric_name("alpha_ndcg@10") == ("alpha_ndcg", 10)
 
 

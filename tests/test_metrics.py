@@ -15,8 +15,6 @@ from ir_measures import AP, RR, P, nDCG
 from judge.errors import ConfigError
 from judge.metrics.compute import (
     DEFAULT_METRICS,
-    LABEL_BASED,
-    LABEL_FREE,
     FloatArray,
     Gain,
     UndefinedAP,
@@ -28,6 +26,7 @@ from judge.metrics.compute import (
     pad,
     parse_metric_name,
 )
+from judge.metrics.facts import METRICS, family_of, lower_is_better, needs_judge
 from judge.schema import MetricPolicy, Passage, Query, Scale, Verdict
 
 BINARY = Scale.binary()
@@ -296,18 +295,43 @@ def test_parse_metric_names() -> None:
     assert parse_metric_name("label.f1@5") == ("label.f1", 5)
     assert parse_metric_name("mrr") == ("mrr", None)
     for name in DEFAULT_METRICS:
-        assert parse_metric_name(name)[0] in LABEL_FREE
+        assert METRICS[parse_metric_name(name)[0]].family in {"label-free", "rerank", "soft"}
     with pytest.raises(ConfigError, match=r"unknown metric 'NDCG@10' \(did you mean 'ndcg@10'"):
         parse_metric_name("NDCG@10")
     with pytest.raises(ConfigError, match=r"unknown metric 'mAP'; valid metrics: ") as err:
         parse_metric_name("mAP")
-    assert all(base in str(err.value) for base in (*LABEL_FREE, *LABEL_BASED))
+    assert all(base in str(err.value) for base in METRICS)
     with pytest.raises(ConfigError, match="at least 1"):
         parse_metric_name("ndcg@0")
     with pytest.raises(ConfigError, match="label-based"):
         compute_label_free(
             ["label.ap"], np.zeros((1, 1)), np.ones(1, int), max_grade=1, threshold=1
         )
+
+
+def test_the_metric_table_answers_what_reports_ask() -> None:
+    # Thresholds, history and compare turn round for these; PPI and the judge-health story
+    # cover only metrics a judge call feeds; a pooled name has no row and no direction.
+    assert [name for name in METRICS if lower_is_better(name)] == ["near_dup", "low_quality"]
+    unjudged = [name for name in METRICS if not needs_judge(name)]
+    assert unjudged == [n for n in METRICS if n.startswith("label.")] + [
+        "near_dup",
+        "sites",
+        "authority",
+        "low_quality",
+    ]
+    assert lower_is_better("low_quality@10") and family_of("credibility@10") == "coverage"
+    assert family_of("pooled_ndcg@5") is None and not needs_judge("pooled_ndcg@5")
+
+
+def test_every_metric_in_the_table_computes_from_the_records() -> None:
+    # A row whose kernel does not read its family's input fails here, not in a user's run.
+    q = query(["a", "b", "c"], expected_ids=("b",))
+    names = [f"{name}@2" for name in METRICS]
+    (row,) = metrics_for_queries(names, [(q, verdicts([0, 1, 1]))], BINARY)
+    assert list(row) == names
+    assert row["ap@2"] == pytest.approx(0.5 / 2) and row["label.hit_rate@2"] == 1.0
+    assert row["sites@2"] is None and row["coverage@2"] is None  # no url, no nuggets
 
 
 def test_pad_marks_padding_and_unjudged_as_nan() -> None:

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 
 from judge.metrics.compute import metrics_for_queries, parse_metric_name
+from judge.metrics.facts import lower_is_better
 from judge.metrics.hosts import host_of, site_of
 from judge.metrics.redundancy import NEAR_DUP_JACCARD, jaccard, near_duplicates, shingles, tokens
-from judge.metrics.sources import lower_is_better
 from judge.schema import MetricPolicy, Passage, Query, Scale, Verdict
 
 

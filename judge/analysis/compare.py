@@ -19,7 +19,7 @@ image are as extreme): ``p_floor``. Below 6 differing pairs the test cannot reac
 whatever the data, and a reader is told so. Every random draw uses
 ``numpy.random.default_rng(seed)``. Win / tie / loss count the queries where ``d_q`` is
 above, at (within 1e-12) or below 0; for a lower-is-better metric (``near_dup``,
-``low_quality``: :func:`judge.metrics.sources.lower_is_better`) below, at or above, and
+``low_quality``: :func:`judge.metrics.facts.lower_is_better`) below, at or above, and
 "worse" means significantly higher.
 """
 
@@ -43,8 +43,8 @@ from judge.analysis.pooled import (
 from judge.analysis.reliability import bootstrap_ci
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import metrics_for_queries
-from judge.metrics.compute import parse_metric_name as parse_plain
-from judge.metrics.sources import lower_is_better
+from judge.metrics.facts import lower_is_better
+from judge.metrics.facts import parse_metric_name as parse_plain
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale
 
 __all__ = [

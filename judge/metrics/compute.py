@@ -1,53 +1,35 @@
-"""Ranking metrics as pure numpy functions over padded matrices, one pass for all queries.
+"""Metrics by name over padded matrices, one pass for all queries: each family's input is
+built once and handed to the kernels that :data:`judge.metrics.facts.METRICS` names.
 
 Ranked lists are held as an ``n_queries x width`` float matrix plus an int array of lengths
 (see :func:`pad`); position ``i`` (0-based) is rank ``i + 1``. Every metric returns one float
 per query, NaN meaning *undefined* (never silently 0). Names are canonical strings that double
 as report columns: a base name, optionally ``@k`` (``ndcg@10``, ``label.recall@5``).
 
-Label-free metrics (:func:`compute_label_free`) read the judge's grades; ``rel_i`` is the raw
-grade at rank ``i`` and a passage is relevant when ``rel_i >= threshold``. Label-based metrics
-(:func:`compute_label_based`, names prefixed ``label.``, :mod:`.label_based`) read which
-retrieved passages match the row's expected ids or texts (:func:`match_expected`). Source
-metrics (``near_dup``, ``sites``, ``authority``, ``low_quality``: :mod:`.sources`) read the
-passages' text and urls alone. :func:`metrics_for_queries` ties all three to the records.
-Where a formula divides 0 by 0 the value is undefined (NaN).
+Label-free metrics (:func:`compute_label_free`: the ``label-free``, ``rerank`` and ``soft``
+families) read the judge's grades; ``rel_i`` is the raw grade at rank ``i`` and a passage is
+relevant when ``rel_i >= threshold``. Label-based metrics (:func:`compute_label_based`, names
+prefixed ``label.``) read which retrieved passages match the row's expected ids or texts
+(:func:`match_expected`). Source metrics read the passages' text and urls alone, coverage
+metrics the nugget supports and credibility grades. :func:`metrics_for_queries` ties them all
+to the records. Where a formula divides 0 by 0 the value is undefined (NaN).
 """
 
 from __future__ import annotations
 
 import itertools
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from judge.errors import ConfigError
-from judge.metrics import soft
-from judge.metrics.coverage import ASPECT_METRICS, Aspects, aspect_values
+from judge.metrics.coverage import Aspects, aspect_values
 from judge.metrics.cuts import cut_grade
-from judge.metrics.label_based import (
-    LABEL_BASED,
-    ExpectedMatch,
-    Matched,
-    match_expected,
-    normalise_text,
-)
-from judge.metrics.ranked import (
-    BoolArray,
-    FloatArray,
-    IntArray,
-    Ranked,
-    discounts,
-    div,
-    hit,
-    mrr,
-    precision,
-    precision_at_rank,
-)
-from judge.metrics.sources import SOURCE_METRICS, source_metrics
+from judge.metrics.facts import METRICS, Family, Metric, parse_metric_name
+from judge.metrics.label_based import ExpectedMatch, Matched, match_expected, normalise_text
+from judge.metrics.ranked import BoolArray, FloatArray, Graded, IntArray
+from judge.metrics.sources import source_metrics
 from judge.schema import (
     DEFAULT_METRICS,
     Gain,
@@ -61,8 +43,6 @@ from judge.schema import (
 
 __all__ = [
     "DEFAULT_METRICS",
-    "LABEL_BASED",
-    "LABEL_FREE",
     "BoolArray",
     "ExpectedMatch",
     "FloatArray",
@@ -73,7 +53,6 @@ __all__ = [
     "Unjudged",
     "compute_label_based",
     "compute_label_free",
-    "is_label_based",
     "match_expected",
     "metrics_for_queries",
     "normalise_text",
@@ -81,141 +60,18 @@ __all__ = [
     "parse_metric_name",
 ]
 
-_NAME = re.compile(r"^([a-z0-9_.]+?)(?:@(\d+))?$")
+# The families whose kernels read a Graded (the judge's grades, scores or probabilities).
+_GRADED: frozenset[Family] = frozenset({"label-free", "rerank", "soft"})
+Parsed = list[tuple[str, Metric[Any], int | None]]
 
 
-@dataclass(frozen=True)
-class _Graded(Ranked):
-    """Judged lists for label-free metrics: grades 0 where padded, optional reranker scores."""
-
-    grades: FloatArray
-    inside: BoolArray
-    max_grade: int
-    gain: Gain
-    undefined_ap: UndefinedAP
-    scores: FloatArray | None
-
-
-def _relevancy_mean(g: _Graded, k: int | None) -> FloatArray:
-    """``mean_{i <= min(k, n)} rel_i / max_grade``; undefined for an empty list."""
-    count = g.inside[:, :k].sum(axis=1, dtype=np.float64)
-    return div(g.grades[:, :k].sum(axis=1), count) / g.max_grade
-
-
-def _relevancy_max(g: _Graded, k: int | None) -> FloatArray:
-    """``max_{i <= min(k, n)} rel_i / max_grade``; undefined for an empty list."""
-    best = np.max(g.grades[:, :k], axis=1, where=g.inside[:, :k], initial=-np.inf)
-    return np.where(np.isfinite(best), best / g.max_grade, np.nan)
-
-
-def _ap(g: _Graded, k: int | None) -> FloatArray:
-    """``AP@k = sum_{i <= k, rel_i >= t} P@i / R`` with ``R`` = relevant in the *whole* list.
-
-    TREC convention, also for ``@k``: grades [0,1,0,0,1,1] give AP@3 = 0.5 / 3. Undefined when
-    ``R = 0`` (0 instead with ``undefined_ap="zero"``, which is what trec_eval reports).
-    """
-    summed = np.where(g.rel, precision_at_rank(g.rel), 0.0)[:, :k].sum(axis=1)
-    ap = div(summed, g.rel.sum(axis=1, dtype=np.float64))
-    return np.nan_to_num(ap, nan=0.0) if g.undefined_ap == "zero" else ap
-
-
-def _ndcg(g: _Graded, k: int | None) -> FloatArray:
-    """``DCG@k / IDCG@k``, ``DCG@k = sum_{i <= k} gain(rel_i) / log2(i + 1)``.
-
-    ``gain(r) = r`` (linear, trec_eval's) or ``2^r - 1`` (exponential); the ideal list is the
-    same judged grades sorted descending. Undefined when ``IDCG = 0`` (nothing graded above 0).
-    """
-    gains = g.grades if g.gain == "linear" else np.exp2(g.grades) - 1.0
-    disc = discounts(gains.shape[1])
-    ideal = -np.sort(-gains, axis=1)
-    return div((gains * disc)[:, :k].sum(axis=1), (ideal * disc)[:, :k].sum(axis=1))
-
-
-def _score_view(g: _Graded, k: int | None) -> tuple[FloatArray, BoolArray]:
-    if g.scores is None:
-        empty = np.full((g.grades.shape[0], 1), np.nan)
-        return empty, np.zeros(empty.shape, dtype=bool)
-    scores = g.scores[:, :k]
-    return scores, ~np.isnan(scores) & g.inside[:, :k]
-
-
-def _rerank_mean(g: _Graded, k: int | None) -> FloatArray:
-    """``mean_i s_i`` over the per-passage scores ``s_i`` in [0, 1] present in the top k."""
-    scores, ok = _score_view(g, k)
-    return div(np.where(ok, scores, 0.0).sum(axis=1), ok.sum(axis=1, dtype=np.float64))
-
-
-def _rerank_max(g: _Graded, k: int | None) -> FloatArray:
-    """``max_i s_i`` over the scores present in the top k."""
-    scores, ok = _score_view(g, k)
-    best = np.max(scores, axis=1, where=ok, initial=-np.inf)
-    return np.where(np.isfinite(best), best, np.nan)
-
-
-def _rerank_median(g: _Graded, k: int | None) -> FloatArray:
-    """Median of the scores present in the top k (mean of the middle two for an even count)."""
-    scores, ok = _score_view(g, k)
-    ordered = np.sort(np.where(ok, scores, np.inf), axis=1)
-    count = ok.sum(axis=1)
-    lo = np.take_along_axis(ordered, np.maximum(count - 1, 0)[:, None] // 2, axis=1)[:, 0]
-    hi = np.take_along_axis(ordered, (count // 2)[:, None], axis=1)[:, 0]
-    return np.where(count > 0, (lo + hi) / 2.0, np.nan)
-
-
-def _soft(
-    kernel: Callable[[FloatArray, BoolArray, int | None], FloatArray],
-) -> Callable[[_Graded, int | None], FloatArray]:
-    """A :mod:`judge.metrics.soft` kernel over the verdicts' probabilities (NaN without)."""
-
-    def metric(g: _Graded, k: int | None) -> FloatArray:
-        if g.scores is None:
-            return np.full(g.grades.shape[0], np.nan)
-        return kernel(g.scores, g.inside, k)
-
-    metric.__doc__ = kernel.__doc__
-    return metric
-
-
-LABEL_FREE: dict[str, Callable[[_Graded, int | None], FloatArray]] = {
-    "relevancy_mean": _relevancy_mean,
-    "relevancy_max": _relevancy_max,
-    "ap": _ap,
-    "ndcg": _ndcg,
-    "precision": precision,
-    "hit": hit,
-    "mrr": mrr,
-    "rerank_mean": _rerank_mean,
-    "rerank_max": _rerank_max,
-    "rerank_median": _rerank_median,
-    "soft_precision": _soft(soft.soft_precision),
-    "soft_ap": _soft(soft.soft_ap),
-    "soft_ndcg": _soft(soft.soft_ndcg),
-}
-
-
-def parse_metric_name(name: str) -> tuple[str, int | None]:
-    """Split a canonical name: ``"ndcg@10" -> ("ndcg", 10)``, ``"ap" -> ("ap", None)``.
-
-    Raises ConfigError naming the metric and listing the valid ones when it is unknown.
-    """
-    match, known = _NAME.match(name), {*LABEL_FREE, *LABEL_BASED, *SOURCE_METRICS, *ASPECT_METRICS}
-    if match and match.group(1) in known:
-        k = None if match.group(2) is None else int(match.group(2))
-        if k is None or k >= 1:
-            return match.group(1), k
-        raise ConfigError(f"metric '{name}': the cutoff after '@' must be at least 1")
-    valid = ", ".join([*LABEL_FREE, *LABEL_BASED, *SOURCE_METRICS, *ASPECT_METRICS])
-    hint, tidy = "", name.strip().lower()
-    if tidy != name and (fixed := _NAME.match(tidy)) and fixed.group(1) in known:
-        hint = f" (did you mean '{tidy}'?)"
-    raise ConfigError(
-        f"unknown metric '{name}'{hint}; valid metrics: {valid}; each may take a cutoff '@k'"
-    )
-
-
-def is_label_based(name: str) -> bool:
-    """True for a ``label.`` metric (needs expected ids or texts), after checking the name."""
-    return parse_metric_name(name)[0] in LABEL_BASED
+def _parse(names: Sequence[str]) -> Parsed:
+    """``(name, its row, its cutoff)`` per name; ConfigError for an unknown one."""
+    parsed: Parsed = []
+    for name in names:
+        base, k = parse_metric_name(name)
+        parsed.append((name, METRICS[base], k))
+    return parsed
 
 
 def pad(lists: Sequence[Sequence[float | None]]) -> tuple[FloatArray, IntArray]:
@@ -228,9 +84,10 @@ def pad(lists: Sequence[Sequence[float | None]]) -> tuple[FloatArray, IntArray]:
     return matrix, lengths
 
 
-def _split(names: Sequence[str], label: bool) -> list[tuple[str, str, int | None]]:
-    parsed = [(name, *parse_metric_name(name)) for name in names]
-    wrong = [name for name, base, _ in parsed if base not in (LABEL_BASED if label else LABEL_FREE)]
+def _split(names: Sequence[str], label: bool) -> Parsed:
+    parsed = _parse(names)
+    families: Collection[Family] = {"label"} if label else _GRADED
+    wrong = [name for name, metric, _ in parsed if metric.family not in families]
     if wrong:
         kind = "label-free" if label else "label-based"
         raise ConfigError(f"metrics {wrong} are {kind} or source metrics: use metrics_for_queries")
@@ -279,14 +136,13 @@ def compute_label_free(
         lengths = keep.sum(axis=1)
         inside = np.arange(grades.shape[1]) < lengths[:, None]
     clean = np.where(inside & ~np.isnan(grades), grades, 0.0)
-    graded = _Graded(
+    graded = Graded(
         clean >= threshold, lengths, clean, inside, max_grade, gain, undefined_ap, scores
     )
     undefined = missing.any(axis=1) if unjudged == "undefined" else np.zeros(len(lengths), bool)
     out: dict[str, FloatArray] = {}
-    for name, base, k in parsed:
-        values = LABEL_FREE[base](graded, k)
-        out[name] = np.where(undefined, np.nan, values)
+    for name, metric, k in parsed:
+        out[name] = np.where(undefined, np.nan, metric.kernel(graded, k))
     return out
 
 
@@ -314,8 +170,8 @@ def compute_label_based(
     expected = np.asarray(n_expected, dtype=np.float64)
     matched = Matched(rel, lengths, np.asarray(found_rank, dtype=np.float64), expected)
     return {
-        name: np.where(expected > 0, LABEL_BASED[base](matched, k), np.nan)
-        for name, base, k in parsed
+        name: np.where(expected > 0, metric.kernel(matched, k), np.nan)
+        for name, metric, k in parsed
     }
 
 
@@ -359,20 +215,21 @@ def metrics_for_queries(
     Coverage and credibility (:mod:`.coverage`) read ``aspects``, aligned (None without).
     """
     policy.check_scale(scale)
-    parsed = [(n, *parse_metric_name(n)) for n in names]
-    sourced = [p for p in parsed if p[1] in SOURCE_METRICS]
-    label = [n for n, base, _ in parsed if base in LABEL_BASED]
-    free = [n for n, base, _ in parsed if base in LABEL_FREE]
+    parsed = _parse(names)
+    label = [n for n, metric, _ in parsed if metric.family == "label"]
+    free = [n for n, metric, _ in parsed if metric.family in _GRADED]
     ordered = [sorted(verdicts, key=lambda v: v.rank) for _, verdicts in queries]
     grades, lengths = pad([[_grade(v, scale, policy) for v in vs] for vs in ordered])
     probs, _ = pad([[v.probability for v in vs] for vs in ordered])
     options: dict[str, Any] = {"max_grade": scale.max_grade, "threshold": scale.threshold}
     options |= policy.model_dump(include={"gain", "unjudged", "undefined_ap"})
-    reranked = [n for n in free if rerank_scores is not None and n.startswith("rerank_")]
+    reranked = [n for n, m, _ in parsed if rerank_scores is not None and m.family == "rerank"]
     own = [n for n in free if n not in reranked]
     values = compute_label_free(own, grades, lengths, probabilities=probs, **options)
+    sourced = [(n, m.kernel, k) for n, m, k in parsed if m.family == "source"]
     values |= source_metrics(sourced, [query for query, _ in queries], policy)
-    values |= aspect_values(parsed, aspects or [None] * len(queries))
+    aspected = [(n, m.kernel, k) for n, m, k in parsed if m.family == "coverage"]
+    values |= aspect_values(aspected, aspects or [None] * len(queries))
     if reranked:
         assert rerank_scores is not None
         scores, _ = pad(

@@ -27,7 +27,18 @@ import numpy as np
 from judge.aspects import CREDIBILITY_MAX, Aspects, Coverage, Credibility
 from judge.metrics.ranked import FloatArray
 
-__all__ = ["ALPHA", "ASPECT_METRICS", "OKAY_WEIGHT", "Aspects", "aspect_values"]
+__all__ = [
+    "ALPHA",
+    "OKAY_WEIGHT",
+    "AspectMetric",
+    "Aspects",
+    "alpha_ndcg_at",
+    "aspect_values",
+    "coverage_at",
+    "credibility_at",
+    "err_ia_at",
+    "wcoverage_at",
+]
 
 # Redundancy intolerance of alpha-nDCG and ERR-IA: TREC's (and ndeval's) default.
 ALPHA = 0.5
@@ -151,26 +162,16 @@ def credibility_at(a: Aspects, k: int | None) -> float | None:
     return sum(c.grade or 0 for c in top) / (len(top) * CREDIBILITY_MAX)
 
 
-ASPECT_METRICS: dict[str, AspectMetric] = {
-    "coverage": coverage_at,
-    "wcoverage": wcoverage_at,
-    "alpha_ndcg": alpha_ndcg_at,
-    "err_ia": err_ia_at,
-    "credibility": credibility_at,
-}
-
-
 def aspect_values(
-    parsed: Sequence[tuple[str, str, int | None]], aspects: Sequence[Aspects | None]
+    parsed: Sequence[tuple[str, AspectMetric, int | None]], aspects: Sequence[Aspects | None]
 ) -> dict[str, FloatArray]:
-    """The value per query of each ``(name, base, k)`` whose base is one of these metrics
-    (NaN where undefined, or where the query's dimension was not judged)."""
+    """The value per query of each ``(name, kernel, k)`` (NaN where undefined, or where the
+    query's dimension was not judged)."""
     empty = Aspects()
     return {
         name: np.array(
-            [np.nan if (v := ASPECT_METRICS[base](a or empty, k)) is None else v for a in aspects],
+            [np.nan if (v := kernel(a or empty, k)) is None else v for a in aspects],
             dtype=np.float64,
         )
-        for name, base, k in parsed
-        if base in ASPECT_METRICS
+        for name, kernel, k in parsed
     }

@@ -2,32 +2,33 @@
 
 :func:`match_expected` turns a Query's ``expected_ids`` or ``expected_texts`` into an
 :class:`ExpectedMatch` (which ranks hold the first match of an expected item, and the rank
-each item was first found at). :data:`LABEL_BASED` holds the metrics over those matches (names
-prefixed ``label.``), computed by :func:`judge.metrics.compute_label_based`; their formulas
-are in each function's docstring. Where a formula divides 0 by 0 the value is NaN (undefined).
+each item was first found at). The kernels here read those matches (:class:`Matched`); the
+``label.*`` rows of :data:`judge.metrics.facts.METRICS` name them (hit rate, MRR and precision
+are :mod:`.ranked`'s), and :func:`judge.metrics.compute.compute_label_based` runs them; their
+formulas are in each function's docstring. Where a formula divides 0 by 0 the value is NaN.
 """
 
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from judge.metrics.ranked import (
-    FloatArray,
-    Ranked,
-    discounts,
-    div,
-    hit,
-    mrr,
-    precision,
-    precision_at_rank,
-)
+from judge.metrics.ranked import FloatArray, Ranked, discounts, div, precision, precision_at_rank
 from judge.schema import Query
 
-__all__ = ["LABEL_BASED", "ExpectedMatch", "Matched", "match_expected", "normalise_text"]
+__all__ = [
+    "ExpectedMatch",
+    "Matched",
+    "f1",
+    "label_ap",
+    "label_ndcg",
+    "match_expected",
+    "mrr_granular",
+    "normalise_text",
+    "recall",
+]
 
 
 def normalise_text(text: str) -> str:
@@ -88,34 +89,34 @@ class Matched(Ranked):
     n_expected: FloatArray
 
 
-def _recall(m: Matched, k: int | None) -> FloatArray:
+def recall(m: Matched, k: int | None) -> FloatArray:
     """``(expected items found in the top k) / |expected|``, each item counted once; this is
     also the granular hit rate."""
     within = m.found_rank <= (np.inf if k is None else k)
     return div(within.sum(axis=1, dtype=np.float64), m.n_expected)
 
 
-def _mrr_granular(m: Matched, k: int | None) -> FloatArray:
+def mrr_granular(m: Matched, k: int | None) -> FloatArray:
     """``mean over expected items found in the top k of 1 / rank``; ``0`` when none is found."""
     within = m.found_rank <= (np.inf if k is None else k)
     summed = np.where(within, 1.0 / np.where(within, m.found_rank, 1.0), 0.0).sum(axis=1)
     return np.nan_to_num(div(summed, within.sum(axis=1, dtype=np.float64)), nan=0.0)
 
 
-def _f1(m: Matched, k: int | None) -> FloatArray:
+def f1(m: Matched, k: int | None) -> FloatArray:
     """``2 P R / (P + R)`` from precision and recall at the same k; ``0`` when ``P + R = 0``."""
-    p, r = precision(m, k), _recall(m, k)
-    f1 = np.nan_to_num(div(2.0 * p * r, p + r), nan=0.0)
-    return np.where(np.isnan(p) | np.isnan(r), np.nan, f1)
+    p, r = precision(m, k), recall(m, k)
+    harmonic = np.nan_to_num(div(2.0 * p * r, p + r), nan=0.0)
+    return np.where(np.isnan(p) | np.isnan(r), np.nan, harmonic)
 
 
-def _label_ap(m: Matched, k: int | None) -> FloatArray:
+def label_ap(m: Matched, k: int | None) -> FloatArray:
     """``sum_{i <= k, relevant} P@i / |expected|``."""
     summed = np.where(m.rel, precision_at_rank(m.rel), 0.0)[:, :k].sum(axis=1)
     return div(summed, m.n_expected)
 
 
-def _label_ndcg(m: Matched, k: int | None) -> FloatArray:
+def label_ndcg(m: Matched, k: int | None) -> FloatArray:
     """``DCG@k / IDCG@k`` with binary gains; ``DCG@k = sum_{i <= k, relevant} 1 / log2(i + 1)``,
     ``IDCG@k = sum_{i <= min(len(retrieved), |expected|, k)} 1 / log2(i + 1)``."""
     disc = discounts(m.rel.shape[1])
@@ -123,16 +124,3 @@ def _label_ndcg(m: Matched, k: int | None) -> FloatArray:
     cumulative = np.concatenate(([0.0], np.cumsum(disc)))
     ideal_n = np.minimum(m.lengths, np.minimum(m.n_expected, k or m.rel.shape[1])).astype(int)
     return div(dcg, cumulative[ideal_n])
-
-
-LABEL_BASED: dict[str, Callable[[Matched, int | None], FloatArray]] = {
-    "label.hit_rate": hit,
-    "label.hit_rate_granular": _recall,
-    "label.mrr": mrr,
-    "label.mrr_granular": _mrr_granular,
-    "label.precision": precision,
-    "label.recall": _recall,
-    "label.f1": _f1,
-    "label.ap": _label_ap,
-    "label.ndcg": _label_ndcg,
-}

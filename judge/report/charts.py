@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from judge.metrics.sources import lower_is_better
+from judge.metrics.facts import lower_is_better
 from judge.report.svg import TAB10, Figure, Mark, Panel, nice_ticks, ramp, text_width, tick_labels
 
 FAILED_STYLES = {"unparsed": ("#9e9e9e", "//"), "error": ("#3b3b3b", "xx")}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from judge.errors import CacheError
-from judge.metrics.sources import lower_is_better
+from judge.metrics.facts import lower_is_better
 from judge.report.summary import Summary
 from judge.schema import Record
 

@@ -1,5 +1,5 @@
 """The report's "Authority and redundancy" section: what the passages' urls and texts say,
-without the judge (:mod:`judge.metrics.sources`).
+without the judge (the ``source`` family of :mod:`judge.metrics.facts`).
 
 Per engine, the mean of every configured ``near_dup`` / ``sites`` / ``authority`` /
 ``low_quality`` metric with its 95% CI, then the sites the engines returned in their top k
@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from judge.metrics.authority import tier_list
-from judge.metrics.compute import parse_metric_name
+from judge.metrics.facts import family_of, lower_is_better, parse_metric_name
 from judge.metrics.hosts import host_of, site_of
 from judge.metrics.redundancy import NEAR_DUP_JACCARD, SHINGLE
-from judge.metrics.sources import lower_is_better, needs_no_judge
 from judge.report.blocks import Chart, Section, Table, Text
 from judge.report.compared import ci_text
 from judge.report.summary import Summary
@@ -109,7 +108,7 @@ def _sites(
 
 def sources_section(summary: Summary, results: Sequence[JudgedQuery]) -> Section | None:
     """Authority and redundancy per engine; None when no such metric is configured."""
-    names = [n for n in summary.metric_names if needs_no_judge(n)]
+    names = [n for n in summary.metric_names if family_of(n) == "source"]
     if not names:
         return None
     authority = summary.policy.authority

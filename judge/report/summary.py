@@ -34,9 +34,7 @@ from judge.analysis.stability import (
 )
 from judge.config import RunConfig
 from judge.errors import InputError
-from judge.metrics.compute import is_label_based, parse_metric_name
-from judge.metrics.coverage import ASPECT_METRICS
-from judge.metrics.sources import needs_no_judge
+from judge.metrics.facts import family_of, needs_judge
 from judge.report.legacy import V1Defaults, from_v1
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
 from judge.run.runner import RunOutcome
@@ -236,7 +234,7 @@ def _engines(
         if one_repeat_each(results)
         else majority_vote(results, names, config.scale(), config.metrics)
     )
-    aspects = {n for n in names if parse_metric_name(n)[0] in ASPECT_METRICS}
+    aspects = {n for n in names if family_of(n) == "coverage"}
     by_engine: dict[str, list[JudgedQuery]] = {}
     for jq in voted:
         by_engine.setdefault(jq.query.engine, []).append(jq)
@@ -306,7 +304,7 @@ def _corrected(
     """PPI per engine over the label-free metrics, when any query carries human labels."""
     if not any(jq.query.labels for jq in results):
         return {}
-    free = [n for n in names if not is_label_based(n) and not needs_no_judge(n)]
+    free = [n for n in names if needs_judge(n)]
     by_engine: dict[str, list[JudgedQuery]] = {}
     for jq in results:
         by_engine.setdefault(jq.query.engine, []).append(jq)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from judge.config import RunConfig
-from judge.metrics.sources import lower_is_better
+from judge.metrics.facts import lower_is_better
 from judge.report.summary import Check, Summary, ThresholdResult, load_summary
 
 __all__ = ["check_thresholds"]

@@ -26,7 +26,7 @@ from judge.config import RunConfig
 from judge.data.nuggets import given_sets
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.judging.cascade import label_problem
-from judge.metrics.compute import parse_metric_name
+from judge.metrics.facts import parse_metric_name
 from judge.providers import resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
