@@ -4,10 +4,16 @@
 counts (ok / unparsed / error — never folded into "not relevant"), usage and cost, per-engine
 metric means with repeat stability and bootstrap CIs, label flips, alpha, agreement with
 human labels, the judge's health (:mod:`judge.analysis.health`) and the threshold checks.
+
+The ``[thresholds]`` checks (:func:`check_thresholds`): minimum and maximum metric means, the
+unparsed rate, the drop (or rise) against a baseline summary, and a degenerate judge. A breach
+makes ``judge run`` exit 1.
+
 ``SCHEMA_VERSION`` is bumped whenever a field changes meaning or moves (2: "gain" /
-"unjudged_policy" became ``policy``); version 1 still loads (:mod:`judge.report.legacy`). A
-field added since is filled when missing: ``health`` (added within version 2) loads as unknown,
-``queries`` (per query and engine, :mod:`judge.report.queries`) as none, ``label_scale`` as None.
+"unjudged_policy" became ``policy``); version 1 still loads (:func:`_from_v1`), so old files
+kept as baselines still work. A field added since is filled when missing: ``health`` (added
+within version 2) loads as unknown, ``queries`` (per query and engine,
+:mod:`judge.report.queries`) as none, ``label_scale`` as None.
 """
 
 from __future__ import annotations
@@ -34,11 +40,10 @@ from judge.analysis.stability import (
 )
 from judge.config import RunConfig
 from judge.errors import InputError
-from judge.metrics.facts import family_of, needs_judge
-from judge.report.legacy import V1Defaults, from_v1
+from judge.metrics.facts import family_of, lower_is_better, needs_judge
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
 from judge.run.runner import RunOutcome
-from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Usage
+from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Record, Scale, Usage
 from judge.version import __version__
 
 SCHEMA_VERSION = 2
@@ -293,8 +298,6 @@ def build_summary(
         queries=rows,
         label_scale=None if labels == config.scale() else labels,
     )
-    from judge.report.thresholds import check_thresholds  # it reads a baseline summary
-
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
 
 
@@ -312,6 +315,60 @@ def _corrected(
         engine: tuple(ppi_metrics(rows, free, config.scale(), config.metrics))
         for engine, rows in sorted(by_engine.items())
     }
+
+
+# --- [thresholds] ------------------------------------------------------------------------
+
+
+def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
+    """Compare the summary with [thresholds]; a breach makes ``judge run`` exit 1."""
+    th, c = config.thresholds, summary.counts
+    checks = [_at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate)]
+    for engine, data in summary.engines.items():
+        for kind, metric, limit in th.bounds():
+            mean = data.mean(metric)
+            ok = mean is not None and (mean >= limit if kind == "min" else mean <= limit)
+            check = Check(check=f"{kind} {metric}", value=mean, limit=limit, ok=ok, engine=engine)
+            checks.append(check)
+    if th.baseline and th.max_drop and not Path(th.baseline).exists():
+        # The first night has no baseline yet: say so in the report instead of failing.
+        note = f"{th.baseline} not found: drop checks skipped"
+        checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
+    elif th.baseline and th.max_drop:
+        checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
+    if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
+        problems = " ".join(summary.health.problems) or "not degenerate"
+        ok = not summary.health.degenerate
+        checks.append(Check(check="degenerate judge", value=None, limit=None, ok=ok, note=problems))
+    return ThresholdResult.of(checks)
+
+
+def _at_most(name: str, value: float, limit: float) -> Check:
+    return Check(check=name, value=value, limit=limit, ok=value <= limit)
+
+
+def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
+    """Each engine's fall against the baseline (rise: lower-is-better), per metric it has."""
+    checks = []
+    for engine, data in summary.engines.items():
+        for metric, limit in max_drop.items():
+            before = base.engines[engine].mean(metric) if engine in base.engines else None
+            if before is None:
+                continue
+            now, rise = data.mean(metric), lower_is_better(metric)
+            drop = (now - before if rise else before - now) if now is not None else None
+            checks.append(
+                Check(
+                    check=f"{'rise' if rise else 'drop'} {metric}",
+                    value=drop,
+                    limit=limit,
+                    ok=drop is not None and drop <= limit,
+                    engine=engine,
+                    baseline=before,
+                    current=now,
+                )
+            )
+    return checks
 
 
 def write_summary(path: str | Path, summary: Summary) -> Path:
@@ -336,7 +393,7 @@ def load_summary(path: str | Path) -> Summary:
         msg = f"summary schema version {version!r}; this judge reads 1 and {SCHEMA_VERSION}"
         raise InputError(msg, file=name)
     try:
-        data = from_v1(data, _V1) if version == 1 else data
+        data = _from_v1(data) if version == 1 else data
         # Written before the judge's health was measured: unknown, never "healthy".
         data.setdefault("health", JudgeHealth.unknown().model_dump(mode="json"))
         return Summary.model_validate(data)
@@ -350,12 +407,65 @@ def load_summary(path: str | Path) -> Summary:
         raise InputError(f"not a version-1 judge summary: {exc}", file=name) from None
 
 
-# What a version-1 file may leave out, as this schema's empty tables.
-_V1 = V1Defaults(
-    schema_version=SCHEMA_VERSION,
-    counts=dict.fromkeys(Counts.model_fields, 0) | {"engines": []},
-    usage=dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None},
-    engine={"majority_vote": {}, "n_queries": 0, "n_repeats": 0},
-    metric=dict.fromkeys(MetricSummary.model_fields)
-    | {"per_repeat": [], "n_defined": 0, "n_undefined": 0},
-)
+# --- version-1 files ----------------------------------------------------------------------
+
+# What a version-1 file may leave out, as this schema's empty tables (built from the records'
+# fields, so a new field is filled too).
+_V1_COUNTS: dict[str, Any] = dict.fromkeys(Counts.model_fields, 0) | {"engines": []}
+_V1_USAGE: dict[str, Any] = dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None}
+_V1_ENGINE: dict[str, Any] = {"majority_vote": {}, "n_queries": 0, "n_repeats": 0}
+_V1_METRIC: dict[str, Any] = dict.fromkeys(MetricSummary.model_fields) | {
+    "per_repeat": [],
+    "n_defined": 0,
+    "n_undefined": 0,
+}
+
+
+def _table(data: dict[str, Any], key: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"'{key}' is not a table")
+    return {**defaults, **value}
+
+
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 summary in this schema's shape, for old files kept as baselines.
+
+    Version 1 kept the policy as top-level "gain" and "unjudged_policy" (its "undefined_ap"
+    was not recorded: the default is assumed) and wrote ``"run": {}`` for no run outcome;
+    early writers left out "dataset", "gain" and each engine's "majority_vote". What a file
+    does not say (a hand-written baseline may give only engine means) is filled with empty
+    values: zero counts and tokens, no stability per engine, no checks. Raises ValueError or
+    TypeError for a table of the wrong type.
+    """
+    config = _table(data, "config", {"source": None, "judge": {}, "provider": {}, "rerank": None})
+    if config.get("scale") is None:  # the built-in scale the stability names, else binary
+        named = str(_table(data, "stability", {}).get("scale"))
+        config["scale"] = BUILTIN_SCALES.get(named, Scale.binary)()
+    scale = Scale.model_validate(config["scale"])
+    counts = _table(data, "counts", _V1_COUNTS)
+    config.setdefault("repeats", counts["repeats"] or 1)
+    engines = _table(data, "engines", {})
+    engines = {engine: _table(engines, engine, _V1_ENGINE) for engine in engines}
+    for body in engines.values():
+        body["metrics"] = {m: _V1_METRIC | v for m, v in _table(body, "metrics", {}).items()}
+    names = data.get("metric_names") or sorted({m for b in engines.values() for m in b["metrics"]})
+    gain, unjudged = data.get("gain", "linear"), data.get("unjudged_policy", "undefined")
+    policy = {"names": names, "gain": gain, "unjudged": unjudged}
+    level = "nominal" if scale.is_binary else "ordinal"
+    stability = {"scale": scale.name, "alpha_level": level, "alpha": None, "n_boot": 2000}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "judge_version": data.get("judge_version", "unknown"),
+        "created": data.get("created", ""),
+        "config": config,
+        "dataset": data.get("dataset"),
+        "policy": policy,
+        "metric_names": names,
+        "counts": counts,
+        "usage": _table(data, "usage", _V1_USAGE),
+        "run": data.get("run") or None,
+        "engines": engines,
+        "stability": _table(data, "stability", stability | {"seed": 0, "engines": {}}),
+        "thresholds": _table(data, "thresholds", {"checks": [], "breached": 0, "breaches": []}),
+    }
