@@ -12,8 +12,8 @@ import ir_measures
 import pytest
 from ir_measures import AP, Measure, P, R, nDCG
 
-from judge.analysis.compare import compare, pooled_metrics
-from judge.cli.reports import borrow_verdicts
+from judge.analysis.compare import compare
+from judge.analysis.judged_pool import borrow_verdicts, pooled_metrics
 from judge.data.datasets import read_trec_run, write_qrels
 from judge.metrics.compute import metrics_for_queries
 from judge.schema import JudgedQuery, Scale

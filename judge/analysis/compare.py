@@ -1,5 +1,6 @@
 """Engines side by side on the same queries: unpaired means, paired differences, bootstrap
-CIs, sign-flip tests, win/tie/loss counts; pooled metrics come from :mod:`judge.analysis.pooled`.
+CIs, sign-flip tests, win/tie/loss counts; pooled metrics come from
+:mod:`judge.analysis.judged_pool`.
 
 Per metric and engine, a query's value is its mean over the repeats where it is defined.
 *Unpaired*: an engine's mean over the query ids it defines, with a 95% CI (each engine on its
@@ -33,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from judge.analysis.pooled import (
+from judge.analysis.judged_pool import (
     DEFAULT_POOLED,
     POOLED_BASES,
     PassagePool,

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from judge.analysis.borrow import borrow_verdicts
 from judge.analysis.compare import (
     DEFAULT_POOLED,
     N_BOOT,
@@ -31,9 +30,10 @@ from judge.analysis.compare import (
     check_metric,
     compare,
 )
-from judge.cli.common import EXIT_OK, EXIT_THRESHOLD
+from judge.analysis.judged_pool import borrow_verdicts
+from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, judged_input
 from judge.config import RunConfig, load_config
-from judge.data.results import load_engines, resolve_scale
+from judge.data.results import load_engines
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery, MetricPolicy
 
@@ -167,11 +167,8 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from judge.data.datasets import read_trec_run
 
-    config = load_config(args.config) if args.config else None
-    results = load_engines(args.sources)
-    if not results:
-        raise InputError(f"no judged rows in {', '.join(args.sources)}")
-    scale = resolve_scale(results, config)
+    no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
+    config, results, scale = judged_input(args, lambda: load_engines(args.sources), no_rows)
     runs = _summaries(args.sources)
     policy = _policy(config, runs)
     metrics = _metrics(args, config, runs, results)

@@ -1,9 +1,11 @@
-"""Pooled metrics: the ideal ranking comes from every engine's judged passages.
+"""The judged pool: for each (query id, repeat), every engine's judged passages, a passage being
+the same when it shares an id or its normalised text (NFKC, casefolded, whitespace collapsed).
+Two uses of one pool: pooled metrics, whose ideal ranking comes from it, and verdicts borrowed
+from it for a ranked list no one judged (TREC-style pooled evaluation at no cost).
 
 Pooled metrics (``pooled_ndcg``, ``pooled_ndcg@k``, ``pooled_recall@k``) are computed per
-(query id, repeat) over the pool of every engine's ``ok`` verdicts. Passages are the same
-when they share an id or their normalised text (NFKC, casefolded, whitespace collapsed);
-a pooled passage's grade is the highest grade any engine's verdict gave it. Then::
+(query id, repeat) over the pool of every engine's ``ok`` verdicts; a pooled passage's grade
+is the highest grade any engine's verdict gave it. Then::
 
     pooled_ndcg@k   = DCG@k / IDCG@k, DCG over the engine's list, IDCG over the pool's
                       grades sorted descending (gain rel or 2^rel - 1, discount log2(i + 1))
@@ -13,10 +15,16 @@ A passage repeated lower in an engine's list (same id or text) gains nothing, so
 cannot pad its score with duplicates and an engine that found fewer good passages than the
 pool holds cannot reach 1. Both are undefined when the pool holds nothing graded above 0
 (nothing relevant, for recall). Unparsed/error verdicts follow the ``unjudged`` policy.
+
+Borrowed verdicts (:func:`borrow_verdicts`): a never-judged ranked list takes, per passage, the
+highest-graded ``ok`` verdict the judged engines' runs hold for the same passage in the same
+repeat. A passage no judged engine returned stays unjudged (an ``error`` verdict saying so),
+so its query's metrics are undefined, never 0.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,10 +33,19 @@ import numpy as np
 import numpy.typing as npt
 
 from judge.errors import ConfigError
-from judge.metrics.compute import Gain, normalise_text
-from judge.schema import JudgedQuery, MetricPolicy, Scale
+from judge.metrics.compute import Gain, metrics_for_queries, normalise_text
+from judge.schema import JudgedQuery, MetricPolicy, Query, Scale, Verdict
 
-__all__ = ["DEFAULT_POOLED", "POOLED_BASES", "PassagePool", "parse_pooled", "pooled_metrics"]
+__all__ = [
+    "DEFAULT_POOLED",
+    "POOLED_BASES",
+    "PassagePool",
+    "borrow_verdicts",
+    "parse_pooled",
+    "pooled_metrics",
+]
+
+log = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
 POOLED_BASES = ("pooled_ndcg", "pooled_recall")
@@ -138,3 +155,64 @@ def pooled_metrics(
                         value = sum(hits[:k]) / n_relevant
                 out[i][name] = value
     return out
+
+
+UNJUDGED = "not judged: no judged engine returned this passage (judge this engine to score it)"
+
+
+def borrow_verdicts(
+    queries: Sequence[Query],
+    judged: Sequence[JudgedQuery],
+    metrics: Sequence[str],
+    scale: Scale,
+    policy: MetricPolicy = MetricPolicy(),
+) -> list[JudgedQuery]:
+    """Judged rows for never-judged ranked lists, from the verdicts ``judged`` holds.
+
+    Per (query id, repeat) of ``judged``, a passage takes the highest-graded ok verdict given
+    to the same passage (id or normalised text); others get an ``error`` verdict (unjudged).
+    Queries with no judged rows at all are skipped with a warning.
+    """
+    groups: dict[tuple[str, int], list[JudgedQuery]] = {}
+    for jq in judged:
+        groups.setdefault((jq.query.query_id, jq.repeat), []).append(jq)
+    out: list[JudgedQuery] = []
+    for query in queries:
+        repeats = sorted(r for qid, r in groups if qid == query.query_id)
+        if not repeats:
+            log.warning(
+                "query '%s' (%s): no judged rows to borrow from; skipped",
+                query.query_id,
+                query.engine,
+            )
+        for repeat in repeats:
+            pool = PassagePool()
+            for p in [
+                *query.passages,
+                *(p for jq in groups[(query.query_id, repeat)] for p in jq.query.passages),
+            ]:
+                pool.add(p.id, p.text)
+            best: dict[tuple[str, str], Verdict] = {}
+            for jq in groups[(query.query_id, repeat)]:
+                for v in jq.verdicts:
+                    root = pool.root(v.passage_id)
+                    if v.status == "ok" and (v.grade or 0) >= (
+                        best[root].grade or 0 if root in best else -1
+                    ):
+                        best[root] = v
+            verdicts = tuple(
+                best[pool.root(p.id)].model_copy(
+                    update={"passage_id": p.id, "rank": rank, "cached": True}
+                )
+                if pool.root(p.id) in best
+                else Verdict(passage_id=p.id, rank=rank, status="error", error=UNJUDGED, attempts=0)
+                for rank, p in enumerate(query.passages, start=1)
+            )
+            out.append(
+                JudgedQuery(
+                    query=query, repeat=repeat, scale=scale.name, verdicts=verdicts, metrics={}
+                )
+            )
+    plain = [m for m in metrics if parse_pooled(m) is None]
+    values = metrics_for_queries(plain, [(jq.query, jq.verdicts) for jq in out], scale, policy)
+    return [jq.model_copy(update={"metrics": row}) for jq, row in zip(out, values, strict=True)]
