@@ -15,9 +15,9 @@ from judge.analysis.calibration import (
     grade_pairs,
     relevance_pairs,
 )
-from judge.cli.common import EXIT_OK
-from judge.config import RunConfig, load_config, set_config_value
-from judge.data.results import load_engines, resolve_scale
+from judge.cli.common import EXIT_OK, judged_input
+from judge.config import RunConfig, set_config_value
+from judge.data.results import load_engines
 from judge.errors import ConfigError
 from judge.schema import JudgedQuery, Scale
 
@@ -80,39 +80,46 @@ def _graded(
     cal = calibrate_grades(
         grade_pairs(results, labels), labels, folds=args.folds, n_boot=args.n_boot, seed=args.seed
     )
-    print(describe_grades(cal))
+    cuts = _written(cal.cuts)
+    return _emit(args, config, cal, describe_grades(cal), ("grade_cuts", cuts, f"{cuts}"))
+
+
+# What --write puts into the config, by [metrics] key, for the message when it cannot.
+_WRITTEN = {"grade_cuts": "cut points are", "relevance_threshold": "threshold is"}
+
+
+def _emit(
+    args: argparse.Namespace,
+    config: RunConfig | None,
+    cal: Calibration | GradeCalibration,
+    text: str,
+    setting: tuple[str, float | list[float], str],
+) -> int:
+    """Print ``text``, write ``cal`` as JSON (``--json``) and, with ``--write``, the setting
+    (a ``[metrics]`` key, its value, the value as printed) into the config."""
+    print(text)
     if args.json:
         Path(args.json).write_text(cal.model_dump_json(indent=2), encoding="utf-8")
     if args.write:
+        key, value, shown = setting
         if config is None or config.source is None:
-            raise ConfigError("--write needs --config: the file the cut points are written to")
-        cuts = _written(cal.cuts)
-        set_config_value(Path(config.source), "metrics.grade_cuts", cuts)
-        print(f"wrote [metrics] grade_cuts = {cuts} to {config.source}")
+            what = _WRITTEN[key]
+            raise ConfigError(f"--write needs --config: the file the {what} written to")
+        set_config_value(Path(config.source), f"metrics.{key}", value)
+        print(f"wrote [metrics] {key} = {shown} to {config.source}")
     return EXIT_OK
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    config = load_config(args.config) if args.config else None
-    results = load_engines(args.sources)
-    scale = resolve_scale(results, config)
+    config, results, scale = judged_input(args, lambda: load_engines(args.sources))
     if not scale.is_binary:
         return _graded(args, config, results, scale)
     labels = config.label_scale() if config else scale
     cal = calibrate(
         relevance_pairs(results, labels), folds=args.folds, n_boot=args.n_boot, seed=args.seed
     )
-    print(describe(cal))
-    if args.json:
-        Path(args.json).write_text(cal.model_dump_json(indent=2), encoding="utf-8")
-    if args.write:
-        if config is None or config.source is None:
-            raise ConfigError("--write needs --config: the file the threshold is written to")
-        set_config_value(
-            Path(config.source), "metrics.relevance_threshold", round(cal.threshold, 4)
-        )
-        print(f"wrote [metrics] relevance_threshold = {cal.threshold:.4f} to {config.source}")
-    return EXIT_OK
+    threshold = ("relevance_threshold", round(cal.threshold, 4), f"{cal.threshold:.4f}")
+    return _emit(args, config, cal, describe(cal), threshold)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

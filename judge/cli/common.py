@@ -1,11 +1,16 @@
-"""What the ``judge`` commands share: exit codes and ``--set`` / flag overrides of a config."""
+"""What the ``judge`` commands share: exit codes, ``--set`` / flag overrides of a config, and
+the config and judged rows of a command over finished runs."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from judge.config import parse_override
+from judge.config import RunConfig, load_config, parse_override
+from judge.data.results import resolve_scale
+from judge.errors import JudgeError
+from judge.schema import JudgedQuery, Scale
 
 if TYPE_CHECKING:
     from judge.run.estimate import Estimate
@@ -39,6 +44,20 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     return out
+
+
+def judged_input(
+    args: argparse.Namespace,
+    read: Callable[[], list[JudgedQuery]],
+    empty: JudgeError | None = None,
+) -> tuple[RunConfig | None, list[JudgedQuery], Scale]:
+    """``--config`` (None without it), the judged rows ``read`` returns, and their scale (the
+    config's, else the one the rows name); ``empty``, when given, is raised for no rows."""
+    config = load_config(args.config) if args.config else None
+    results = read()
+    if not results and empty is not None:
+        raise empty
+    return config, results, resolve_scale(results, config)
 
 
 def print_dry_run(est: Estimate) -> int:

@@ -24,6 +24,7 @@ from judge.cli.common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_THRESHOLD,
+    judged_input,
     overrides,
     print_dry_run,
 )
@@ -178,16 +179,12 @@ def _validate_paths(paths: Sequence[str]) -> tuple[str | None, str | None]:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from judge.config import load_config
-    from judge.data.results import read_results, resolve_scale
+    from judge.data.results import read_results
     from judge.metrics.compute import metrics_for_queries
     from judge.schema import MetricPolicy
 
-    config = load_config(args.config) if args.config else None
-    results = read_results(args.results)
-    if not results:
-        raise ConfigError(f"{args.results}: no results")
-    scale = resolve_scale(results, config)
+    no_results = ConfigError(f"{args.results}: no results")
+    config, results, scale = judged_input(args, lambda: read_results(args.results), no_results)
     policy = config.metrics if config else MetricPolicy()
     names = args.metric or (list(policy.names) if config else list(results[0].metrics))
     pairs = [(jq.query, jq.verdicts) for jq in results]
