@@ -3,6 +3,15 @@
 Passage -> Query (a ranked list from one engine) -> Verdict per passage -> JudgedQuery.
 The Scale is the single source of truth for labels: templates render them from it and the
 verdict parser accepts exactly those labels (and their aliases), case/space-normalised.
+
+Many records held at once, in less memory: pydantic keeps on every model instance the set of
+field names it was given (``__pydantic_fields_set__``): 728 bytes for a set of five names or
+more, as much as the record's own values. A run holds a record per passage and per verdict, so
+at 100,000 passages these sets alone were about 150 MB. Frozen records never change that set
+(pydantic adds to it only on attribute assignment, which a frozen model refuses, and
+``model_copy`` copies it before adding), so records whose sets are equal can share one.
+:func:`share_fields_sets` makes them do so; nothing else about the records changes
+(``model_fields_set``, ``exclude_unset`` dumps and copies behave as before: tests/test_memo.py).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import itertools
 import math
 import re
 import unicodedata
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -31,6 +41,11 @@ OmittableParam = Literal[
     "top_logprobs",
     "response_format",
 ]
+# The provider kinds, one wire protocol (adapter) each. Each has its one entry, with what it
+# offers, in judge.providers.ADAPTERS (keyed by this type; a test holds the two in step). It is
+# written here, in a shared leaf, because the [provider] table (sections.py) names a kind and a
+# leaf imports no stage.
+ProviderKind = Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"]
 
 # Characters stripped around a label before matching ("Yes.", "**yes**", "「是」").
 _LABEL_STRIP = " \t\r\n.,;:!?。，；：！？\"'`*_()[]{}<>「」『』“”‘’"
@@ -92,6 +107,11 @@ class ScaleLabel(Record):
     def describe(self, language: str) -> str:
         """The description in ``language``, falling back to the English one."""
         return self.descriptions.get(language, self.description)
+
+
+# One label of a scale made by ``Scale.ordered``: its name, its description in English and in
+# Chinese, and its aliases.
+LabelText = tuple[str, str, str, tuple[str, ...]]
 
 
 class Scale(Record):
@@ -173,62 +193,66 @@ class Scale(Record):
         return BUILTIN_SCALES[name]()
 
     @classmethod
-    def binary(cls) -> Scale:
+    def ordered(cls, name: str, threshold: int, *labels: LabelText) -> Scale:
+        """A scale of ``labels`` graded 0, 1, ... in the order given, each as (name, description,
+        its Chinese, aliases): the built-in scales and those of the judge's other questions."""
         return cls(
-            name="binary",
-            threshold=1,
-            labels=(
+            name=name,
+            threshold=threshold,
+            labels=tuple(
                 ScaleLabel(
-                    name="no",
-                    grade=0,
-                    description="the passage does not help answer the query",
-                    descriptions={"zh": "这段文本对回答查询没有帮助"},
-                    aliases=("not relevant", "irrelevant", "false", "否", "不", "不相关", "无关"),
-                ),
-                ScaleLabel(
-                    name="yes",
-                    grade=1,
-                    description="the passage helps answer the query",
-                    descriptions={"zh": "这段文本有助于回答查询"},
-                    aliases=("relevant", "true", "是", "相关"),
-                ),
+                    name=label,
+                    grade=grade,
+                    description=english,
+                    descriptions={"zh": chinese},
+                    aliases=aliases,
+                )
+                for grade, (label, english, chinese, aliases) in enumerate(labels)
+            ),
+        )
+
+    @classmethod
+    def binary(cls) -> Scale:
+        return cls.ordered(
+            "binary",
+            1,
+            (
+                "no",
+                "the passage does not help answer the query",
+                "这段文本对回答查询没有帮助",
+                ("not relevant", "irrelevant", "false", "否", "不", "不相关", "无关"),
+            ),
+            (
+                "yes",
+                "the passage helps answer the query",
+                "这段文本有助于回答查询",
+                ("relevant", "true", "是", "相关"),
             ),
         )
 
     @classmethod
     def graded(cls) -> Scale:
-        return cls(
-            name="graded",
-            threshold=2,
-            labels=(
-                ScaleLabel(
-                    name="unrelated",
-                    grade=0,
-                    description="unrelated to the query",
-                    descriptions={"zh": "与查询无关"},
-                    aliases=("irrelevant", "不相关", "无关"),
-                ),
-                ScaleLabel(
-                    name="related",
-                    grade=1,
-                    description="on the query's topic but does not answer it",
-                    descriptions={"zh": "与查询主题相关，但没有回答查询"},
-                    aliases=("related but does not answer", "相关但未回答"),
-                ),
-                ScaleLabel(
-                    name="partial",
-                    grade=2,
-                    description="answers the query partly or unclearly",
-                    descriptions={"zh": "部分地或不够清楚地回答了查询"},
-                    aliases=("partially relevant", "partly", "部分回答"),
-                ),
-                ScaleLabel(
-                    name="answers",
-                    grade=3,
-                    description="dedicated to the query and contains the exact answer",
-                    descriptions={"zh": "专门针对该查询，并包含确切答案"},
-                    aliases=("highly relevant", "perfect", "完全回答"),
-                ),
+        return cls.ordered(
+            "graded",
+            2,
+            ("unrelated", "unrelated to the query", "与查询无关", ("irrelevant", "不相关", "无关")),
+            (
+                "related",
+                "on the query's topic but does not answer it",
+                "与查询主题相关，但没有回答查询",
+                ("related but does not answer", "相关但未回答"),
+            ),
+            (
+                "partial",
+                "answers the query partly or unclearly",
+                "部分地或不够清楚地回答了查询",
+                ("partially relevant", "partly", "部分回答"),
+            ),
+            (
+                "answers",
+                "dedicated to the query and contains the exact answer",
+                "专门针对该查询，并包含确切答案",
+                ("highly relevant", "perfect", "完全回答"),
             ),
         )
 
@@ -397,3 +421,30 @@ class MetricPolicy(Record):
                 f"{where}metrics.grade_cuts: scale '{scale.name}' has {len(scale.labels)} "
                 f"grades, so {len(scale.labels) - 1} cut points, not {len(cuts)}"
             )
+
+
+# Per record class, the fields sets shared so far (a class sees a handful of distinct ones).
+_SHARED: dict[type[BaseModel], list[set[str]]] = {}
+
+
+def share_fields_sets(records: Iterable[BaseModel]) -> None:
+    """Let each of ``records`` (frozen models) share its fields set with equal ones."""
+    for record in records:
+        cls = type(record)
+        if not cls.model_config.get("frozen"):
+            raise TypeError(f"{cls.__name__} is not frozen: its fields set may change")
+        own = record.__pydantic_fields_set__
+        known = _SHARED.setdefault(cls, [])
+        for shared in known:
+            if shared == own:
+                object.__setattr__(record, "__pydantic_fields_set__", shared)
+                break
+        else:
+            known.append(own)
+
+
+def share_verdict_fields(verdicts: Iterable[Verdict]) -> None:
+    """:func:`share_fields_sets` for verdicts and their usages (a run holds all of them)."""
+    verdicts = list(verdicts)
+    share_fields_sets(verdicts)
+    share_fields_sets(v.usage for v in verdicts)

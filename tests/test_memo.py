@@ -12,10 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 from judge.calling.cache import Cache
-from judge.compact import share_fields_sets
 from judge.judging.judge import Judge
 from judge.providers.base import Completion, ProviderSpec
-from judge.schema import JudgedQuery, Passage, Usage, Verdict
+from judge.schema import JudgedQuery, Passage, Usage, Verdict, share_fields_sets
 from tests.servers import ScriptedServer, verdict_json
 from tests.test_cache_keys import QUERY as KETTLE
 

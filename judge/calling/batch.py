@@ -18,7 +18,6 @@ parser did not make.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
@@ -31,7 +30,7 @@ from judge.calling.limits import (
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
-from judge.errors import BudgetExceeded, ParseError, ProviderError
+from judge.errors import BudgetExceeded, ParseError
 from judge.providers.base import ChatRequest, Completion, RetryDecision
 from judge.schema import Usage
 
@@ -111,31 +110,16 @@ async def managed(
     (:class:`RetryPolicy`: the provider classifies, Retry-After honoured, full jitter); after
     the attempts are spent, ProviderError saying ``what`` failed."""
     policy = RetryPolicy(classify, limits, stats)
-    attempts = 0
 
-    async def attempt() -> T:
-        nonlocal attempts
-        attempts += 1
+    async def once() -> T:
         stats.requests += 1
         return await call()
 
     try:
-        try:
-            return await attempt()
-        except Exception as first:
-            if limits.max_attempts <= 1 or not policy.decide(first).retry:
-                raise
-            stats.retries += 1
-            await asyncio.sleep(policy.delay(1, first))
-            return await policy.retrying()(attempt)
+        return await policy.run(once)
     except Exception as exc:
         stats.failures += 1
-        kind = policy.decide(exc).kind
-        raise ProviderError(
-            f"{what}: {kind} after {attempts} attempt(s): {type(exc).__name__}: {exc}",
-            kind=kind,
-            attempts=attempts,
-        ) from None
+        raise policy.gave_up(exc, f"{what}: ") from None
 
 
 def store_answer(

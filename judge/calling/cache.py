@@ -146,18 +146,24 @@ class Cache:
         when there is no usable one."""
         if self._conn is None:
             return None
-        with self._lock:
-            try:
-                if self._sql is None:
-                    self._sql = answer_queries(self._conn)
-                row = self._conn.execute(self._sql[alias], (key,)).fetchone()
-            except sqlite3.DatabaseError as exc:
-                self._recover(exc)
-                row = None
+        row = self._answer_row(key, alias)
         found = None if row is None else self._stored(row, model)
         self.hits += found is not None
         self.misses += found is None
         return found
+
+    def _answer_row(self, key: str, alias: bool) -> Any:
+        """The row (key, value, reading tag, reading) of the answer stored under ``key``
+        (``alias``: named by it), or None."""
+        assert self._conn is not None
+        with self._lock:
+            try:
+                if self._sql is None:
+                    self._sql = answer_queries(self._conn)
+                return self._conn.execute(self._sql[alias], (key,)).fetchone()
+            except sqlite3.DatabaseError as exc:
+                self._recover(exc)
+                return None
 
     def _stored(self, row: Any, model: type[T]) -> Stored[T] | None:
         """A row (key, value, reading tag, reading) as stored; None if unreadable as ``model``
@@ -225,17 +231,7 @@ class Cache:
 
     def contains(self, key: str, *, alias: bool = False) -> bool:
         """Whether an answer is stored under ``key`` (``alias``: named by it)."""
-        if self._conn is None:
-            return False
-        with self._lock:
-            try:
-                if self._sql is None:
-                    self._sql = answer_queries(self._conn)
-                row = self._conn.execute(self._sql[alias], (key,)).fetchone()
-            except sqlite3.DatabaseError as exc:
-                self._recover(exc)
-                row = None
-        return row is not None
+        return self._conn is not None and self._answer_row(key, alias) is not None
 
     def put(
         self,

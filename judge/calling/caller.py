@@ -6,9 +6,11 @@ and jitter, honouring a server's Retry-After (capped), up to ``max_attempts`` tr
 cache is consulted first. A chat answer is read by the caller's ``parse`` function exactly
 once; only an answer that parses is cached (rule 3), and the parsed value comes back with it.
 
-A :class:`Prompt` is known by a digest before it is rendered, and a :class:`Reader`'s readings
-are kept beside the answers: a hit renders and parses nothing. Answers stay keyed by the
-rendered request; a digest is an alias, and one that misses costs a rendering, not a call.
+What it takes in and hands back: a :class:`Prompt` is known by a digest before it is rendered,
+and a :class:`Reader`'s readings are kept beside the answers: a hit renders and parses nothing.
+Answers stay keyed by the rendered request; a digest is an alias, and one that misses costs a
+rendering, not a call. A call gives a :class:`CallResult`; a chat call a :class:`ChatAnswer`,
+the answer with its parser's value or error.
 """
 
 from __future__ import annotations
@@ -19,12 +21,10 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import replace
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
-from judge.calling.answers import CallResult, ChatAnswer, Prompt, Reader, parsed
-from judge.calling.answers import reading as reading_of
-from judge.calling.cache import Cache, Stored
+from judge.calling.cache import Cache, Reading, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
@@ -34,7 +34,7 @@ from judge.calling.limits import (
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
-from judge.errors import BudgetExceeded, ProviderError
+from judge.errors import BudgetExceeded, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
     ChatRequest,
@@ -54,6 +54,65 @@ A = TypeVar("A", Completion, RerankResult)
 _IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
 P = TypeVar("P")
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class CallResult(Generic[A]):
+    answer: A
+    cached: bool
+    attempts: int
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class ChatAnswer(Generic[P]):
+    """A chat answer and what the caller's parser made of it: ``value`` or ``error``."""
+
+    call: CallResult[Completion]
+    value: P | None
+    error: ParseError | None
+
+
+@dataclass
+class Prompt:
+    """A chat request known by a digest of all that makes it before ``render`` makes it."""
+
+    digest: str
+    render: Callable[[], ChatRequest]
+
+    @functools.cached_property
+    def request(self) -> ChatRequest:
+        return self.render()
+
+
+@dataclass(frozen=True)
+class Reader(Generic[P]):
+    """A parser whose readings the cache keeps: ``dump`` and ``load`` carry a value to and from
+    JSON; ``tag`` changes whenever ``parse`` could read the same answer differently."""
+
+    parse: Callable[[Completion], P]
+    tag: str
+    dump: Callable[[P], str]
+    load: Callable[[str], P]
+
+
+def _parsed(
+    call: CallResult[Completion], parse: Callable[[Completion], P] | Reader[P]
+) -> ChatAnswer[P]:
+    read = parse.parse if isinstance(parse, Reader) else parse
+    try:
+        return ChatAnswer(call, read(call.answer), None)
+    except ParseError as exc:
+        return ChatAnswer(call, None, exc)
+
+
+def _reading_of(
+    parse: Callable[[Completion], P] | Reader[P], result: ChatAnswer[P]
+) -> Reading | None:
+    """What the cache keeps of a successful reading (None: a parser without a tag)."""
+    if not isinstance(parse, Reader) or result.error is not None or result.value is None:
+        return None
+    return Reading(parse.tag, parse.dump(result.value))
 
 
 class Caller:
@@ -224,8 +283,8 @@ class Caller:
                 return ChatAnswer(call, parse.load(reading.value), None)
             except ValueError:  # unreadable as this version's value: read the answer again
                 pass
-        result = parsed(call, parse)
-        stored = reading_of(parse, result)
+        result = _parsed(call, parse)
+        stored = _reading_of(parse, result)
         if stored is not None:
             self.cache.set_reading(found.key, stored)
         return result
@@ -242,9 +301,7 @@ class Caller:
         estimate += request.params.max_tokens or 256
         worst = worst_case_prompt_tokens([m.content for m in request.messages])
 
-        async def send() -> Completion:
-            async with asyncio.timeout(self._hard_timeout_s):
-                return await provider.complete(request, timeout=self.limits.timeout_s)
+        send = functools.partial(provider.complete, request, timeout=self.limits.timeout_s)
 
         async def once() -> Completion:
             slot = self.slots["chat"]
@@ -257,9 +314,9 @@ class Caller:
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer
 
-        result = parsed(await self._call(once, provider.classify), parse)
+        result = _parsed(await self._call(once, provider.classify), parse)
         if result.error is None:
-            reading = reading_of(parse, result)
+            reading = _reading_of(parse, result)
             answer = result.call.answer
             self.cache.put(
                 key, answer, kind="chat", model=request.model, reading=reading, alias=alias
@@ -289,9 +346,7 @@ class Caller:
     ) -> CallResult[RerankResult]:
         worst = worst_case_prompt_tokens([request.query, *request.documents])
 
-        async def send() -> RerankResult:
-            async with asyncio.timeout(self._hard_timeout_s):
-                return await provider.rerank(request, timeout=self.limits.timeout_s)
+        send = functools.partial(provider.rerank, request, timeout=self.limits.timeout_s)
 
         async def once() -> RerankResult:
             slot = self.slots["rerank"]
@@ -312,15 +367,17 @@ class Caller:
         send: Callable[[], Awaitable[A]],
         classify: Callable[[BaseException], RetryDecision],
     ) -> A:
-        """One request under the budget: its worst case reserved before it is sent, settled
-        to what it used. A request whose fate is unknown (timeout, dropped connection,
-        cancelled in flight) is counted at its worst-case prompt: it may have been billed."""
+        """One request (``send()``, under the hard timeout) under the budget: its worst case
+        reserved before it is sent, settled to what it used. A request whose fate is unknown
+        (timeout, dropped connection, cancelled in flight) is counted at its worst-case prompt:
+        it may have been billed."""
         reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
         sent = time.perf_counter()
         self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
         try:
-            answer = await send()
+            async with asyncio.timeout(self._hard_timeout_s):
+                answer = await send()
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
@@ -343,33 +400,14 @@ class Caller:
         """``once`` until it succeeds, a failure is final, or the attempts are spent."""
         policy = RetryPolicy(classify, self.limits, self.stats)
         _IN_FLIGHT_S.set(0.0)
-        attempts = 0
-
-        async def attempt() -> A:
-            nonlocal attempts
-            attempts += 1
-            return await once()
-
         try:
-            try:
-                # Most calls succeed at once: only a failure pays for tenacity's machinery.
-                answer = await attempt()
-            except Exception as first:
-                if self.limits.max_attempts <= 1 or not policy.decide(first).retry:
-                    raise
-                self.stats.retries += 1
-                await asyncio.sleep(policy.delay(1, first))
-                answer = await policy.retrying()(attempt)
+            answer = await policy.run(once)
         except (ProviderError, BudgetExceeded):
             self.stats.failures += 1
             raise
         except Exception as exc:
             self.stats.failures += 1
-            kind = policy.decide(exc).kind
-            raise ProviderError(
-                f"{kind} after {attempts} attempt(s): {type(exc).__name__}: {exc}",
-                kind=kind,
-                attempts=attempts,
-            ) from None
+            raise policy.gave_up(exc) from None
         self.stats.successes += 1
-        return CallResult(answer, cached=False, attempts=attempts, latency_s=_IN_FLIGHT_S.get())
+        attempts, latency = policy.attempts, _IN_FLIGHT_S.get()
+        return CallResult(answer, cached=False, attempts=attempts, latency_s=latency)

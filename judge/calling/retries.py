@@ -1,5 +1,6 @@
 """Retry decisions and waits for one call, and the counters they keep (the one retry
-authority's policy, used by :class:`judge.calling.caller.Caller`).
+authority's policy, used by :class:`judge.calling.caller.Caller` and by batch mode's
+management calls, :func:`judge.calling.batch.managed`).
 
 The provider classifies a failure (``RetryDecision``); here it is decided on, counted once, and
 waited for: the server's Retry-After (capped) when it sent one, else full jitter. Tenacity runs
@@ -8,18 +9,22 @@ the attempts after the first.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from judge.calling.limits import Limits
-from judge.errors import BudgetExceeded
+from judge.errors import BudgetExceeded, ProviderError
 from judge.providers.base import RetryDecision
 
 __all__ = ["CallStats", "RetryPolicy"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -49,6 +54,7 @@ class RetryPolicy:
         # The decision for the latest failure, classified (and counted) once. Keyed by the
         # exception itself, not id(): a freed exception's id is soon reused by the next one.
         self._last: tuple[BaseException, RetryDecision] | None = None
+        self.attempts = 0  # made so far by :meth:`run`
 
     def decide(self, exc: BaseException) -> RetryDecision:
         if isinstance(exc, BudgetExceeded):  # not a provider failure: stop, never retry
@@ -85,4 +91,32 @@ class RetryPolicy:
             retry=retry_if_exception(lambda e: self.decide(e).retry),
             before_sleep=before_sleep,
             reraise=True,
+        )
+
+    async def run(self, once: Callable[[], Awaitable[T]]) -> T:
+        """``once()`` until it succeeds, a failure is final, or the attempts are spent (then
+        that failure is raised), counting the attempts."""
+
+        async def attempt() -> T:
+            self.attempts += 1
+            return await once()
+
+        try:
+            # Most calls succeed at once: only a failure pays for tenacity's machinery.
+            return await attempt()
+        except Exception as first:
+            if self.limits.max_attempts <= 1 or not self.decide(first).retry:
+                raise
+            self.stats.retries += 1
+            await asyncio.sleep(self.delay(1, first))
+            return await self.retrying()(attempt)
+
+    def gave_up(self, exc: Exception, what: str = "") -> ProviderError:
+        """The error for a call whose last attempt failed with ``exc`` (``what``: a prefix
+        saying which call)."""
+        kind = self.decide(exc).kind
+        return ProviderError(
+            f"{what}{kind} after {self.attempts} attempt(s): {type(exc).__name__}: {exc}",
+            kind=kind,
+            attempts=self.attempts,
         )

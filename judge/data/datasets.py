@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from judge.compact import share_fields_sets
 from judge.data.lines import MAX_ERRORS_SHOWN, MISSING, Row, Sink, json_lines, kind
 from judge.data.passages import (
     PASSAGE_FIELDS,
@@ -51,7 +50,7 @@ from judge.data.passages import (
 from judge.data.results import REPEAT_POLICIES, append_result, read_qrels, read_results, write_qrels
 from judge.data.trec import read_trec_run
 from judge.errors import InputError, JudgeError
-from judge.schema import Passage, Query
+from judge.schema import Passage, Query, share_fields_sets
 
 __all__ = [
     "MAX_ERRORS_SHOWN",

@@ -2,8 +2,8 @@
 
 :class:`Sink` gathers errors (each an InputError naming ``file:line`` and field) and non-fatal
 notes; :class:`Row` checks the fields of one line into a sink; :func:`text_lines` and
-:func:`json_lines` read a file's non-blank lines (UTF-8, a BOM skipped). Shared by the dataset,
-TREC run, results and qrels readers.
+:func:`json_lines` read a file's non-blank lines (UTF-8, a BOM skipped), and :func:`objects`
+the JSON objects among them. Shared by the dataset, TREC run, results and qrels readers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "Sink",
     "json_lines",
     "kind",
+    "objects",
     "read_bytes",
     "text_lines",
 ]
@@ -229,3 +230,16 @@ class Row:
                 self.bad(at + name, f"given twice ('{key}' also maps to it; see columns)")
             out[name] = value
         return out
+
+
+def objects(
+    lines: Iterable[tuple[int, Any]], file: str, sink: Sink, renames: Mapping[str, str]
+) -> Iterator[tuple[Row, dict[str, Any]]]:
+    """Each line's :class:`Row` and its object, keys renamed by ``renames``; a line holding
+    anything but a JSON object is an error on that line."""
+    for n, obj in lines:
+        row = Row(sink, file, n)
+        if not isinstance(obj, dict):
+            row.bad(None, f"expected a JSON object, got {kind(obj)}")
+            continue
+        yield row, row.rename(obj, renames, "")

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from judge.data.lines import MISSING, Row, Sink, json_lines, kind
+from judge.data.lines import MISSING, Row, Sink, json_lines, objects
 from judge.errors import ConfigError
 from judge.schema import Passage, Query, Record
 
@@ -122,12 +122,7 @@ def read_store(path: Path, inner: Mapping[str, str], sink: Sink) -> dict[str, Pa
     """A JSONL passage store: id -> Passage (untruncated; fields besides ours ignored)."""
     store: dict[str, Passage] = {}
     lines: dict[str, int] = {}
-    for n, obj in json_lines(path, sink):
-        row = Row(sink, str(path), n)
-        if not isinstance(obj, dict):
-            row.bad(None, f"expected a JSON object, got {kind(obj)}")
-            continue
-        p = row.rename(obj, inner, "")
+    for row, p in objects(json_lines(path, sink), str(path), sink, inner):
         pid = row.ident(p.get("id", MISSING), "id")
         text = row.string(p.get("text", MISSING), "text")
         title = row.string(p.get("title"), "title", required=False)
@@ -135,5 +130,5 @@ def read_store(path: Path, inner: Mapping[str, str], sink: Sink) -> dict[str, Pa
         if pid is not None and pid in lines:
             row.bad("id", f"duplicate passage id '{pid}' (first on line {lines[pid]})")
         elif pid is not None and text is not None and row.ok:
-            store[pid], lines[pid] = Passage(id=pid, text=text, title=title, url=url), n
+            store[pid], lines[pid] = Passage(id=pid, text=text, title=title, url=url), row.line
     return store

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from judge.data.lines import MISSING, Row, Sink, json_lines, kind, text_lines
+from judge.data.lines import MISSING, Row, Sink, json_lines, objects, text_lines
 from judge.data.passages import DatasetReport, check_limit, counts, cut, read_store, split_columns
 from judge.schema import Passage, Query
 
@@ -31,18 +31,13 @@ def _read_query_texts(path: Path, top: Mapping[str, str], sink: Sink) -> dict[st
             (n, dict(zip(("query_id", "query"), t.split("\t", 1), strict=False)))
             for n, t in text_lines(path, sink)
         )
-    for n, obj in pairs:
-        row = Row(sink, str(path), n)
-        if not isinstance(obj, dict):
-            row.bad(None, f"expected a JSON object, got {kind(obj)}")
-            continue
-        data = row.rename(obj, top, "")
+    for row, data in objects(pairs, str(path), sink, top):
         qid = row.ident(data.get("query_id", MISSING), "query_id")
         text = row.nonblank(data.get("query", MISSING), "query")
         if qid is not None and qid in lines:
             row.bad("query_id", f"duplicate query id '{qid}' (first on line {lines[qid]})")
         elif qid is not None and text is not None:
-            texts[qid], lines[qid] = text, n
+            texts[qid], lines[qid] = text, row.line
     return texts
 
 
