@@ -62,14 +62,27 @@ _SETTINGS = frozenset(JudgeSection.model_fields) - {"provider", "model"}
 _DIMENSION_NAMES = frozenset(d.name for d in DIMENSIONS)
 
 
-def _settings(provider: str, model: str | None, knobs: Mapping[str, Any]) -> JudgeSection:
-    """``knobs`` validated into the settings record; ConfigError naming each bad keyword."""
-    data = {k: str(v) if isinstance(v, Path) else v for k, v in knobs.items()}
-    data["provider"] = provider
+def _read_knobs(
+    provider: object, model: str | None, scale: str | Scale | None, knobs: Mapping[str, Any]
+) -> tuple[JudgeSection, dict[str, Any], dict[str, Any]]:
+    """Judge's keywords as its settings record (given whole, or the keywords validated into
+    it: ConfigError naming each bad one), the dimensions' tables by name, and the provider
+    preset's overrides (every other keyword)."""
+    settings = {k: v for k, v in knobs.items() if k in _SETTINGS}
+    sections = {k: v for k, v in knobs.items() if k in _DIMENSION_NAMES}
+    overrides = {k: v for k, v in knobs.items() if k not in _SETTINGS | _DIMENSION_NAMES}
+    if isinstance(provider, JudgeSection):
+        if model is not None or settings:
+            raise ConfigError("Judge(settings): give the settings record alone, or keywords")
+        return provider, sections, overrides
+    data = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    data["provider"] = provider if isinstance(provider, str) else "custom"
     if model is not None:
         data["model"] = model
+    if scale is not None:
+        data["scale"] = scale if isinstance(scale, str) else scale.name
     try:
-        return JudgeSection.model_validate(data)
+        return JudgeSection.model_validate(data), sections, overrides
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
@@ -115,18 +128,7 @@ class Judge:
         ``language``, ``params``, ``reask``, ``context_tokens``, ``sanitise``, ``cascade``,
         ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
         judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
-        settings_keys = {k: v for k, v in knobs.items() if k in _SETTINGS}
-        sections = {k: v for k, v in knobs.items() if k in _DIMENSION_NAMES}
-        overrides = {k: v for k, v in knobs.items() if k not in _SETTINGS | _DIMENSION_NAMES}
-        if isinstance(provider, JudgeSection):
-            if model is not None or settings_keys:
-                raise ConfigError("Judge(settings): give the settings record alone, or keywords")
-            settings = provider
-        else:
-            if scale is not None:
-                settings_keys["scale"] = scale if isinstance(scale, str) else scale.name
-            name = provider if isinstance(provider, str) else "custom"
-            settings = _settings(name, model, settings_keys)
+        settings, sections, overrides = _read_knobs(provider, model, scale, knobs)
         self.settings = settings
         self.scale = scale if isinstance(scale, Scale) else Scale.named(settings.scale)
         self.model, self.mode = settings.model, settings.mode
