@@ -10,6 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from judge.schema import (
+    ProviderKind,
     Record,
     SamplingParams,
     ScaleLabel,
@@ -82,7 +83,7 @@ class JudgeSection(Record):
 class ProviderSection(Record):
     """Overrides of the preset named by ``judge.provider`` (see judge.providers.PRESETS)."""
 
-    kind: Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"] | None = None
+    kind: ProviderKind | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     supports_json_mode: bool | None = None

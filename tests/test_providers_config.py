@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from judge.errors import ProviderConfigError
+from judge.config import load_config
+from judge.errors import ConfigError, ProviderConfigError
 from judge.providers import (
+    ADAPTERS,
+    EMBEDDED_CONTEXT,
+    KINDS,
     NEUTRAL_SAMPLING,
     PRESETS,
+    Adapter,
+    context_window,
     make_chat_provider,
     make_rerank_provider,
     resolve_spec,
+    why_no_batch,
 )
 from judge.providers.base import ChatProvider, ProviderSpec, RerankProvider
+from judge.providers.embedded import server
+from judge.schema import ProviderKind
 from tests.provider_harness import run
 from tests.servers import ScriptedServer
 
@@ -61,6 +70,62 @@ def test_registry_refuses_the_wrong_role() -> None:
         make_chat_provider(resolve_spec("cohere", {}))
     with pytest.raises(ProviderConfigError, match="not a reranker"):
         make_rerank_provider(resolve_spec("local", {}))
+
+
+# --- what each kind offers (the registry's entries) ---------------------------------------
+
+
+def test_every_kind_a_config_can_name_has_one_entry() -> None:
+    assert KINDS == get_args(ProviderKind) == tuple(ADAPTERS)
+    for kind in KINDS:
+        assert resolve_spec(kind, {}).kind == kind
+        adapter = ADAPTERS[kind]
+        assert adapter.chat is not None or adapter.rerank is not None, kind
+        assert load_config(None, {"provider.kind": kind}).provider.kind == kind
+    with pytest.raises(ConfigError, match=r"provider\.kind"):
+        load_config(None, {"provider.kind": "cohere"})  # a preset, not a kind
+
+
+def test_a_kind_has_only_what_its_entry_declares() -> None:
+    """A new provider is never taken to have a Batch API, a model of its own or a known
+    context window: batch mode would send it batches, shards would not split its limits."""
+    spec = ProviderSpec(base_url="http://127.0.0.1:9/v1")
+    bare = Adapter(chat=ADAPTERS["openai"].chat)
+    assert bare.why_no_batch() == "its adapter declares no Batch API"
+    assert not bare.runs_locally and bare.threads_option is None
+    assert bare.context_window(spec) is None
+    assert Adapter(rerank=ADAPTERS["rerank"].rerank).why_no_batch() == (
+        "a reranker is not a chat model"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("openai", None),
+        ("dashscope-compatible", None),
+        ("dashscope", "its compatible mode has"),
+        ("local", "vLLM"),
+        ("ollama", "Ollama"),
+        ("llamacpp", "llama.cpp"),
+        ("embedded", "on this machine"),
+        ("cohere", "not a chat model"),
+        ("embedded-rerank", "not a chat model"),
+    ],
+)
+def test_which_providers_have_a_batch_api(name: str, why: str | None) -> None:
+    found = why_no_batch(name, resolve_spec(name, {}))
+    assert found == why if why is None else why in str(found)
+
+
+def test_the_embedded_judge_declares_its_servers_window() -> None:
+    assert server._DEFAULTS["n_ctx"] == EMBEDDED_CONTEXT
+    assert context_window(resolve_spec("embedded", {})) == EMBEDDED_CONTEXT
+    assert context_window(resolve_spec("embedded", {"options": {"n_ctx": 2048}})) == 2048
+    assert context_window(resolve_spec("embedded", {"options": {"n_ctx": "8192"}})) == 8192
+    assert context_window(resolve_spec("embedded", {"options": {"n_ctx": "big"}})) is None
+    for name in ("openai", "llamacpp", "dashscope", "cohere"):
+        assert context_window(resolve_spec(name, {})) is None
 
 
 def test_identity_names_kind_and_base_url(server: ScriptedServer) -> None:

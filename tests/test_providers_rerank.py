@@ -8,8 +8,8 @@ import pytest
 
 from judge.errors import ResponseError
 from judge.providers import make_rerank_provider, resolve_spec
-from judge.providers.base import RerankResult
-from judge.providers.rerank import rerank_endpoint, scores_in_input_order
+from judge.providers.base import RerankResult, scores_in_input_order
+from judge.providers.rerank import rerank_endpoint
 from tests.provider_harness import PROTOCOLS, RERANK, call_once, rerank, run
 from tests.servers import ScriptedServer
 

@@ -514,6 +514,35 @@ def test_a_worker_without_the_run_directory_or_with_another_judge_says_so_in_one
     assert server.requests == []
 
 
+def test_a_shard_splits_a_remote_providers_concurrency_but_not_a_local_models(
+    tmp_path: Path,
+) -> None:
+    """Shards running at once share a remote endpoint's calls in flight (together they make
+    what the config allows); a model every shard runs itself (the embedded judge, the embedded
+    reranker) keeps its whole concurrency in each."""
+    from judge.run.shards import shard_config
+
+    def shard(provider: str, rerank: str) -> Any:
+        values: dict[str, Any] = {
+            "judge.provider": provider,
+            "judge.model": "m",
+            "run.concurrency": 12,
+            "provider.concurrency": 9,
+            "rerank.provider": rerank,
+            "rerank.model": "r",
+            "rerank.concurrency": 6,
+        }
+        share = {"cost": 0.0, "tokens": 0, "cache": tmp_path / "c.sqlite"}
+        return shard_config(load_config(None, values), 3, cpus=1, **share)
+
+    remote = shard("openai", "cohere")
+    assert (remote.run.concurrency, remote.provider.concurrency) == (4, 3)
+    assert remote.rerank.concurrency == 2 and remote.provider.options is None
+    local = shard("embedded", "embedded-rerank")
+    assert (local.run.concurrency, local.provider.concurrency) == (12, 9)
+    assert local.rerank.concurrency == 6 and local.provider.options == {"n_threads": 1}
+
+
 def test_an_embedded_shard_asks_ray_for_the_cpus_its_server_uses(
     cluster: None, tmp_path: Path
 ) -> None:

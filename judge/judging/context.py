@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from judge.data.passages import TRUNCATION_MARKER
+from judge.providers import EMBEDDED_CONTEXT, context_window
 from judge.providers.base import Message, ProviderSpec
 from judge.schema import Passage, Query
 
@@ -34,9 +35,6 @@ __all__ = [
 SAFETY = 1.15
 # Answer room for a request that sets no max_tokens, when fitting passages to the window.
 DEFAULT_ANSWER_TOKENS = 1024
-# The embedded llama.cpp server's default n_ctx (providers/embedded/server.py, kept in step by a
-# test): its window is known, so its passages are fitted without a setting.
-EMBEDDED_CONTEXT = 4096
 # What a chat template adds around the messages (role markers, the assistant priming).
 FRAMING = 16
 
@@ -102,8 +100,7 @@ def fit_to_context(
 
 
 def preset_context(spec: ProviderSpec) -> int | None:
-    """The context window a provider preset is known to have (the embedded server's)."""
-    if spec.kind != "embedded":
-        return None
-    n_ctx = spec.options.get("n_ctx", EMBEDDED_CONTEXT)
-    return int(n_ctx) if isinstance(n_ctx, int | str) and str(n_ctx).isdigit() else None
+    """The window passages are fitted to when ``[judge] context_tokens`` is unset: the one
+    ``spec``'s kind declares (the embedded server's n_ctx, whose default is
+    ``EMBEDDED_CONTEXT``), else None (not enforced)."""
+    return context_window(spec)

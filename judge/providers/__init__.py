@@ -5,13 +5,18 @@
     resolve_spec("dashscope-compatible", {"base_url": ...})  -> ProviderSpec
     make_chat_provider(spec)    kinds openai, dashscope, embedded  -> ChatProvider
     make_rerank_provider(spec)  kinds rerank, dashscope, embedded-rerank  -> RerankProvider
+    ADAPTERS[spec.kind]         what the kind offers: chat, rerank, a Batch API (or why not),
+                                a model of its own on this machine, its context window
 
 An OpenAI-compatible endpoint is a preset (or a ``kind="openai"`` spec with a ``base_url``),
 never new code. Provider modules are imported on first use: the openai and dashscope SDKs
 each take about half a second to import, and a run needs at most one of them.
 
-What the adapters share (error classification, API keys, sampling fields) lives in
-:mod:`judge.providers.base`, the only module an adapter imports from this package.
+A new wire protocol is its adapter module (importing only :mod:`judge.providers.base`, where
+what the adapters share lives: error classification, API keys, sampling fields, rerank
+fields) and one :class:`Adapter` entry in :data:`ADAPTERS`, whose key is added to the one
+list of kinds, :data:`judge.schema.ProviderKind`. Nothing else asks which kind a provider is:
+batch mode, Ray shards and context fitting read the entry, and what it leaves out is off.
 
 Neutral sampling on local servers (issue 19). Local servers penalise repetition unless told
 not to, and a judge's answer repeats by design: after ``"verdict": "yes"`` the next passage's
@@ -57,7 +62,8 @@ presets get none of this: hosted APIs apply no penalty unless asked.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -68,17 +74,26 @@ from judge.providers.base import (
     RerankProvider,
     planning_only,
 )
+from judge.providers.embedded import EMBEDDED_CONTEXT
+from judge.schema import ProviderKind
 
 __all__ = [
+    "ADAPTERS",
+    "EMBEDDED_CONTEXT",
     "KINDS",
     "NEUTRAL_SAMPLING",
     "PRESETS",
+    "Adapter",
+    "context_window",
     "make_chat_provider",
     "make_rerank_provider",
     "planning_only",
     "rerank_provider",
     "resolve_spec",
+    "why_no_batch",
 ]
+
+P = TypeVar("P", ChatProvider, RerankProvider)
 
 _DASHSCOPE = "https://dashscope.aliyuncs.com"
 
@@ -134,7 +149,14 @@ PRESETS: dict[str, ProviderSpec] = {
     ),
 }
 
-KINDS: tuple[str, ...] = get_args(ProviderSpec.model_fields["kind"].annotation)
+# Presets of a kind with a Batch API for servers that run on the user's machine, which have
+# none: batch mode refuses them, naming the server. (An endpoint given only as kind="openai" and
+# a base_url is taken at its word, as every OpenAI-compatible setting is.)
+_LOCAL_SERVERS = {
+    "local": "vLLM's OpenAI server",
+    "ollama": "Ollama",
+    "llamacpp": "llama.cpp's server",
+}
 # Overrides of these fields are merged into the preset's dict rather than replacing it.
 _MERGED_FIELDS = ("extra_body", "options")
 
@@ -187,6 +209,18 @@ def _dashscope_chat(spec: ProviderSpec) -> ChatProvider:
     return DashScopeProvider(spec)
 
 
+def _dashscope_rerank(spec: ProviderSpec) -> RerankProvider:
+    from judge.providers.dashscope import DashScopeRerankProvider
+
+    return DashScopeRerankProvider(spec)
+
+
+def _http_rerank(spec: ProviderSpec) -> RerankProvider:
+    from judge.providers.rerank import HTTPRerankProvider
+
+    return HTTPRerankProvider(spec)
+
+
 def _embedded_chat(spec: ProviderSpec) -> ChatProvider:
     """The embedded judge, its llama.cpp penalties off unless the spec's extra_body says, and
     JSON schemas spelled the one way its llama-cpp-python server reads them."""
@@ -197,23 +231,11 @@ def _embedded_chat(spec: ProviderSpec) -> ChatProvider:
     return make_embedded_chat_provider(spec.model_copy(update=update))
 
 
-def _http_rerank(spec: ProviderSpec) -> RerankProvider:
-    from judge.providers.rerank import HTTPRerankProvider
-
-    return HTTPRerankProvider(spec)
-
-
-def _dashscope_rerank(spec: ProviderSpec) -> RerankProvider:
-    from judge.providers.dashscope import DashScopeRerankProvider
-
-    return DashScopeRerankProvider(spec)
-
-
-_CHAT: dict[str, Callable[[ProviderSpec], ChatProvider]] = {
-    "openai": _openai_chat,
-    "dashscope": _dashscope_chat,
-    "embedded": _embedded_chat,
-}
+def _embedded_window(spec: ProviderSpec) -> int | None:
+    """The embedded server's n_ctx: ``options.n_ctx``, else its default; None for an n_ctx
+    that is not a whole number (the server refuses it anyway)."""
+    n_ctx = spec.options.get("n_ctx", EMBEDDED_CONTEXT)
+    return int(n_ctx) if isinstance(n_ctx, int | str) and str(n_ctx).isdigit() else None
 
 
 def _embedded_rerank(spec: ProviderSpec) -> RerankProvider:
@@ -222,29 +244,97 @@ def _embedded_rerank(spec: ProviderSpec) -> RerankProvider:
     return make_embedded_rerank_provider(spec)
 
 
-_RERANK: dict[str, Callable[[ProviderSpec], RerankProvider]] = {
-    "rerank": _http_rerank,
-    "dashscope": _dashscope_rerank,
-    "embedded-rerank": _embedded_rerank,
+def _no_window(spec: ProviderSpec) -> int | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Adapter:
+    """One provider kind: how its providers are built and what it offers.
+
+    What an entry does not declare, the kind does not have: a new kind has no Batch API, runs
+    no model of its own and has no known context window until its entry says so. Callers ask
+    the entry and never keep lists of kinds, so nothing is assumed of a provider that lacks it.
+    The entries, not the adapter modules, declare this: reading it must not import an SDK.
+    """
+
+    # Builds a chat model / a reranker from a spec; None: the kind is not one.
+    chat: Callable[[ProviderSpec], ChatProvider] | None = None
+    rerank: Callable[[ProviderSpec], RerankProvider] | None = None
+    # Whether its chat providers speak the OpenAI Batch API (openai_compat.py's wire) and, if
+    # not, why not, in the words batch mode refuses it with.
+    batch_api: bool = False
+    no_batch_api: str = "its adapter declares no Batch API"
+    # Its model runs on this machine, started by us: every process (each Ray shard) has its
+    # own, so its concurrency is not split between shards.
+    runs_locally: bool = False
+    # The option (``[provider] options``) that sets how many CPU threads its local model runs:
+    # a Ray shard asks Ray for that many CPUs and sets it to what it gets.
+    threads_option: str | None = None
+    # Its context window in tokens for a spec (passages are cut to fit it); None: not known.
+    context_window: Callable[[ProviderSpec], int | None] = _no_window
+
+    def why_no_batch(self) -> str | None:
+        """Why the kind has no Batch API; None when it has one."""
+        if self.chat is None:
+            return "a reranker is not a chat model"
+        return None if self.batch_api else self.no_batch_api
+
+
+# Every provider kind, with what it offers: one entry each (keyed by judge.schema.ProviderKind).
+ADAPTERS: dict[ProviderKind, Adapter] = {
+    "openai": Adapter(chat=_openai_chat, batch_api=True),
+    "dashscope": Adapter(
+        chat=_dashscope_chat,
+        rerank=_dashscope_rerank,
+        no_batch_api="DashScope's native API has none; its compatible mode has "
+        '(provider = "dashscope-compatible")',
+    ),
+    "rerank": Adapter(rerank=_http_rerank),
+    "embedded": Adapter(
+        chat=_embedded_chat,
+        no_batch_api="the embedded judge answers on this machine",
+        runs_locally=True,
+        threads_option="n_threads",
+        context_window=_embedded_window,
+    ),
+    "embedded-rerank": Adapter(rerank=_embedded_rerank, runs_locally=True),
 }
+KINDS: tuple[ProviderKind, ...] = tuple(ADAPTERS)
+
+
+def context_window(spec: ProviderSpec) -> int | None:
+    """The context window ``spec``'s kind declares for it (the embedded server's n_ctx), or
+    None when it is not known."""
+    return ADAPTERS[spec.kind].context_window(spec)
+
+
+def why_no_batch(name: str, spec: ProviderSpec) -> str | None:
+    """Why the provider ``name`` (a preset or a kind, resolved to ``spec``) has no Batch API:
+    its kind's reason, else its preset's local server; None when it has one."""
+    return ADAPTERS[spec.kind].why_no_batch() or _LOCAL_SERVERS.get(name)
 
 
 def make_chat_provider(spec: ProviderSpec) -> ChatProvider:
     """A chat provider for ``spec.kind``; ProviderConfigError for a kind that cannot chat."""
-    factory = _CHAT.get(spec.kind)
-    if factory is None:
-        raise ProviderConfigError(
-            f"provider kind '{spec.kind}' is not a chat model (chat kinds: {', '.join(_CHAT)})"
-        )
-    return factory(spec)
+    return _built(spec, ADAPTERS[spec.kind].chat, "chat", "a chat model")
 
 
 def make_rerank_provider(spec: ProviderSpec) -> RerankProvider:
     """A reranker for ``spec.kind``; ProviderConfigError for a kind that cannot rerank."""
-    factory = _RERANK.get(spec.kind)
+    return _built(spec, ADAPTERS[spec.kind].rerank, "rerank", "a reranker")
+
+
+def _built(
+    spec: ProviderSpec,
+    factory: Callable[[ProviderSpec], P] | None,
+    role: Literal["chat", "rerank"],
+    what: str,
+) -> P:
     if factory is None:
+        kinds = ", ".join(k for k, a in ADAPTERS.items() if getattr(a, role) is not None)
         raise ProviderConfigError(
-            f"provider kind '{spec.kind}' is not a reranker (rerank kinds: {', '.join(_RERANK)})"
+            f"provider kind '{spec.kind}' is not {what} ({role} kinds: {kinds})"
         )
     return factory(spec)
 

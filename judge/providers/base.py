@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from datetime import UTC
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 
 from judge.errors import ProviderConfigError, ProviderError, ResponseError
-from judge.schema import Record, SamplingParams, Usage
+from judge.schema import ProviderKind, Record, SamplingParams, Usage
 
 Role = Literal["system", "user", "assistant"]
 
@@ -70,6 +71,33 @@ class RerankResult(Record):
     scores: tuple[float, ...]
     model: str = ""
     usage: Usage = Usage()
+
+
+def rerank_fields(request: RerankRequest) -> dict[str, Any]:
+    """What every rerank protocol sends; ``top_n`` at most (by default) the documents' count."""
+    count = len(request.documents)
+    return {
+        "model": request.model,
+        "query": request.query,
+        "documents": list(request.documents),
+        "top_n": min(request.top_n or count, count),
+    }
+
+
+def scores_in_input_order(
+    ranked: Iterable[tuple[int, float]], count: int, top_n: int
+) -> tuple[float, ...]:
+    """``scores[i]`` for document ``i`` from (index, score) pairs in any order (answers come
+    best first). Documents left out because ``top_n < count`` was asked for score 0.0; any
+    other gap, an index out of range, a repeat or a non-finite score is a ResponseError."""
+    scores: dict[int, float] = {}
+    for index, score in ranked:
+        if not 0 <= index < count or index in scores or not math.isfinite(score):
+            raise ResponseError(f"rerank answer has a bad result: index {index}, score {score}")
+        scores[index] = score
+    if len(scores) < min(top_n, count):
+        raise ResponseError(f"rerank answer scores {len(scores)} of {count} documents")
+    return tuple(scores.get(i, 0.0) for i in range(count))
 
 
 class RetryDecision(Record):
@@ -151,7 +179,7 @@ class ProviderSpec(Record):
     An OpenAI-compatible endpoint is only this (kind="openai" + base_url), never new code.
     """
 
-    kind: Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"] = "openai"
+    kind: ProviderKind = "openai"
     base_url: str | None = None
     # Name of the environment variable holding the key; the key itself is never stored.
     api_key_env: str | None = None

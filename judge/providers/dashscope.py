@@ -43,9 +43,10 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    rerank_fields,
     sampling_fields,
+    scores_in_input_order,
 )
-from judge.providers.rerank import scores_in_input_order
 from judge.schema import Usage
 
 DEFAULT_BASE_URL = "https://dashscope.aliyuncs.com/api/v1"
@@ -223,18 +224,10 @@ class DashScopeRerankProvider(_DashScopeBase):
 
     async def rerank(self, request: RerankRequest, *, timeout: float | None) -> RerankResult:
         """One rerank call (one HTTP request, no retries): scores in input order."""
-        count = len(request.documents)
-        if count == 0:
+        if not request.documents:
             return RerankResult(scores=(), model=request.model)
-        top_n = min(request.top_n or count, count)
-        arguments = {
-            **self._spec.extra_body,
-            "model": request.model,
-            "query": request.query,
-            "documents": list(request.documents),
-            "top_n": top_n,
-            "return_documents": False,
-        }
+        fields = rerank_fields(request)
+        arguments = {**self._spec.extra_body, **fields, "return_documents": False}
         response = await self._call(dashscope.AioTextReRank, timeout, arguments)
         try:
             pairs = [(int(r.index), float(r.relevance_score)) for r in response.output.results]
@@ -242,7 +235,7 @@ class DashScopeRerankProvider(_DashScopeBase):
         except (AttributeError, TypeError, ValueError) as exc:
             raise ResponseError(f"malformed DashScope rerank answer: {exc!r}") from exc
         return RerankResult(
-            scores=scores_in_input_order(pairs, count, top_n),
+            scores=scores_in_input_order(pairs, len(request.documents), fields["top_n"]),
             model=request.model,
             usage=Usage(prompt_tokens=int(tokens or 0)),
         )

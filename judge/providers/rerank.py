@@ -8,14 +8,13 @@
 
 The endpoint is ``base_url + "/v1/rerank"``; ``base_url + "/rerank"`` when the base URL already
 ends in ``/v1``; the base URL itself when it already ends in ``/rerank`` (TEI serves ``/rerank``).
-Answers come back best first; :func:`scores_in_input_order` puts them back in input order.
+Answers come back best first; :func:`~judge.providers.base.scores_in_input_order` puts them back
+in input order.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -31,6 +30,8 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    rerank_fields,
+    scores_in_input_order,
 )
 from judge.schema import Usage
 
@@ -47,24 +48,6 @@ def rerank_endpoint(base_url: str) -> str:
     if base.endswith("/rerank"):
         return base
     return f"{base}/rerank" if base.endswith("/v1") else f"{base}/v1/rerank"
-
-
-def scores_in_input_order(
-    ranked: Iterable[tuple[int, float]], count: int, top_n: int
-) -> tuple[float, ...]:
-    """``scores[i]`` for document ``i`` from (index, score) pairs in any order.
-
-    Documents left out because ``top_n < count`` was asked for score 0.0 (below the top n);
-    any other gap, an index out of range, a repeat or a non-finite score is a ResponseError.
-    """
-    scores: dict[int, float] = {}
-    for index, score in ranked:
-        if not 0 <= index < count or index in scores or not math.isfinite(score):
-            raise ResponseError(f"rerank answer has a bad result: index {index}, score {score}")
-        scores[index] = score
-    if len(scores) < min(top_n, count):
-        raise ResponseError(f"rerank answer scores {len(scores)} of {count} documents")
-    return tuple(scores.get(i, 0.0) for i in range(count))
 
 
 def _pairs(data: Any) -> list[tuple[int, float]]:
@@ -120,17 +103,10 @@ class HTTPRerankProvider:
 
     async def rerank(self, request: RerankRequest, *, timeout: float | None) -> RerankResult:
         """One rerank call (one HTTP request, no retries): scores in input order."""
-        count = len(request.documents)
-        if count == 0:
+        if not request.documents:
             return RerankResult(scores=(), model=request.model)
-        top_n = min(request.top_n or count, count)
-        body = {
-            "model": request.model,
-            "query": request.query,
-            "documents": list(request.documents),
-            "top_n": top_n,
-            **self._spec.extra_body,
-        }
+        fields = rerank_fields(request)
+        body = {**fields, **self._spec.extra_body}
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         response = await self._client.post(
             self._endpoint,
@@ -149,7 +125,7 @@ class HTTPRerankProvider:
         usage = data.get("usage") if isinstance(data, dict) else None
         tokens = (usage.get("total_tokens") or usage.get("prompt_tokens")) if usage else None
         return RerankResult(
-            scores=scores_in_input_order(_pairs(data), count, top_n),
+            scores=scores_in_input_order(_pairs(data), len(request.documents), fields["top_n"]),
             model=(data.get("model") if isinstance(data, dict) else None) or request.model,
             usage=Usage(prompt_tokens=int(tokens or 0)),
         )

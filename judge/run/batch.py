@@ -20,6 +20,9 @@ provider's Batch API at its batch price, before the run reads everything from th
 5. The run (:func:`judge.run.runner.run_async`) then judges every unit, under what is left of
    the budget; cached answers cost nothing. Its outcome counts the batches' tokens and cost.
 
+Which providers have a Batch API is theirs to say (``judge.providers.ADAPTERS``): a kind has
+none unless its entry declares one, and one without is refused before anything is sent.
+
 Only first-round requests are batched. The rounds a live run adds after reading an answer (a
 listwise round for the ids a list answer left out, the pointwise fallback) are asked in real time
 by the run. A re-ask's answer that parses is stored under the re-ask's own content address and
@@ -40,7 +43,7 @@ from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE
 from judge.errors import ConfigError
 from judge.judging.judge import Judge
-from judge.providers import resolve_spec
+from judge.providers import resolve_spec, why_no_batch
 from judge.run.batch_phase import BatchPending, Phase
 from judge.run.batch_plan import plan_requests
 from judge.run.resume import Redo, add_elapsed, check_fingerprint, finished_units, run_lock
@@ -51,27 +54,11 @@ __all__ = ["BatchPending", "check_batch", "run_batched"]
 
 log = logging.getLogger(__name__)
 
-# Provider kinds, and OpenAI-compatible presets, that offer no Batch API: refused before
-# anything is sent.
-_NO_BATCH_KINDS = {
-    "dashscope": "DashScope's native API has none; its compatible mode has "
-    '(provider = "dashscope-compatible")',
-    "embedded": "the embedded judge answers on this machine",
-    "rerank": "a reranker is not a chat model",
-    "embedded-rerank": "a reranker is not a chat model",
-}
-_NO_BATCH_PRESETS = {
-    "local": "vLLM's OpenAI server",
-    "ollama": "Ollama",
-    "llamacpp": "llama.cpp's server",
-}
-
 
 def check_batch(config: RunConfig) -> None:
     """ConfigError when batch mode cannot work with ``config``, before anything is paid."""
     name = config.judge.provider
-    kind = resolve_spec(name, config.provider.overrides()).kind
-    why = _NO_BATCH_KINDS.get(kind) or _NO_BATCH_PRESETS.get(name)
+    why = why_no_batch(name, resolve_spec(name, config.provider.overrides()))
     if why is not None:
         raise ConfigError(
             f"{config.source}: run.batch: the provider '{name}' has no Batch API ({why}); "

@@ -41,7 +41,7 @@ from judge.calling.cache import Cache, Stored, open_cache
 from judge.config import RunConfig
 from judge.data.results import UnitKey
 from judge.errors import ConfigError, JudgeError
-from judge.providers import resolve_spec
+from judge.providers import ADAPTERS, Adapter, resolve_spec
 from judge.run.resume import Redo
 from judge.run.runner import RunOutcome, run_async
 from judge.run.shard_files import SHARD_CACHE, write_shard_record
@@ -60,9 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=BaseModel)
-
-# Provider kinds whose every shard runs its own model: their concurrency is not split.
-_OWN_PER_SHARD = frozenset({"embedded", "embedded-rerank"})
 
 
 def shard_of(query_id: str, shards: int) -> int:
@@ -124,16 +121,16 @@ def shard_config(
 ) -> RunConfig:
     """``config`` for one of ``running`` shards at once: ``cost`` and ``tokens`` as its budget
     (a share the driver worked out), rates and a remote provider's concurrency split evenly,
-    its own ``cache`` file, and for the embedded judge ``cpus`` threads (:func:`shard_cpus`).
-    None of these is part of the fingerprint, so a shard's directory resumes with any other
-    share."""
+    its own ``cache`` file, and for a judge running its own model (the embedded one) ``cpus``
+    threads (:func:`shard_cpus`). None of these is part of the fingerprint, so a shard's
+    directory resumes with any other share."""
 
-    def split(value: int, kind: str | None) -> int:
-        if value == 0 or kind in _OWN_PER_SHARD:
+    def split(value: int, adapter: Adapter) -> int:
+        if value == 0 or adapter.runs_locally:  # every shard runs its own model
             return value
         return max(1, value // running)
 
-    chat = resolve_spec(config.judge.provider, config.provider.overrides()).kind
+    chat = _adapter(config.judge.provider, config.provider.overrides())
     run = config.run.model_copy(
         update={
             "max_cost": cost,
@@ -152,23 +149,25 @@ def shard_config(
         ),
     }
     if config.rerank is not None:
-        kind = resolve_spec(config.rerank.provider, config.rerank.overrides()).kind
+        rerank = _adapter(config.rerank.provider, config.rerank.overrides())
         update["rerank"] = config.rerank.model_copy(
-            update={"concurrency": split(config.rerank.concurrency, kind)}
+            update={"concurrency": split(config.rerank.concurrency, rerank)}
         )
-    if chat == "embedded":  # its llama.cpp server uses the CPUs Ray gives the shard, no more
-        options = {**(config.provider.options or {}), "n_threads": cpus}
+    if chat.threads_option:  # its local model uses the CPUs Ray gives the shard, no more
+        options = {**(config.provider.options or {}), chat.threads_option: cpus}
         update["provider"] = update["provider"].model_copy(update={"options": options})
     return config.model_copy(update=update)
 
 
 def shard_cpus(config: RunConfig) -> int:
-    """The CPUs a shard asks Ray for: 1, but for the embedded judge, whose llama.cpp server
-    runs a thread per core, ``[provider] options.n_threads`` when given, else every CPU of
-    the largest node (so Ray places no other shard on the cores that server uses)."""
-    if resolve_spec(config.judge.provider, config.provider.overrides()).kind != "embedded":
+    """The CPUs a shard asks Ray for: 1, but for a judge whose local model runs a thread per
+    core (the embedded llama.cpp server), its threads option (``[provider]
+    options.n_threads``) when given, else every CPU of the largest node (so Ray places no
+    other shard on the cores that model uses)."""
+    threads = _adapter(config.judge.provider, config.provider.overrides()).threads_option
+    if threads is None:
         return 1
-    given = (config.provider.options or {}).get("n_threads")
+    given = (config.provider.options or {}).get(threads)
     if given:
         return int(given)
     import ray
@@ -176,6 +175,11 @@ def shard_cpus(config: RunConfig) -> int:
     alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     nodes = [n.get("Resources", {}).get("CPU", 0) for n in alive]
     return max(1, int(max(nodes, default=1)))
+
+
+def _adapter(name: str, overrides: dict[str, Any]) -> Adapter:
+    """What the provider ``name`` with a config table's ``overrides`` offers."""
+    return ADAPTERS[resolve_spec(name, overrides).kind]
 
 
 class ShardCache(Cache):

@@ -42,13 +42,14 @@ from typing import IO, Any
 import httpx
 
 from judge.errors import ModelError
+from judge.providers.embedded import EMBEDDED_CONTEXT
 
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE = 5.0
 # Options we interpret ourselves; every other key is passed to the server as --key value.
 _OURS = frozenset({"model", "startup_timeout", "fetch", "extra_buffers"})
 _DEFAULTS: dict[str, Any] = {
-    "n_ctx": 4096,
+    "n_ctx": EMBEDDED_CONTEXT,
     "logits_all": True,  # per-token top_logprobs in chat completions need it
     "use_mlock": False,  # a judge has no need to pin 0.5 GB of RAM
     "verbose": False,
