@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from judge.calling.caller import Caller, Prompt, Reader
+from judge.config import JudgeSection
 from judge.errors import ParseError, ProviderError
 from judge.judging.jsonscan import Node, values
 from judge.judging.verdicts import reask_messages
@@ -48,6 +49,15 @@ class AskContext:
     reask: bool
     context_tokens: int | None
     max_reason_words: int
+
+    @classmethod
+    def of(cls, caller: Caller, settings: JudgeSection, params: SamplingParams) -> AskContext:
+        """The context of a judge with ``settings``, asking with ``params`` (its own, the
+        mode's answer schema filled in)."""
+        s = settings
+        return cls(
+            caller, s.model, params, s.language, s.reask, s.context_tokens, s.max_reason_words
+        )
 
 
 @dataclass

@@ -20,49 +20,33 @@ from judge.judging.context import fit_to_context
 from judge.judging.prompts import PromptTemplate, neutralise
 from judge.judging.verdicts import parse_pointwise
 from judge.providers.base import ChatRequest
-from judge.schema import Passage, Query, Scale, ScaleLabel, Usage
+from judge.schema import Passage, Query, Scale, Usage
 
 __all__ = ["CREDIBILITY", "CredibilityAsker"]
 
-CREDIBILITY = Scale(
-    name="credibility",
-    threshold=1,
-    labels=(
-        ScaleLabel(
-            name="low",
-            grade=0,
-            description=(
-                "unreliable: spam, a content farm, advertising, anonymous or unsourced claims, "
-                "or signs of misinformation"
-            ),
-            descriptions={
-                "zh": "不可靠：垃圾内容、内容农场、广告、匿名或无出处的说法，或有虚假信息的迹象"
-            },
-            aliases=("unreliable", "not credible", "低", "不可信"),
-        ),
-        ScaleLabel(
-            name="medium",
-            grade=1,
-            description=(
-                "an ordinary source: news, a company or personal site, a forum answer; "
-                "plausible but not authoritative"
-            ),
-            descriptions={"zh": "普通来源：新闻、公司或个人网站、论坛回答；可信但不权威"},
-            aliases=("ordinary", "mixed", "中", "一般"),
-        ),
-        ScaleLabel(
-            name="high",
-            grade=2,
-            description=(
-                "authoritative on the topic: official, government, academic, a standards body, "
-                "a recognised reference work, or the facts' original source"
-            ),
-            descriptions={
-                "zh": "在该主题上权威：官方、政府、学术机构、标准组织、"
-                "公认的参考资料，或事实的原始来源"
-            },
-            aliases=("authoritative", "credible", "高", "权威", "可信"),
-        ),
+CREDIBILITY = Scale.ordered(
+    "credibility",
+    1,
+    (
+        "low",
+        "unreliable: spam, a content farm, advertising, anonymous or unsourced claims, "
+        "or signs of misinformation",
+        "不可靠：垃圾内容、内容农场、广告、匿名或无出处的说法，或有虚假信息的迹象",
+        ("unreliable", "not credible", "低", "不可信"),
+    ),
+    (
+        "medium",
+        "an ordinary source: news, a company or personal site, a forum answer; "
+        "plausible but not authoritative",
+        "普通来源：新闻、公司或个人网站、论坛回答；可信但不权威",
+        ("ordinary", "mixed", "中", "一般"),
+    ),
+    (
+        "high",
+        "authoritative on the topic: official, government, academic, a standards body, "
+        "a recognised reference work, or the facts' original source",
+        "在该主题上权威：官方、政府、学术机构、标准组织、公认的参考资料，或事实的原始来源",
+        ("authoritative", "credible", "高", "权威", "可信"),
     ),
 )
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from judge.aspects import AspectStatus, Coverage, Credibility, Nugget, NuggetSet, Support
 from judge.calling.cache import Cache
@@ -34,7 +35,7 @@ from judge.judging.credibility import CredibilityAsker
 from judge.judging.nuggets import NuggetPrompt, parse_nuggets, pool
 from judge.judging.prompts import load_template
 from judge.judging.support import Assigner
-from judge.metrics.compute import parse_metric_name
+from judge.metrics.facts import parse_metric_name
 from judge.providers.base import ChatRequest, Completion
 from judge.schema import JudgedQuery, MetricPolicy, Query, Record, Usage
 
@@ -42,6 +43,7 @@ __all__ = [
     "DIMENSIONS",
     "Dimension",
     "Dimensions",
+    "PlanFor",
     "Planned",
     "UnitAspects",
     "unit_statuses_of",
@@ -53,59 +55,68 @@ Planned = tuple[str, ChatRequest, int, int]
 _PLACEHOLDER = "one fact of about a dozen words standing in for a nugget not written yet"
 
 
-class Dimension(Protocol):
-    """One question beyond relevance, asked per unit after its verdicts."""
+@dataclass(frozen=True)
+class PlanFor:
+    """What a dry run asks a dimension's requests for: every query of the run as given (nugget
+    pools are made of them), the units still to judge (as the run fits them), the run
+    directory (the sets it keeps) and the cache (answers that make content known)."""
+
+    queries: Sequence[Query]
+    units: Sequence[tuple[Query, int]]
+    run_dir: Path
+    cache: Cache
+
+
+class Dimension(ABC):
+    """One question beyond relevance, asked per unit after its verdicts. A subclass names its
+    table, the JudgedQuery field it fills and its default metrics, and is built from its
+    table, the judge's AskContext and a template folder."""
 
     name: ClassVar[str]  # its config table, and its key among a unit's results
     field: ClassVar[str]  # the JudgedQuery field its result fills
     section_type: ClassVar[type[Record]]  # its table's record; ``enabled`` switches it on
+    # The metrics computed when ``[metrics] names`` names none of this dimension's.
+    default_metrics: ClassVar[tuple[str, ...]]
 
-    @classmethod
-    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension: ...
-
-    def default_metrics(self) -> tuple[str, ...]:
-        """The metrics computed when ``[metrics] names`` names none of this dimension's."""
-        ...
+    def __init__(self, section: Any, ctx: AskContext, template_dir: Path | None) -> None:
+        self.section, self.ctx, self.template_dir = section, ctx, template_dir
 
     def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
         """What it is given for ``queries`` (files, a run directory's own), read before anything
-        is paid: an InputError names a bad file."""
-        ...
+        is paid: an InputError names a bad file. Nothing, unless a dimension says so."""
+        return None
 
     async def prepare(self, queries: Sequence[Query], run_dir: Path | None) -> None:
         """Before the first unit, with every query of the run (a run directory to keep what
-        it prepared in, or None). BudgetExceeded propagates."""
-        ...
+        it prepared in, or None). BudgetExceeded propagates. Nothing, unless a dimension says
+        so."""
+        return None
 
+    @abstractmethod
     async def judge(self, query: Query, repeat: int) -> tuple[Any, Usage]:
         """One unit's result (the JudgedQuery field's value) and the tokens it took."""
-        ...
 
-    def planned(
-        self,
-        queries: Sequence[Query],
-        units: Sequence[tuple[Query, int]],
-        run_dir: Path,
-        cache: Cache,
-    ) -> tuple[list[Planned], bool]:
-        """The requests ``units`` need, and whether some are estimates (stand-in content)."""
-        ...
+    @abstractmethod
+    def planned(self, plan: PlanFor) -> tuple[list[Planned], bool]:
+        """The requests ``plan.units`` need, and whether some are estimates (stand-in content)."""
 
     @staticmethod
+    @abstractmethod
     def statuses(result: Any) -> Iterable[AspectStatus]:
         """How a result's answers ended (a resumed run judges an ``error`` again)."""
-        ...
 
 
-class NuggetsDimension:
+class NuggetsDimension(Dimension):
     """``[nuggets]``: a nugget set per query, then which passages support which nugget."""
 
-    name: ClassVar[str] = "nuggets"
-    field: ClassVar[str] = "coverage"
-    section_type: ClassVar[type[Record]] = NuggetsSection
+    name = "nuggets"
+    field = "coverage"
+    section_type = NuggetsSection
+    default_metrics = NuggetsSection.DEFAULT
 
     def __init__(self, section: NuggetsSection, ctx: AskContext, template_dir: Path | None):
-        self.section, self.ctx = section, ctx
+        super().__init__(section, ctx, template_dir)
+        self.section: NuggetsSection = section
         self.sets: dict[str, NuggetSet] = {}
         # Query ids whose set could not be written in this Judge's life: status and why.
         self.failures: dict[str, tuple[AspectStatus, str]] = {}
@@ -124,13 +135,6 @@ class NuggetsDimension:
             load_template(f"support.listwise.{language}", template_dir=template_dir),
             section.group_passages,
         )
-
-    @classmethod
-    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension:
-        return cls(section, ctx, template_dir)
-
-    def default_metrics(self) -> tuple[str, ...]:
-        return NuggetsSection.DEFAULT
 
     @staticmethod
     def statuses(result: Any) -> Iterable[AspectStatus]:
@@ -217,18 +221,14 @@ class NuggetsDimension:
             return Coverage(nuggets=found.nuggets, supports=()), Usage()
         return await self.assigner.coverage(query, found, repeat)
 
-    def planned(
-        self,
-        queries: Sequence[Query],
-        units: Sequence[tuple[Query, int]],
-        run_dir: Path,
-        cache: Cache,
-    ) -> tuple[list[Planned], bool]:
+    def planned(self, plan: PlanFor) -> tuple[list[Planned], bool]:
         """Creation for the query ids with no set given, then assignment; assignment prompts
-        stand in placeholder nuggets for a set not written yet (a creation answer in ``cache``
+        stand in placeholder nuggets for a set not written yet (a creation answer in the cache
         is read: its set is known)."""
-        known = self.given(queries, run_dir)
-        out, sets = self._creation_planned(queries, {q.query_id for q, _ in units}, known, cache)
+        units = plan.units
+        known = self.given(plan.queries, plan.run_dir)
+        wanted = {q.query_id for q, _ in units}
+        out, sets = self._creation_planned(plan.queries, wanted, known, plan.cache)
         stand_in = tuple(
             Nugget(id=f"n{i}", text=_PLACEHOLDER) for i in range(1, self.section.max_nuggets + 1)
         )
@@ -272,48 +272,31 @@ class NuggetsDimension:
         return out, sets
 
 
-class CredibilityDimension:
+class CredibilityDimension(Dimension):
     """``[credibility]``: each passage's source graded low / medium / high with a reason."""
 
-    name: ClassVar[str] = "credibility"
-    field: ClassVar[str] = "credibility"
-    section_type: ClassVar[type[Record]] = CredibilitySection
+    name = "credibility"
+    field = "credibility"
+    section_type = CredibilitySection
+    default_metrics = CredibilitySection.DEFAULT
 
-    def __init__(self, ctx: AskContext, template_dir: Path | None) -> None:
+    def __init__(self, section: Any, ctx: AskContext, template_dir: Path | None) -> None:
+        super().__init__(section, ctx, template_dir)
         template = load_template(f"credibility.pointwise.{ctx.language}", template_dir=template_dir)
         self.asker = CredibilityAsker(ctx, template)
-
-    @classmethod
-    def build(cls, section: Any, ctx: AskContext, template_dir: Path | None) -> Dimension:
-        return cls(ctx, template_dir)
-
-    def default_metrics(self) -> tuple[str, ...]:
-        return CredibilitySection.DEFAULT
 
     @staticmethod
     def statuses(result: Any) -> Iterable[AspectStatus]:
         return [c.status for c in result or ()]
 
-    def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
-        return None
-
-    async def prepare(self, queries: Sequence[Query], run_dir: Path | None) -> None:
-        return None
-
     async def judge(self, query: Query, repeat: int) -> tuple[tuple[Credibility, ...], Usage]:
         return await self.asker.grades(query, repeat)
 
-    def planned(
-        self,
-        queries: Sequence[Query],
-        units: Sequence[tuple[Query, int]],
-        run_dir: Path,
-        cache: Cache,
-    ) -> tuple[list[Planned], bool]:
+    def planned(self, plan: PlanFor) -> tuple[list[Planned], bool]:
         answer = self.asker.answer_tokens
         out = [
             ("credibility", r, repeat, answer)
-            for q, repeat in units
+            for q, repeat in plan.units
             for r in self.asker.requests(q)
         ]
         return out, False
@@ -352,7 +335,7 @@ class Dimensions:
             if not isinstance(section, kind.section_type):
                 section = kind.section_type.model_validate({"enabled": bool(section)})
             if getattr(section, "enabled", False):
-                dims.append(kind.build(section, ctx, tdir))
+                dims.append(kind(section, ctx, tdir))
         return cls(dims) if dims else None
 
     @property
@@ -364,7 +347,7 @@ class Dimensions:
         """``policy`` with each dimension's default metrics added when it names none of its own."""
         names = list(policy.names)
         for dim in self.on:
-            defaults = dim.default_metrics()
+            defaults = dim.default_metrics
             bases = {parse_metric_name(d)[0] for d in defaults}
             if not any(parse_metric_name(n)[0] in bases for n in names):
                 names += defaults
@@ -386,17 +369,12 @@ class Dimensions:
         usage = sum((u for _, u in got), Usage())
         return UnitAspects({d.field: r for d, (r, _) in zip(self.on, got, strict=True)}, usage)
 
-    def planned(
-        self,
-        queries: Sequence[Query],
-        units: Sequence[tuple[Query, int]],
-        run_dir: Path,
-        cache: Cache,
-    ) -> tuple[list[Planned], bool]:
+    def planned(self, plan: PlanFor) -> tuple[list[Planned], bool]:
+        """Every dimension's requests for ``plan``, and whether some are estimates."""
         out: list[Planned] = []
         estimated = False
         for dim in self.on:
-            planned, stood_in = dim.planned(queries, units, run_dir, cache)
+            planned, stood_in = dim.planned(plan)
             out += planned
             estimated = estimated or stood_in
         return out, estimated

@@ -149,15 +149,7 @@ class Judge:
         self._loop = OwnLoop()
         shape = AnswerShape(settings.verdict_first, settings.max_reason_words, settings.reasons)
         self.params = with_schema(settings.params, self.scale, settings.mode, shape)
-        self.ctx = AskContext(
-            caller=self.caller,
-            model=settings.model,
-            params=self.params,
-            language=settings.language,
-            reask=settings.reask,
-            context_tokens=settings.context_tokens,
-            max_reason_words=settings.max_reason_words,
-        )
+        self.ctx = AskContext.of(self.caller, settings, self.params)
         self.asker = self._asker(settings, shape)
         self.template = self.asker.template
         self.dimensions = Dimensions.of(sections, self.ctx, settings.template_dir)
@@ -257,18 +249,12 @@ class Judge:
         repeat: int = 0,
     ) -> JudgedQuery:
         """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
-        judged = await self._loop.call(self.averdicts(query, passages, repeat=repeat))
+        judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
         return self.finish_many([judged])[0]
 
-    async def averdicts(
-        self,
-        query: str | Query,
-        passages: Sequence[PassageLike] | None = None,
-        *,
-        repeat: int = 0,
-    ) -> Judged:
-        """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once."""
-        query = as_query(query, passages)
+    async def averdicts(self, query: Query, repeat: int = 0) -> Judged:
+        """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once;
+        on the running loop (a run's own)."""
         if self.memo is not None:  # a plain judge: verdicts alone, read whole when stored
             ask, reread = self.asker.verdicts, self.asker.cached_verdicts
             fitted, found = await self.memo.verdicts(query, repeat, self.fit, ask, reread)
@@ -350,7 +336,7 @@ class Judge:
         try:
             await judge_units(
                 units,
-                lambda query, repeat: self.averdicts(query, repeat=repeat),
+                self.averdicts,
                 judged_one,
                 workers=self.caller.limits.concurrency * 2,
             )

@@ -23,7 +23,7 @@ from typing import Any
 
 from judge.aspects import Nugget
 from judge.errors import ParseError
-from judge.judging.asking import (
+from judge.judging.ask import (
     answer_entries,
     answer_field,
     answer_room,
@@ -33,28 +33,24 @@ from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
 from judge.judging.jsonscan import Node
 from judge.judging.prompts import PromptTemplate
 from judge.providers.base import ChatRequest, Completion, Message
-from judge.schema import Passage, Query, SamplingParams, Scale, ScaleLabel
+from judge.schema import Passage, Query, SamplingParams, Scale
 
 __all__ = ["IMPORTANCE", "NuggetPrompt", "parse_nuggets", "pool"]
 
-IMPORTANCE = Scale(
-    name="importance",
-    threshold=1,
-    labels=(
-        ScaleLabel(
-            name="okay",
-            grade=0,
-            description="useful to a complete answer, which can do without it",
-            descriptions={"zh": "对完整的回答有用，但缺少也可以"},
-            aliases=("ok", "optional", "no", "false", "可选", "一般", "次要"),
-        ),
-        ScaleLabel(
-            name="vital",
-            grade=1,
-            description="a complete answer must contain it",
-            descriptions={"zh": "完整的回答必须包含"},
-            aliases=("essential", "required", "yes", "true", "必要", "关键", "重要"),
-        ),
+IMPORTANCE = Scale.ordered(
+    "importance",
+    1,
+    (
+        "okay",
+        "useful to a complete answer, which can do without it",
+        "对完整的回答有用，但缺少也可以",
+        ("ok", "optional", "no", "false", "可选", "一般", "次要"),
+    ),
+    (
+        "vital",
+        "a complete answer must contain it",
+        "完整的回答必须包含",
+        ("essential", "required", "yes", "true", "必要", "关键", "重要"),
     ),
 )
 _TEXT_KEYS = ("text", "nugget", "fact", "内容", "事实")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from judge.calling.caller import Caller, CallResult, Prompt, Reader
+from judge.calling.caller import CallResult, Prompt, Reader
 from judge.judging.ask import AskContext, Asked, ask
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
@@ -53,31 +53,15 @@ class Asker:
     # its passages' ids and count (a schema the user gave is sent as given).
     schema_per_list: bool = False
 
-    @property
-    def caller(self) -> Caller:
-        return self.ctx.caller
-
-    @property
-    def model(self) -> str:
-        return self.ctx.model
-
-    @property
-    def language(self) -> str:
-        return self.ctx.language
-
-    @property
-    def reask(self) -> bool:
-        return self.ctx.reask
-
     def __post_init__(self) -> None:
         # First-round prompts are known by digests before they are rendered, and their
         # readings are kept in the cache: a cached re-run renders and parses nothing.
         options = self.shape.options()
-        self._keys = PromptKeys(self.template, self.scale, options, self.model, self.params)
+        self._keys = PromptKeys(self.template, self.scale, options, self.ctx.model, self.params)
         self._point_keys = self._keys
         if self.pointwise_template is not self.template or self.pointwise_params != self.params:
             self._point_keys = PromptKeys(
-                self.pointwise_template, self.scale, options, self.model, self.pointwise_params
+                self.pointwise_template, self.scale, options, self.ctx.model, self.pointwise_params
             )
         self._point_reader = Reader(
             lambda c: parse_pointwise(c, self.scale),
@@ -89,7 +73,7 @@ class Asker:
     def identity(self) -> str:
         """What decides this asker's verdicts besides the query, its passages and the cached
         answers: its prompts' shared digests, the parser's tag and how it asks."""
-        how = (self.mode, self.reask, self.schema_per_list, self.language)
+        how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language)
         parts = (self._keys.identity, self._point_keys.identity, self._point_reader.tag, repr(how))
         return "\x00".join(parts)
 
@@ -98,7 +82,9 @@ class Asker:
             messages = self.pointwise_template.render_pointwise(
                 query, passage, self.scale, **self.shape.options()
             )
-            return ChatRequest(model=self.model, messages=messages, params=self.pointwise_params)
+            return ChatRequest(
+                model=self.ctx.model, messages=messages, params=self.pointwise_params
+            )
 
         return Prompt(self._point_keys.pointwise(query, passage), render)
 
@@ -107,7 +93,7 @@ class Asker:
             messages = self.template.render_listwise(
                 query, numbered(passages), self.scale, **self.shape.options()
             )
-            return ChatRequest(model=self.model, messages=messages, params=self._list(passages))
+            return ChatRequest(model=self.ctx.model, messages=messages, params=self._list(passages))
 
         return Prompt(self._keys.listwise(query, passages), render)
 
@@ -134,7 +120,7 @@ class Asker:
             # re-run more than reading its answers. The rest are asked concurrently.
             verdicts, asks = [], []
             prompts = [self._pointwise_prompt(query, p) for p in query.passages]
-            hits = self.caller.cached(prompts, repeat, self._point_reader)
+            hits = self.ctx.caller.cached(prompts, repeat, self._point_reader)
             passages = zip(query.passages, prompts, hits, strict=True)
             for rank, (p, prompt, hit) in enumerate(passages, start=1):
                 if hit is not None and hit.value is not None:
@@ -143,7 +129,7 @@ class Asker:
                     asks.append(self._pointwise(query, p, rank, repeat, prompt))
             verdicts += await asyncio.gather(*asks)
         verdicts.sort(key=lambda v: v.rank)
-        share_verdict_fields(verdicts)  # a run holds them all (judge/compact.py)
+        share_verdict_fields(verdicts)  # a run holds them all (judge/schema.py)
         return verdicts
 
     def cached_verdicts(self, query: Query, repeat: int) -> list[Verdict] | None:
@@ -153,7 +139,7 @@ class Asker:
         if self.mode == "listwise" and query.passages:
             return None
         prompts = [self._pointwise_prompt(query, p) for p in query.passages]
-        hits = self.caller.cached(prompts, repeat, self._point_reader, count=False)
+        hits = self.ctx.caller.cached(prompts, repeat, self._point_reader, count=False)
         verdicts = []
         for rank, (p, hit) in enumerate(zip(query.passages, hits, strict=True), start=1):
             if hit is None or hit.value is None:
@@ -170,12 +156,12 @@ class Asker:
                 for p in query.passages
             ]
             params = self.pointwise_params
-            return [ChatRequest(model=self.model, messages=m, params=params) for m in chats]
+            return [ChatRequest(model=self.ctx.model, messages=m, params=params) for m in chats]
         listwise = self.template.render_listwise(
             query, numbered(query.passages), self.scale, **options
         )
         params = self._list(query.passages)
-        return [ChatRequest(model=self.model, messages=listwise, params=params)]
+        return [ChatRequest(model=self.ctx.model, messages=listwise, params=params)]
 
     def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:
         """The messages of one first-round request for ``passages`` (one passage pointwise)."""
@@ -232,7 +218,12 @@ class Asker:
 
     async def _ask(self, prompt: Prompt, repeat: int, reader: Reader[R]) -> Asked[R]:
         return await ask(
-            self.caller, prompt, repeat, reader, reask=self.reask, language=self.language
+            self.ctx.caller,
+            prompt,
+            repeat,
+            reader,
+            reask=self.ctx.reask,
+            language=self.ctx.language,
         )
 
     async def _listwise(self, query: Query, passages: list[Passage], repeat: int) -> list[Verdict]:

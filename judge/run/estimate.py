@@ -40,7 +40,7 @@ from judge.config import Price, RunConfig
 from judge.data.results import RESULTS_FILE
 from judge.judging.cascade import fit_band, rerank_request
 from judge.judging.context import count_tokens
-from judge.judging.dimensions import Planned
+from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
 from judge.providers import planning_only
 from judge.providers.base import ChatRequest, RerankResult, request_key
@@ -245,5 +245,5 @@ def _aspects(
         for q in fitted
         if (q.query_id, q.engine, r) not in done
     ]
-    extra.planned, extra.estimated = dims.planned(given, units, out_dir, cache)
+    extra.planned, extra.estimated = dims.planned(PlanFor(given, units, out_dir, cache))
     return extra

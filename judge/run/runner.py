@@ -283,7 +283,7 @@ class _Batch:
 
     async def _judge_one(self, query: Query, repeat: int) -> Judged | None:
         try:
-            return await self.judge.averdicts(query, repeat=repeat)
+            return await self.judge.averdicts(query, repeat)
         except BudgetExceeded as exc:
             self.stop(str(exc), "budget")
             return None
