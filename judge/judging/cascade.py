@@ -49,6 +49,7 @@ import numpy as np
 from judge.calling.caller import Caller
 from judge.config import CascadeSection
 from judge.errors import ConfigError, InputError, ProviderError
+from judge.judging.verdicts import ok_verdict
 from judge.providers.base import RerankRequest
 from judge.schema import Passage, Query, Record, Scale, Verdict
 
@@ -187,13 +188,12 @@ def reranker_verdict(
     above = band.side(score) == "above"
     label = scale.by_grade(scale.max_grade if above else 0)
     edge = f">= {band.high:.3f}" if above else f"< {band.low:.3f}"
-    return Verdict(
-        passage_id=passage.id,
-        rank=rank,
-        status="ok",
-        label=label.name,
-        grade=label.grade,
-        relevant=scale.relevant(label.grade),
+    return ok_verdict(
+        scale,
+        passage.id,
+        rank,
+        label.name,
+        label.grade,
         probability=min(max(score, 0.0), 1.0),
         reason=f"reranker score {score:.3f} {edge} (band [{band.low:.3f}, {band.high:.3f}))",
         attempts=0,

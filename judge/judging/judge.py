@@ -12,11 +12,12 @@ listwise, re-asks) lives in :mod:`judge.judging.relevance`; every question goes 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 from tqdm import tqdm
@@ -52,6 +53,7 @@ from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Query, Scale
 __all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "PassageLike", "as_passages"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "max": max,
     "mean": statistics.fmean,
@@ -98,6 +100,22 @@ def _usage(verdicts: Sequence[Verdict], aspects: UnitAspects | None) -> Usage:
         completion_tokens=sum(v.usage.completion_tokens for v in verdicts),
     )
     return usage if aspects is None else usage + aspects.usage
+
+
+def _sync(
+    method: Callable[Concatenate[Judge, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Judge, P], T]:
+    """The sync wrapper of an async Judge method: the same arguments, run on the Judge's own
+    event loop (:meth:`Judge._run`)."""
+
+    def run(self: Judge, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(method(self, *args, **kwargs))
+
+    functools.update_wrapper(run, method)  # help() and inspect show the async's arguments
+    run.__name__ = method.__name__.removeprefix("a")
+    run.__qualname__ = f"Judge.{run.__name__}"
+    run.__doc__ = f"Sync wrapper of :meth:`{method.__name__}`: {method.__doc__}"
+    return run
 
 
 class Judge:
@@ -416,37 +434,11 @@ class Judge:
         running loop (a Jupyter cell) in a worker thread, see judging/sync.py."""
         return self._loop.run(coro)
 
-    def judge(
-        self, query: str | Query, passages: Sequence[PassageLike] | None = None, *, repeat: int = 0
-    ) -> JudgedQuery:
-        """Sync wrapper of :meth:`ajudge`."""
-        return self._run(self.ajudge(query, passages, repeat=repeat))
-
-    def judge_many(
-        self,
-        rows: Iterable[QueryRow],
-        *,
-        repeats: int = 1,
-        progress: bool = True,
-        label_scale: Scale | None = None,
-    ) -> Judgements:
-        """Sync wrapper of :meth:`ajudge_many` (inside a running loop too, as in Jupyter)."""
-        many = self.ajudge_many(rows, repeats=repeats, progress=progress, label_scale=label_scale)
-        return self._run(many)
-
-    def fit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
-        """Sync wrapper of :meth:`afit_cascade`."""
-        return self._run(self.afit_cascade(queries, labels))
-
-    def rerank_relevancy(
-        self,
-        query: str | Query,
-        passages: Sequence[PassageLike] | None = None,
-        *,
-        agg: Literal["max", "mean", "median"] = "max",
-    ) -> float | None:
-        """Sync wrapper of :meth:`arerank_relevancy`."""
-        return self._run(self.arerank_relevancy(query, passages, agg=agg))
+    # Sync wrappers of the async core (inside a running loop too, as in Jupyter).
+    judge = _sync(ajudge)
+    judge_many = _sync(ajudge_many)
+    fit_cascade = _sync(afit_cascade)
+    rerank_relevancy = _sync(arerank_relevancy)
 
     async def aclose(self) -> None:
         """Close the clients, on the loop they live on (the Judge's own once an async or sync

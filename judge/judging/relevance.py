@@ -18,7 +18,13 @@ from judge.calling.caller import CallResult, Prompt, Reader
 from judge.judging.ask import AskContext, Asked, ask
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
-from judge.judging.verdicts import ListwiseParsed, Parsed, parse_listwise, parse_pointwise
+from judge.judging.verdicts import (
+    ListwiseParsed,
+    Parsed,
+    ok_verdict,
+    parse_listwise,
+    parse_pointwise,
+)
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict, share_verdict_fields
 
@@ -186,13 +192,12 @@ class Asker:
         )
 
     def _ok(self, passage: Passage, rank: int, parsed: Parsed, **extra: Any) -> Verdict:
-        return Verdict(
-            passage_id=passage.id,
-            rank=rank,
-            status="ok",
-            label=parsed.label,
-            grade=parsed.grade,
-            relevant=self.scale.relevant(parsed.grade),
+        return ok_verdict(
+            self.scale,
+            passage.id,
+            rank,
+            parsed.label,
+            parsed.grade,
             probability=parsed.probability,
             expected_grade=parsed.expected_grade,
             reason=parsed.reason,

@@ -50,7 +50,7 @@ from pydantic import Field
 from judge.errors import ConfigError, ParseError
 from judge.judging.jsonscan import Node, values
 from judge.providers.base import Completion, Message
-from judge.schema import Record, Scale, ScaleLabel, normalise_label
+from judge.schema import Record, Scale, ScaleLabel, Verdict, normalise_label
 
 __all__ = [
     "ID_KEYS",
@@ -59,6 +59,7 @@ __all__ = [
     "VERDICT_KEYS",
     "ListwiseParsed",
     "Parsed",
+    "ok_verdict",
     "parse_listwise",
     "parse_pointwise",
     "reask_messages",
@@ -343,6 +344,22 @@ def _scores(completion: Completion, scale: Scale, offset: int) -> dict[str, floa
         "probability": expected / scale.max_grade,
         "expected_grade": None if scale.is_binary else expected,
     }
+
+
+def ok_verdict(
+    scale: Scale, passage_id: str, rank: int, label: str, grade: int, **fields: Any
+) -> Verdict:
+    """An ``ok`` verdict giving ``label`` (``grade`` on ``scale``, relevant at its threshold);
+    ``fields``: the rest of the record (probability, reason, what the calls took)."""
+    return Verdict(
+        passage_id=passage_id,
+        rank=rank,
+        status="ok",
+        label=label,
+        grade=grade,
+        relevant=scale.relevant(grade),
+        **fields,
+    )
 
 
 # --- re-ask ---------------------------------------------------------------------------------
