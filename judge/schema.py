@@ -304,6 +304,9 @@ class Verdict(Record):
     cached: bool = False
     # Who gave the label: the LLM judge, or the reranker of a judge cascade (judging/cascade.py).
     source: VerdictSource = "judge"
+    # What fired on the passage: "echo" (its relevance to the reranker rested on the query's
+    # own words, judging/echo.py), "sanitised" (text aimed at the judge was taken out of it).
+    signals: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> Verdict:

@@ -26,16 +26,24 @@ DEFAULT_PARAMS = SamplingParams(temperature=0.0, max_tokens=512, logprobs=True, 
 class CascadeSection(Record):
     """``[judge.cascade]`` (judging/cascade.py): reranker scores in [low, high) go to the LLM
     judge; lower ones get the scale's lowest label, the rest its highest. The band, one way:
-    ``low`` and ``high``; ``quantiles`` of the run's scores; ``max_error`` on its human labels."""
+    ``low`` and ``high``; ``quantiles`` of the run's scores; ``max_error`` on its human labels.
+    ``echo_floor`` (judging/echo.py): a passage above the band is labelled relevant by the
+    reranker only when its score with the query's own words masked reaches this floor; else it
+    goes to the LLM, flagged ``echo``. None: the reranker's score alone decides."""
 
     low: Share | None = None
     high: Share | None = None
     quantiles: tuple[Share, Share] | None = None
     max_error: float | None = Field(default=None, gt=0, lt=0.5)
+    echo_floor: Share | None = 0.45
 
     @model_validator(mode="after")
     def _one_band(self) -> CascadeSection:
-        ways = [name for name, value in self if value is not None]
+        ways = [
+            name
+            for name, value in self
+            if value is not None and name in ("low", "high", "quantiles", "max_error")
+        ]
         if ways not in (["low", "high"], ["quantiles"], ["max_error"]):
             raise ValueError(f"set the band one way: low and high, quantiles or max_error: {ways}")
         low, high = self.quantiles or (self.low, self.high)

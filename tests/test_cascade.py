@@ -143,7 +143,9 @@ def test_only_the_band_reaches_the_llm_and_each_verdict_says_who_labelled_it(
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 0
 
-    assert calls(server, RERANK) == 4  # one per query
+    # Per query: one to score it, one for its passage above the band with the query's words
+    # masked (the echo check, judging/echo.py; this passage's own words hold its 0.9).
+    assert calls(server, RERANK) == 4 * 2
     assert calls(server, CHAT) == 4 * 3  # only the passages scored in [0.3, 0.7)
     asked = {m for r in server.requests if r.path == CHAT for m in re.findall(SCORED, r.prompt)}
     assert asked == {"0.35", "0.5", "0.65"}
@@ -186,7 +188,8 @@ def test_a_rerun_pays_nothing_and_repeats_rescore_nothing(
     server = make_server(scorer=text_scorer)
     config = write_config(tmp_path, server, BAND)
     assert main(["run", str(config), "--out", str(tmp_path / "a"), "--repeats", "2"]) == 0
-    assert calls(server, RERANK) == 4  # the reranker scores once, whatever the repeats
+    # The reranker scores once (and checks echo once), whatever the repeats.
+    assert calls(server, RERANK) == 4 * 2
     assert calls(server, CHAT) == 2 * 12
     before = len(server.requests)
 
@@ -408,7 +411,8 @@ def test_python_api_quantile_band_needs_a_fit_first(
         assert (band.low, band.high) == pytest.approx((0.29, 0.70))
         jq = j.judge(query)
     assert [v.source for v in jq.verdicts] == ["reranker", "judge", "judge", "judge", "reranker"]
-    assert calls(server, RERANK) == 1  # the fit's scores are the judging's, from the cache
+    # The fit's scores are the judging's, from the cache; the echo check is one more.
+    assert calls(server, RERANK) == 2
 
 
 @pytest.mark.embedded
@@ -436,8 +440,105 @@ def test_the_embedded_reranker_drives_a_quantile_cascade(
         texts = {p.id: p.text for p in jq.query.passages}
         for v in jq.verdicts:
             score = (jq.rerank_scores or {})[v.passage_id]
-            assert (v.source == "judge") == (band["low"] <= score < band["high"])
+            echo = "echo" in v.signals
+            assert (v.source == "judge") == (band["low"] <= score < band["high"] or echo)
+            assert not echo or score >= band["high"]
             if v.source == "judge":
                 asked.add((jq.query.query, texts[v.passage_id]))
     assert 0 < len(asked) == calls(server, CHAT)
     assert calls(server, RERANK) == 0  # computed in-process
+
+
+# --- query echo: relevance that rests on the query's own words ------------------------------
+
+
+def echo_scorer(query: str, document: str) -> float:
+    """A reranker that rewards the query's words: the passage's own score ("own=X") plus 0.2
+    for every time the word "widgets" occurs in it, as a bi-encoder rewards echo."""
+    found = re.search(r"own=([0-9.]+)", document)
+    assert found, document
+    return min(1.0, float(found.group(1)) + 0.2 * document.lower().count("widgets"))
+
+
+def test_a_passage_whose_relevance_rests_on_the_query_words_goes_to_the_llm_flagged(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    """Above the band, a passage is the reranker's "yes" only when its own words score it at
+    least echo_floor once the query's words are masked; the echo goes to the LLM, which is
+    told what it answers, and its verdict says echo."""
+    server = make_server(scorer=echo_scorer, responder=keyword_responder({"own=0.8": "yes"}, "no"))
+    passages = [
+        Passage(id="honest", text="own=0.8 how widgets are made, step by step"),
+        Passage(id="echo", text="own=0.1 widgets? widgets! widgets widgets widgets"),
+        Passage(id="low", text="own=0.05 bananas"),
+    ]
+    with _judge(server, CascadeSection(low=0.3, high=0.7)) as j:
+        jq = j.judge("best widgets", passages)
+    by_id = {v.passage_id: v for v in jq.verdicts}
+    assert (by_id["honest"].source, by_id["honest"].label) == ("reranker", "yes")
+    assert (by_id["echo"].source, by_id["echo"].label, by_id["echo"].signals) == (
+        "judge",
+        "no",
+        ("echo",),
+    )
+    assert by_id["low"].source == "reranker" and by_id["low"].signals == ()
+    # The echo check sent the two passages above the band with "widgets" masked out.
+    masked = [b for b in server.bodies(RERANK) if b["documents"] != [p.text for p in passages]]
+    assert [d for b in masked for d in b["documents"]] == [
+        "own=0.8 how are made, step by step",
+        "own=0.1 ? !",
+    ]
+    asked = [r.prompt for r in server.requests if r.path == CHAT]
+    assert len(asked) == 1 and "own=0.1 widgets?" in asked[0]
+
+
+def test_echo_floor_none_leaves_the_reranker_to_decide(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    server = make_server(scorer=echo_scorer)
+    passages = [Passage(id="echo", text="own=0.1 widgets widgets widgets widgets")]
+    with _judge(server, CascadeSection(low=0.3, high=0.7, echo_floor=None)) as j:
+        jq = j.judge("best widgets", passages)
+    assert (jq.verdicts[0].source, jq.verdicts[0].label) == ("reranker", "yes")
+    assert calls(server, RERANK) == 1 and calls(server, CHAT) == 0
+
+
+@pytest.mark.embedded
+def test_the_embedded_reranker_sees_through_sprinkled_query_words(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    """MiniLM scores an off-topic passage with the query's words sprinkled through it above the
+    band; with the query's words masked it scores low, so the LLM decides, flagged echo. An
+    on-topic passage keeps the reranker's label."""
+    require_minilm()
+    server = make_server(responder=keyword_responder({}, "no"))
+    query = "what is the boiling point of water at sea level"
+    off_topic = "The museum opens at nine and closes at five, except on public holidays."
+    # The query's words sprinkled through it: no sentence of the query's own for the sanitiser.
+    sprinkled = (
+        "The boiling museum point opens water at sea nine level and boiling closes point at "
+        "water five, sea except level on public holidays."
+    )
+    passages = [
+        Passage(id="echo", text=sprinkled),
+        Passage(id="clean", text=off_topic),
+        Passage(
+            id="answer",
+            text="At sea level water boils at 100 degrees Celsius (212 degrees Fahrenheit); "
+            "the boiling point drops as altitude rises and air pressure falls.",
+        ),
+    ]
+    with Judge(
+        ProviderSpec(kind="openai", base_url=server.openai_base_url),
+        "judge-test",
+        rerank="embedded-rerank",
+        rerank_model="all-MiniLM-L6-v2",
+        cascade=CascadeSection(low=0.53, high=0.6),
+    ) as j:
+        jq = j.judge(query, passages)
+    by_id = {v.passage_id: v for v in jq.verdicts}
+    scores = jq.rerank_scores or {}
+    assert scores["echo"] >= 0.6 > scores["clean"]  # the echo alone buys the reranker's "yes"
+    assert (by_id["echo"].source, by_id["echo"].signals) == ("judge", ("echo",))
+    assert (by_id["answer"].source, by_id["answer"].label) == ("reranker", "yes")
+    assert by_id["clean"].source == "reranker" and by_id["clean"].label == "no"

@@ -204,7 +204,8 @@ def test_judge_many_and_judge_run_share_cascade_cache_and_results(
     # three middle passages of each of the 4 queries went to the LLM, the rest the reranker's.
     assert band is not None and (band.low, band.high) == pytest.approx((0.29, 0.70), abs=0.01)
     assert chat_calls(server) == 12
-    assert sum(r.path == "/v1/rerank" for r in server.requests) == 4
+    # Per query: its scores, and its passage above the band with the query's words masked.
+    assert sum(r.path == "/v1/rerank" for r in server.requests) == 4 * 2
     sources = [v.source for jq in got for v in jq.verdicts]
     assert sources.count("judge") == 12 and sources.count("reranker") == 8
     sent = len(server.requests)

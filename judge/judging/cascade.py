@@ -7,7 +7,9 @@ reranker is a deterministic scorer and repeats measure the LLM. Then, per passag
 
     score <  low            -> the scale's lowest label   (source "reranker")
     low <= score < high     -> the LLM judge              (source "judge")
-    score >= high           -> the scale's highest label  (source "reranker")
+    score >= high           -> the scale's highest label  (source "reranker"), unless its
+                               score with the query's words masked is below echo_floor:
+                               then the LLM judge, the verdict flagged "echo" (judging/echo.py)
 
 A reranker verdict costs no LLM call; its ``probability`` is the reranker score (clipped to
 [0, 1]), so soft metrics and ``rerank_*`` work as with any rerank provider. On a graded scale
@@ -49,6 +51,7 @@ import numpy as np
 from judge.calling.caller import Caller
 from judge.config import CascadeSection
 from judge.errors import ConfigError, InputError, ProviderError
+from judge.judging.echo import ECHO, mask_query
 from judge.judging.verdicts import ok_verdict
 from judge.providers.base import RerankRequest
 from judge.schema import Passage, Query, Record, Scale, Verdict
@@ -202,6 +205,21 @@ def reranker_verdict(
     )
 
 
+def _failed(query: Query, exc: ProviderError) -> list[Verdict]:
+    """Every passage's verdict when the reranker failed: an error, asked again on resume."""
+    return [
+        Verdict(
+            passage_id=p.id,
+            rank=rank,
+            status="error",
+            error=f"reranker: {exc}",
+            attempts=exc.attempts,
+            source="reranker",
+        )
+        for rank, p in enumerate(query.passages, start=1)
+    ]
+
+
 class Cascade:
     """Routes one query's passages between the reranker and the LLM judge."""
 
@@ -260,26 +278,42 @@ class Cascade:
         try:
             scores, cached = await rerank_scores(self.caller, self.model, query, 0)
         except ProviderError as exc:
-            failed = [
-                Verdict(
-                    passage_id=p.id,
-                    rank=rank,
-                    status="error",
-                    error=f"reranker: {exc}",
-                    attempts=exc.attempts,
-                    source="reranker",
-                )
-                for rank, p in enumerate(query.passages, start=1)
-            ]
-            return failed, None
+            return _failed(query, exc), None
         ranks = {p.id: rank for rank, p in enumerate(query.passages, start=1)}
         band = self.band
-        in_band = tuple(p for p in query.passages if band.side(scores[p.id]) == "band")
-        asked = await ask(query.model_copy(update={"passages": in_band})) if in_band else []
-        out = {v.passage_id: v.model_copy(update={"rank": ranks[v.passage_id]}) for v in asked}
+        try:
+            echoed = await self._echoed(query, scores)
+        except ProviderError as exc:
+            return _failed(query, exc), None
+        to_llm = tuple(
+            p for p in query.passages if band.side(scores[p.id]) == "band" or p.id in echoed
+        )
+        asked = await ask(query.model_copy(update={"passages": to_llm})) if to_llm else []
+        out: dict[str, Verdict] = {}
+        for v in asked:
+            update: dict[str, object] = {"rank": ranks[v.passage_id]}
+            if v.passage_id in echoed:
+                update["signals"] = (*v.signals, ECHO)
+            out[v.passage_id] = v.model_copy(update=update)
         for p in query.passages:
-            if band.side(scores[p.id]) != "band":
+            if p.id not in out:
                 out[p.id] = reranker_verdict(
                     p, ranks[p.id], scores[p.id], band, self.scale, cached=cached
                 )
         return [out[p.id] for p in query.passages], scores
+
+    async def _echoed(self, query: Query, scores: Mapping[str, float]) -> set[str]:
+        """The passages above the band whose score falls below ``echo_floor`` once the query's
+        own words are masked out of them (judging/echo.py): one more rerank request, for those
+        passages only, through the Caller."""
+        floor, band = self.section.echo_floor, self.band
+        assert band is not None
+        above = [p for p in query.passages if band.side(scores[p.id]) == "above"]
+        if floor is None or not above:
+            return set()
+        masked = tuple(mask_query(p.text, query.query) for p in above)
+        request = RerankRequest(
+            model=self.model, query=query.query, documents=masked, top_n=len(masked)
+        )
+        result = await self.caller.rerank(request, 0)
+        return {p.id for p, s in zip(above, result.answer.scores, strict=True) if s < floor}

@@ -92,6 +92,20 @@ def _read_knobs(
         raise ConfigError(f"Judge: {problems}") from None
 
 
+def _flag_sanitised(query: Query, verdicts: Sequence[Verdict]) -> Sequence[Verdict]:
+    """``verdicts`` with the signal ``sanitised`` on those whose passage had text aimed at the
+    judge taken out (judging/sanitise.py); the same sequence when none had."""
+    cut = {p.id for p in query.passages if p.removed}
+    if not cut:
+        return verdicts
+    return [
+        v.model_copy(update={"signals": (*v.signals, "sanitised")})
+        if v.passage_id in cut and "sanitised" not in v.signals
+        else v
+        for v in verdicts
+    ]
+
+
 def _usage(verdicts: Sequence[Verdict], aspects: UnitAspects | None) -> Usage:
     """A unit's tokens: its verdicts' and its dimensions' (summed as numbers: a cached run adds
     up 100,000 of these)."""
@@ -276,7 +290,7 @@ class Judge:
         if self.memo is not None:  # a plain judge: verdicts alone, read whole when stored
             ask, reread = self.asker.verdicts, self.asker.cached_verdicts
             fitted, found = await self.memo.verdicts(query, repeat, self.fit, ask, reread)
-            return (fitted, repeat, found, None, None)
+            return (fitted, repeat, _flag_sanitised(fitted, found), None, None)
         query = self.fit(query)
         if self.cascade is not None:
             ask = self.asker.verdicts
@@ -288,7 +302,7 @@ class Judge:
         # Dimensions are asked after the verdicts, not beside them: a run keeps many units in
         # flight, so the caller's concurrency limit, not one unit's wait, sets the pace.
         aspects = await self.dimensions.judge(query, repeat) if self.dimensions else None
-        return (query, repeat, verdicts, scores, aspects)
+        return (query, repeat, _flag_sanitised(query, verdicts), scores, aspects)
 
     async def prepare(
         self, queries: Sequence[Query], labels: Scale | None = None, run_dir: Path | None = None
