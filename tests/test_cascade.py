@@ -542,3 +542,40 @@ def test_the_embedded_reranker_sees_through_sprinkled_query_words(
     assert (by_id["echo"].source, by_id["echo"].signals) == ("judge", ("echo",))
     assert (by_id["answer"].source, by_id["answer"].label) == ("reranker", "yes")
     assert by_id["clean"].source == "reranker" and by_id["clean"].label == "no"
+
+
+def test_a_run_counts_flagged_passages_per_engine_and_calls_out_the_one_flagged_most(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(scorer=echo_scorer)
+    config = write_config(tmp_path, server, BAND, rerank=True)
+    rows = [
+        {
+            "query_id": f"q{q}",
+            "query": "best widgets",
+            "engine": engine,
+            "passages": [
+                {"id": f"{engine}{q}-{j}", "text": text}
+                for j, text in enumerate(
+                    ["own=0.8 how widgets are made", "own=0.1 bananas"]
+                    if engine == "honest"
+                    else ["own=0.8 how widgets are made", "own=0.1 widgets widgets widgets"]
+                )
+            ],
+        }
+        for q in range(3)
+        for engine in ("honest", "stuffer")
+    ]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    flagged = summary(out)["counts"]["flagged"]
+    assert flagged == {"honest": {"passages": 6}, "stuffer": {"passages": 6, "echo": 3}}
+    stdout = capsys.readouterr().out
+    assert "flagged: stuffer: 3 echo of 6 passages flagged" in stdout
+    assert "flagged: stuffer: flagged 50% of its passages, against 0% for" in stdout
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "Flagged passages: stuffer: 3 echo of 6 passages flagged" in report
+    assert report.count("[echo]") == 3  # each echo passage marked in its query's table

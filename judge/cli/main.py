@@ -121,6 +121,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             f"sanitised: {c.sanitised} passage(s) carried text aimed at the judge, taken out "
             'before judging ("removed" in verdicts.jsonl)'
         )
+    for line in c.flag_lines():
+        print(f"flagged: {line}")
     if summary.health.degenerate:  # DESIGN rule 10: said where nobody can miss it
         print(
             "judge: WARNING: the judge is degenerate; these metrics are not informative:",

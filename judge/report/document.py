@@ -92,6 +92,7 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
                 else ""
             )
         ),
+        *([Text("Flagged passages: " + "; ".join(c.flag_lines()) + ".")] if c.flag_lines() else []),
         Text(
             f"Tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; cost "
             f"{format_value(u.cost_usd)} USD. {policy} Created {summary.created}; config "

@@ -60,6 +60,7 @@ class PassageView:
     failed: int
     human: str | None
     disagrees: bool
+    signals: tuple[str, ...] = ()  # what fired on it in any repeat (echo, sanitised)
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -153,6 +154,7 @@ def passage_views(
                 failed=failed,
                 human=human,
                 disagrees=bool(ok) and human_grade is not None and human_grade != pick.grade,
+                signals=tuple(sorted({s for v in verdicts for s in v.signals})),
             )
         )
     return sorted(views, key=lambda p: (p.rank, p.passage_id))
@@ -285,6 +287,7 @@ def _passage_table(views: Sequence[PassageView], humans: bool, probs: bool) -> T
     rows, css = [], []
     for p in views:
         judge = p.label + (f" ({p.votes})" if p.votes else "")
+        judge += "".join(f" [{signal}]" for signal in p.signals)
         human = (p.human or "—") + (" ≠" if p.disagrees else "")
         rows.append(
             [p.rank, p.passage_id, p.text, judge]

@@ -67,6 +67,31 @@ class Counts(Record):
     empty_queries: int
     cached_verdicts: int
     sanitised: int = 0  # distinct passages that had text aimed at the judge taken out
+    # Per engine: its distinct passages, and how many carried each signal (a verdict's
+    # ``signals``: echo, sanitised) in any repeat.
+    flagged: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    def flag_lines(self) -> list[str]:
+        """One line per engine with flagged passages, and one calling out an engine flagged
+        far more often (at least twice the least-flagged engine's share, and 5% of its own
+        passages): such an engine may be gaming the judge, or its verdicts are the judge's
+        least sure."""
+        lines, shares = [], {}
+        for engine, got in sorted(self.flagged.items()):
+            total, marks = got.get("passages", 0), {k: v for k, v in got.items() if k != "passages"}
+            shares[engine] = sum(marks.values()) / total if total else 0.0
+            if any(marks.values()):
+                said = ", ".join(f"{n} {signal}" for signal, n in sorted(marks.items()) if n)
+                lines.append(f"{engine}: {said} of {total} passages flagged")
+        if len(shares) > 1:
+            top = max(shares, key=lambda e: shares[e])
+            low = min(shares.values())
+            if shares[top] >= 0.05 and shares[top] >= 2 * low:
+                lines.append(
+                    f"{top}: flagged {shares[top]:.0%} of its passages, against {low:.0%} for "
+                    'the least-flagged engine: check them (verdicts.jsonl, "signals")'
+                )
+        return lines
 
 
 class UsageSummary(Record):
@@ -204,7 +229,27 @@ def counts(results: Sequence[JudgedQuery]) -> Counts:
                 if p.removed
             }
         ),
+        flagged=_flagged(results),
     )
+
+
+def _flagged(results: Sequence[JudgedQuery]) -> dict[str, dict[str, int]]:
+    """Per engine: distinct passages, and those carrying each signal in any repeat."""
+    passages: dict[str, set[tuple[str, str]]] = {}
+    marked: dict[str, dict[str, set[tuple[str, str]]]] = {}
+    for jq in results:
+        engine = jq.query.engine
+        seen = passages.setdefault(engine, set())
+        for v in jq.verdicts:
+            key = (jq.query.query_id, v.passage_id)
+            seen.add(key)
+            for signal in v.signals:
+                marked.setdefault(engine, {}).setdefault(signal, set()).add(key)
+    return {
+        engine: {"passages": len(seen)}
+        | {signal: len(keys) for signal, keys in marked.get(engine, {}).items()}
+        for engine, seen in passages.items()
+    }
 
 
 def usage(results: Sequence[JudgedQuery], config: RunConfig) -> UsageSummary:
@@ -411,7 +456,7 @@ def load_summary(path: str | Path) -> Summary:
 
 # What a version-1 file may leave out, as this schema's empty tables (built from the records'
 # fields, so a new field is filled too).
-_V1_COUNTS: dict[str, Any] = dict.fromkeys(Counts.model_fields, 0) | {"engines": []}
+_V1_COUNTS: dict[str, Any] = dict.fromkeys(Counts.model_fields, 0) | {"engines": [], "flagged": {}}
 _V1_USAGE: dict[str, Any] = dict.fromkeys(UsageSummary.model_fields, 0) | {"cost_usd": None}
 _V1_ENGINE: dict[str, Any] = {"majority_vote": {}, "n_queries": 0, "n_repeats": 0}
 _V1_METRIC: dict[str, Any] = dict.fromkeys(MetricSummary.model_fields) | {

@@ -1,0 +1,136 @@
+"""How far can query echo buy the offline judge's verdict? Per attack form, tune and held-out.
+
+Takes the human-labelled pairs file (``{query_id, query, doc_id, text, label}``, 0-3), and
+judges through the package's own path (``Judge``: the sanitiser, the embedded MiniLM reranker,
+the judge cascade of the quickstart, ``[judge.cascade] low = 0.53, high = 0.6``) every
+human-irrelevant passage (label 0) clean and under each form of bench/attack_forms.py. The LLM
+of the cascade is a loopback server (``python -m tests.servers openai``): what it would answer is
+not measured here (bench/bench_quality.py does that, slowly); what is measured is what the
+reranker decides, which no LLM sees. Printed per form, for each ``echo_floor`` given:
+
+- the mean shift of the reranker score (attacked minus clean; what ``rerank_*`` metrics and a
+  reranker-alone judge read) and the share the reranker alone would flip from "no" to "yes"
+  (score from below ``high`` to at or above it);
+- the cascade's flips: clean verdict not the reranker's "yes", attacked verdict the reranker's
+  "yes" (an echo-flagged passage goes to the LLM instead), and the share sent to the LLM;
+- on every clean pair: the share of the reranker's "yes" that the echo check sends to the LLM
+  instead (its cost on honest passages), and the precision of the "yes" that stay.
+
+Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tune``, report
+``held-out``. A held-out form is still not an adaptive attacker.
+
+    python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --floors none 0.35 0.45
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from attack_forms import FORMS, attack
+from bench_runner import serve
+
+from judge.config import CascadeSection
+from judge.judging.judge import Judge
+from judge.providers.base import ProviderSpec
+from judge.schema import JudgedQuery, Passage, Query
+
+HIGH, LOW = 0.6, 0.53
+
+
+def load(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def queries(rows: list[dict[str, object]], form: object | None) -> list[Query]:
+    """One Query per query id holding its passages (attacked by ``form`` when given)."""
+    by_id: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for r in rows:
+        by_id[str(r["query_id"])].append(r)
+    out = []
+    for qid, group in by_id.items():
+        text = str(group[0]["query"])
+        passages = tuple(
+            Passage(
+                id=str(r["doc_id"]),
+                text=str(r["text"])
+                if form is None
+                else attack(form, str(r["text"]), text, f"{qid}/{r['doc_id']}"),  # type: ignore[arg-type]
+            )
+            for r in group
+        )
+        out.append(Query(query_id=qid, query=text, passages=passages))
+    return out
+
+
+def judged(
+    url: str, cache: Path, floor: float | None, qs: list[Query]
+) -> dict[str, tuple[float, str, str, tuple[str, ...]]]:
+    """Per passage id: reranker score, label, source, signals."""
+    with Judge(
+        ProviderSpec(kind="openai", base_url=url),
+        "bench-judge",
+        rerank="embedded-rerank",
+        rerank_model="all-MiniLM-L6-v2",
+        cascade=CascadeSection(low=LOW, high=HIGH, echo_floor=floor),
+        cache=cache,
+    ) as j:
+        got: list[JudgedQuery] = list(j.judge_many(qs, progress=False))
+    return {
+        v.passage_id: ((jq.rerank_scores or {})[v.passage_id], v.label or "", v.source, v.signals)
+        for jq in got
+        for v in jq.verdicts
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("pairs", type=Path)
+    parser.add_argument("--floors", nargs="+", default=["none", "0.45"])
+    args = parser.parse_args()
+    rows = load(args.pairs)
+    irrelevant = [r for r in rows if r["label"] == 0]
+    relevant = {str(r["doc_id"]) for r in rows if int(r["label"]) >= 2}  # type: ignore[call-overload]
+    with tempfile.TemporaryDirectory(prefix="bench-echo-") as tmp, serve() as url:
+        cache = Path(tmp) / "cache.sqlite"
+        for raw in args.floors:
+            floor = None if raw == "none" else float(raw)
+            clean_all = judged(url, cache, floor, queries(rows, None))
+            yes = [pid for pid, (s, _, _, _) in clean_all.items() if s >= HIGH]
+            kept = [pid for pid in yes if clean_all[pid][2] == "reranker"]
+            precision = sum(pid in relevant for pid in kept) / max(1, len(kept))
+            print(
+                f"echo_floor {raw}: clean pairs {len(clean_all)}: reranker yes {len(yes)}, "
+                f"sent to the LLM by the echo check {len(yes) - len(kept)} "
+                f"({(len(yes) - len(kept)) / max(1, len(clean_all)):.1%} of pairs); "
+                f"precision of the reranker's yes kept {precision:.2f}"
+            )
+            clean = judged(url, cache, floor, queries(irrelevant, None))
+            for split in ("tune", "held-out"):
+                for form in [f for f in FORMS if f.split == split and f.kind == "echo"]:
+                    attacked = judged(url, cache, floor, queries(irrelevant, form))
+                    shifts, alone, cascade, to_llm = [], 0, 0, 0
+                    for pid, (s0, label0, src0, _) in clean.items():
+                        s1, label1, src1, _ = attacked[pid]
+                        shifts.append(s1 - s0)
+                        alone += s0 < HIGH <= s1
+                        was_yes = src0 == "reranker" and label0 == "yes"
+                        cascade += (not was_yes) and src1 == "reranker" and label1 == "yes"
+                        to_llm += src1 == "judge"
+                    n = len(clean)
+                    print(
+                        f"  {split:8s} {form.name:15s} "
+                        f"score shift {statistics.fmean(shifts):+.3f}; "
+                        f"flips: reranker alone {alone / n:.1%}, cascade {cascade / n:.1%}; "
+                        f"to the LLM {to_llm / n:.1%}"
+                    )
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
