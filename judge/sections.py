@@ -29,7 +29,8 @@ class CascadeSection(Record):
     ``low`` and ``high``; ``quantiles`` of the run's scores; ``max_error`` on its human labels.
     ``echo_floor`` (judging/echo.py): a passage above the band is labelled relevant by the
     reranker only when its score with the query's own words masked reaches this floor; else it
-    goes to the LLM, flagged ``echo``. None: the reranker's score alone decides."""
+    goes to the LLM, flagged ``echo``. 0 (or None) turns the check off: the reranker's score
+    alone decides."""
 
     low: Share | None = None
     high: Share | None = None

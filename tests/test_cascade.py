@@ -497,7 +497,7 @@ def test_echo_floor_none_leaves_the_reranker_to_decide(
 ) -> None:
     server = make_server(scorer=echo_scorer)
     passages = [Passage(id="echo", text="own=0.1 widgets widgets widgets widgets")]
-    with _judge(server, CascadeSection(low=0.3, high=0.7, echo_floor=None)) as j:
+    with _judge(server, CascadeSection(low=0.3, high=0.7, echo_floor=0)) as j:
         jq = j.judge("best widgets", passages)
     assert (jq.verdicts[0].source, jq.verdicts[0].label) == ("reranker", "yes")
     assert calls(server, RERANK) == 1 and calls(server, CHAT) == 0

@@ -58,7 +58,15 @@ from judge.schema import Passage, Query, Record, Scale, Verdict
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Band", "Cascade", "fit_band", "label_problem", "rerank_request", "rerank_scores"]
+__all__ = [
+    "Band",
+    "Cascade",
+    "echo_request",
+    "fit_band",
+    "label_problem",
+    "rerank_request",
+    "rerank_scores",
+]
 
 # Labelled passages a max_error band needs (as judge calibrate), some relevant and some not.
 MIN_LABELLED = 20
@@ -83,6 +91,12 @@ def rerank_request(model: str, query: Query) -> RerankRequest:
     """The one rerank request that scores every passage of ``query``."""
     documents = tuple(p.text for p in query.passages)
     return RerankRequest(model=model, query=query.query, documents=documents, top_n=len(documents))
+
+
+def echo_request(model: str, query: Query, passages: Sequence[Passage]) -> RerankRequest:
+    """The rerank request of the echo check: ``passages`` with the query's words masked."""
+    masked = tuple(mask_query(p.text, query.query) for p in passages)
+    return RerankRequest(model=model, query=query.query, documents=masked, top_n=len(masked))
 
 
 async def rerank_scores(
@@ -309,11 +323,7 @@ class Cascade:
         floor, band = self.section.echo_floor, self.band
         assert band is not None
         above = [p for p in query.passages if band.side(scores[p.id]) == "above"]
-        if floor is None or not above:
+        if not floor or not above:  # 0 or None: no echo check
             return set()
-        masked = tuple(mask_query(p.text, query.query) for p in above)
-        request = RerankRequest(
-            model=self.model, query=query.query, documents=masked, top_n=len(masked)
-        )
-        result = await self.caller.rerank(request, 0)
+        result = await self.caller.rerank(echo_request(self.model, query, above), 0)
         return {p.id for p, s in zip(above, result.answer.scores, strict=True) if s < floor}

@@ -38,7 +38,7 @@ from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Prompt
 from judge.config import Price, RunConfig
 from judge.data.results import RESULTS_FILE
-from judge.judging.cascade import fit_band, rerank_request
+from judge.judging.cascade import echo_request, fit_band, rerank_request
 from judge.judging.context import count_tokens
 from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
@@ -175,9 +175,21 @@ def _plan(
         scored = [(q, scores[i]) for i, q in enumerate(with_passages)]
         band = fit_band(judge.cascade.section, scored, config.label_scale())
     plan: Plan = []
+    floor, unknown_echo = judge.cascade.section.echo_floor, False
     for i, q in enumerate(with_passages):
         if band is not None and i in scores:
-            inside = tuple(p for p in q.passages if band.side(scores[i][p.id]) == "band")
+            above = [p for p in q.passages if band.side(scores[i][p.id]) == "above"]
+            echoed: set[str] = set()
+            if floor and above:
+                # The echo check's answer when cached; else every passage above may echo.
+                request = echo_request(model, q, above)
+                got = cache.get(request_key(identity, request, 0), RerankResult)
+                unknown_echo = unknown_echo or got is None
+                masked = got.scores if got is not None else (0.0,) * len(above)
+                echoed = {p.id for p, s in zip(above, masked, strict=True) if s < floor}
+            inside = tuple(
+                p for p in q.passages if band.side(scores[i][p.id]) == "band" or p.id in echoed
+            )
             q_llm = q.model_copy(update={"passages": inside})
         else:
             q_llm = q
@@ -186,7 +198,7 @@ def _plan(
     counts = {
         "rerank_calls": len(with_passages),
         "rerank_cached": len(scores),
-        "upper_bound": band is None or len(scores) < len(with_passages),
+        "upper_bound": band is None or len(scores) < len(with_passages) or unknown_echo,
     }
     return plan, counts
 
