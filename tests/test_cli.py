@@ -224,12 +224,14 @@ def test_run_exits_1_naming_each_breached_threshold(
     )
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 1
+    outcome = json.loads((out / "summary.json").read_text(encoding="utf-8"))["outcome"]
+    assert (outcome["status"], outcome["exit_code"]) == ("FAILED", 1)
     captured = capsys.readouterr()
     assert "judged 78 passages of 14 queries x 1 repeat(s): 78 ok" in captured.out
     assert re.search(r"^  bm25: relevancy_mean \d\.\d{4}", captured.out, re.M)
     breaches = [line for line in captured.err.splitlines() if "threshold breached" in line]
     assert sorted(breaches) == [
-        f"judge: threshold breached: min ap ({engine}): {mean} vs 1.5"
+        f"judge: threshold breached: min ap ({engine}): {mean:.4f}; at least 1.5000 required"
         for engine, mean in sorted(read_means(out, "ap").items())
     ]
     for name in ("summary.json", "report.md", "report.html", "qrels.txt"):

@@ -193,3 +193,47 @@ def test_sigterm_stops_gracefully_with_a_summary_marked_incomplete(
     assert 0 < done < 120
     assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
     assert len(verdict_labels(out)) == 120
+
+
+def test_an_unreachable_provider_stops_after_a_few_attempts_saying_where_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
+) -> None:
+    """A closed port: no connection is ever made, so after a handful of attempts the run stops
+    (resumable, exit 3) naming the URL and the cause, instead of retrying every passage; the
+    summary's outcome says so first, and no threshold reads as passed or breached."""
+    server = make_server()
+    url = server.openai_base_url
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    server.stop()  # nothing listens on its port any more
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=20, n_passages=5)
+    out = tmp_path / "o"
+    assert main(["run", str(config), str(dataset), "--out", str(out), "--no-charts"]) == 3
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"judge: run incomplete: cannot reach {url}/chat/completions (")
+    assert "attempts, none connected" in last and "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert next(iter(summary)) == "outcome"
+    assert (summary["outcome"]["status"], summary["outcome"]["exit_code"]) == ("INCOMPLETE", 3)
+    assert any(r.startswith("not evaluated: unparsed_rate") for r in summary["outcome"]["reasons"])
+    assert summary["health"]["known"] is False
+    # 100 passages with 3 attempts each would be 300 tries; the stop came after a handful.
+    verdicts = [json.loads(line) for line in (out / RESULTS_FILE).read_text().splitlines()]
+    attempts = sum(v["attempts"] for jq in verdicts for v in jq["verdicts"])
+    assert attempts <= 40, attempts
+
+
+def test_the_python_api_raises_when_the_provider_cannot_be_reached(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    from judge import Judge, Limits, ProviderError
+
+    server = make_server()
+    url = server.openai_base_url
+    server.stop()
+    rows = [{"query": f"q{i}", "retrieved_texts": ["a", "b"]} for i in range(10)]
+    limits = Limits(max_attempts=3, backoff_base_s=0.01, timeout_s=5.0)
+    with Judge("local", "m", base_url=url, limits=limits) as j:
+        with pytest.raises(ProviderError, match=f"cannot reach {url}") as caught:
+            j.judge_many(rows, progress=False)
+    assert caught.value.kind == "unreachable"

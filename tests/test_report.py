@@ -423,7 +423,7 @@ def test_the_status_is_the_first_that_applies_and_every_reason_is_listed() -> No
     stopped = header(failed.model_copy(update={"run": outcome}), failed.health)
     assert stopped.title.startswith("INCOMPLETE · ") and stopped.css == "incomplete"
     assert stopped.lines[0] == (
-        "incomplete: 11 of 18 query-repeats judged (interrupted); rerun the same command to resume"
+        "incomplete: interrupted; rerun the same command to resume (11 of 18 query-repeats ran)"
     )
     assert "breached: min ndcg@5 (bm25)" in stopped.lines[1]
 

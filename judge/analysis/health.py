@@ -286,6 +286,15 @@ def judge_health(
     if provider == "embedded" and sum(v.source == "reranker" for v in ok) * 2 > len(ok):
         provider = "embedded-cascade"
     weak = (KNOWN_WEAK[provider],) if provider in KNOWN_WEAK else ()
+    if not ok:  # nothing answered: nothing to tell the judge's health by
+        return JudgeHealth(
+            known=False,
+            degenerate=False,
+            problems=(),
+            notes=("unknown: no verdict was answered (every one unparsed or an error)",),
+            overall=overall,
+            engines=engines,
+        )
     if overall.degenerate or weak:
         log.debug("unreliable judge: %s", " ".join(weak + overall.problems))
     return JudgeHealth(

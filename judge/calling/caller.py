@@ -115,6 +115,35 @@ def _reading_of(
     return Reading(parse.tag, parse.dump(result.value))
 
 
+# Attempts in a row that make no connection, before any success, after which a provider is
+# unreachable: a closed port or a wrong host fails fast instead of through every retry.
+UNREACHABLE_ATTEMPTS = 8
+
+
+def _url_of(exc: BaseException) -> str | None:
+    """The URL a failed request went to, where the SDK's exception (or its cause) says."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return None
+        request = getattr(current, "request", None)
+        url = getattr(request, "url", None)
+        if url is not None:
+            return str(url)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost exception's message (an SDK wraps "connection refused" in its own)."""
+    current, seen = exc, {id(exc)}
+    while (inner := current.__cause__ or current.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        current = inner
+    text = str(current).strip() or type(current).__name__
+    return " ".join(text.split())[:200]
+
+
 class Caller:
     """Calls one chat provider and/or one rerank provider under shared limits."""
 
@@ -371,6 +400,8 @@ class Caller:
         reserved before it is sent, settled to what it used. A request whose fate is unknown
         (timeout, dropped connection, cancelled in flight) is counted at its worst-case prompt:
         it may have been billed."""
+        if self.stats.unreachable is not None:  # no request goes to a provider never reached
+            raise ProviderError(self.stats.unreachable, kind="unreachable")
         reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
         sent = time.perf_counter()
@@ -382,7 +413,10 @@ class Caller:
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
             spent = billed_on_failure(exc, kind, spent)
-            self.stats.requests -= never_sent(exc)  # no connection: the server never saw it
+            unsent = never_sent(exc)
+            self.stats.requests -= unsent  # no connection: the server never saw it
+            if unsent:
+                self._unconnected(exc)
             if kind == "rate_limit":
                 slot.throttled()
             raise
@@ -390,7 +424,21 @@ class Caller:
             self.budget.settle(reservation, spent)
             _IN_FLIGHT_S.set(_IN_FLIGHT_S.get() + time.perf_counter() - sent)
         slot.success(time.perf_counter() - sent)
+        self.stats.unconnected = 0
         return answer
+
+    def _unconnected(self, exc: BaseException) -> None:
+        """Count an attempt that made no connection; before any success, the
+        ``UNREACHABLE_ATTEMPTS``-th in a row makes the provider unreachable: every call after
+        it fails at once, saying where and why (a run stops on it, resumable)."""
+        stats = self.stats
+        stats.unconnected += 1
+        if stats.successes or stats.unconnected < UNREACHABLE_ATTEMPTS or stats.unreachable:
+            return
+        stats.unreachable = (
+            f"cannot reach {_url_of(exc) or 'the provider'} ({_root_cause(exc)}; "
+            f"{stats.unconnected} attempts, none connected)"
+        )
 
     async def _call(
         self,

@@ -37,6 +37,10 @@ class CallStats:
     retries: int = 0
     failures: int = 0  # calls that failed after all retries
     errors: Counter[str] = field(default_factory=Counter)  # by kind, every failed attempt
+    # Attempts in a row that made no connection at all, before any success, and why the
+    # provider is taken to be unreachable once there were UNREACHABLE_ATTEMPTS of them.
+    unconnected: int = 0
+    unreachable: str | None = None
 
 
 class RetryPolicy:
@@ -59,6 +63,8 @@ class RetryPolicy:
     def decide(self, exc: BaseException) -> RetryDecision:
         if isinstance(exc, BudgetExceeded):  # not a provider failure: stop, never retry
             return RetryDecision(retry=False, kind="budget")
+        if isinstance(exc, ProviderError) and exc.kind == "unreachable":  # final, not sent
+            return RetryDecision(retry=False, kind=exc.kind)
         if self._last is None or self._last[0] is not exc:
             if isinstance(exc, TimeoutError):
                 decision = RetryDecision(retry=True, kind="timeout")

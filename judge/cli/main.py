@@ -45,6 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.config import load_config
     from judge.providers import planning_only
     from judge.report.finish import finish_run
+    from judge.report.status import describe_check
     from judge.run.batch import check_batch, run_batched
     from judge.run.estimate import estimate
     from judge.run.preflight import preflight
@@ -87,12 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_INCOMPLETE
     for b in summary.thresholds.breaches:
-        where = f" ({b.engine})" if b.engine else ""
-        print(
-            f"judge: threshold breached: {b.check}{where}: "
-            + (f"{b.value} vs {b.limit}" if b.value is not None else (b.note or "see the report")),
-            file=sys.stderr,
-        )
+        said = "breached" if b.evaluated else "not evaluated"
+        print(f"judge: threshold {said}: {describe_check(b)}", file=sys.stderr)
     return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
 
 

@@ -363,7 +363,7 @@ class Judge:
             )
             bar.update(1)
             if (why := refusal(stats, judged[2])) is not None:
-                raise ProviderError(why, kind="client")
+                raise ProviderError(why, kind="unreachable" if stats.unreachable else "client")
 
         try:
             await judge_units(
@@ -374,7 +374,18 @@ class Judge:
             )
         finally:
             bar.close()
-        return Judgements(self.finish_many([j for j in out if j is not None]))
+        judged = [j for j in out if j is not None]
+        verdicts = [v for j in judged for v in j[2]]
+        if verdicts and all(v.status == "error" for v in verdicts):
+            # Nothing to return but failures: say so, rather than a table of errors.
+            kinds = stats.errors
+            kind = max(kinds, key=lambda k: kinds[k]) if kinds else "error"
+            raise ProviderError(
+                f"every one of {len(verdicts)} verdicts ended in a provider error, mostly "
+                f"{kind}; for example: {verdicts[0].error}",
+                kind=kind,
+            )
+        return Judgements(self.finish_many(judged))
 
     def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
         """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed

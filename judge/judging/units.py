@@ -29,8 +29,10 @@ REFUSED_CALLS = 3
 
 
 def refusal(stats: CallStats, verdicts: Sequence[Verdict]) -> str | None:
-    """Why judging should stop when the provider has refused every request so far (None
-    while it has not): not retried, so asking for every other passage would be in vain."""
+    """Why judging should stop when the provider cannot be reached or has refused every
+    request so far (None while neither): asking for every other passage would be in vain."""
+    if stats.unreachable is not None:
+        return stats.unreachable
     if stats.errors["client"] < REFUSED_CALLS or stats.successes != 0:
         return None
     example = next((v.error for v in verdicts if v.error), "")

@@ -257,7 +257,15 @@ def _distribution_section(
 
 def _threshold_section(checks: Sequence[Check]) -> Section:
     rows = [
-        [c.check, c.engine, c.value, c.limit, "ok" if c.ok else "BREACHED", c.note] for c in checks
+        [
+            c.check,
+            c.engine,
+            c.value,
+            c.limit,
+            "not evaluated" if not c.evaluated else "ok" if c.ok else "BREACHED",
+            c.note,
+        ]
+        for c in checks
     ]
     css = ["" if c.ok else "failed" for c in checks]
     table = Table(

@@ -29,6 +29,7 @@ from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, load_results, write_qrels
 from judge.report.document import write_reports
 from judge.report.history import history_rows_for_report, record_run, source_key
+from judge.report.status import outcome_of
 from judge.report.summary import (
     SUMMARY_FILE,
     Summary,
@@ -71,6 +72,7 @@ def finish_run(
         return load_summary(out_dir / SUMMARY_FILE)
     results = results or load_results(out_dir)
     summary = build_summary(config, results, run=outcome)
+    summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
     run_id = record_run(history, summary, out_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from judge.analysis.health import JudgeHealth
 from judge.report.blocks import Header, format_value
-from judge.report.summary import Check, Summary
+from judge.report.summary import Check, Outcome, Summary
 
 STATUS_CSS = {
     "INCOMPLETE": "incomplete",
@@ -38,7 +38,7 @@ def describe_check(check: Check) -> str:
     if check.check == "degenerate judge" and not check.ok:  # the reasons are listed already
         return f"{name}: fail_on_degenerate_judge is set, so a degenerate judge fails the run"
     if check.value is None:
-        return f"{name}: {check.note or 'no value'}"
+        return f"{name}: {(check.note or 'no value').removeprefix('not evaluated: ')}"
     value, limit = format_value(check.value), format_value(check.limit)
     if check.check.startswith("drop ") and check.baseline is not None:
         before, now = format_value(check.baseline), format_value(check.current)
@@ -54,13 +54,18 @@ def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
     reasons: list[str] = []
     if run is not None and run.status != "complete":
         why = run.reason or "stopped"
+        errors = summary.counts.error
+        failed = f", {errors} passage(s) ended in provider errors" if errors else ""
         reasons.append(
-            f"incomplete: {run.done} of {run.planned} query-repeats judged ({why}); "
-            "rerun the same command to resume"
+            f"incomplete: {why}; rerun the same command to resume ({run.done} of "
+            f"{run.planned} query-repeats ran{failed})"
         )
     reasons += [f"judge unreliable: {p}" for p in health.problems]
+    if not health.known and summary.counts.verdicts:
+        reasons += [f"judge health {n}" for n in health.notes[:1]]
     breaches = summary.thresholds.breaches
-    reasons += [f"breached: {describe_check(c)}" for c in breaches]
+    reasons += [f"breached: {describe_check(c)}" for c in breaches if c.evaluated]
+    reasons += [f"not evaluated: {describe_check(c)}" for c in breaches if not c.evaluated]
     notes = [f"note: {describe_check(c)}" for c in summary.thresholds.checks if c.ok and c.note]
     if run is not None and run.status != "complete":
         word = "INCOMPLETE"
@@ -75,6 +80,24 @@ def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
             f"all {checks} threshold check(s) passed" if checks else "no thresholds configured"
         )
     return word, reasons + notes
+
+
+# Exit codes of ``judge run`` (cli/common.py names the same numbers).
+_EXIT = {"PASSED": 0, "JUDGE UNRELIABLE": 0, "FAILED": 1, "INCOMPLETE": 3}
+EXIT_BUDGET = 4
+
+
+def outcome_of(summary: Summary) -> Outcome:
+    """How the run ended: the status word, the exit code ``judge run`` gives for it (a budget
+    stop: 4; a degenerate judge fails only with ``fail_on_degenerate_judge``, as a check)
+    and every reason, one line each."""
+    word, reasons = status(summary, summary.health)
+    code = _EXIT[word]
+    if word == "INCOMPLETE" and summary.run is not None and summary.run.stopped_by == "budget":
+        code = EXIT_BUDGET
+    elif word == "JUDGE UNRELIABLE" and summary.thresholds.breaches:
+        code = 1
+    return Outcome(status=word, exit_code=code, reasons=tuple(reasons))
 
 
 def _when(created: str) -> str:

@@ -143,7 +143,10 @@ class EngineSummary(Record):
 
 
 class Check(Record):
-    """One threshold check; ``ok`` False is a breach (``judge run`` exits 1)."""
+    """One threshold check; ``ok`` False is a breach (``judge run`` exits 1). A check that
+    could not be evaluated (no value: the metric is undefined for every query, or nothing was
+    answered) has ``evaluated`` False: it is neither passed nor breached, and a complete run
+    with one does not pass."""
 
     check: str
     value: float | None
@@ -153,6 +156,16 @@ class Check(Record):
     baseline: float | None = None
     current: float | None = None
     note: str | None = None
+    evaluated: bool = True
+
+
+class Outcome(Record):
+    """How the run ended, first in summary.json: the report's status word, the exit code
+    ``judge run`` gave (0 ok, 1 a threshold not passed, 3 incomplete, 4 budget) and why."""
+
+    status: str
+    exit_code: int
+    reasons: tuple[str, ...]
 
 
 class ThresholdResult(Record):
@@ -169,6 +182,8 @@ class ThresholdResult(Record):
 class Summary(Record):
     """Everything summary.json says about a run."""
 
+    # First, so a dashboard reads it before anything else (None in files written before it).
+    outcome: Outcome | None = None
     schema_version: int
     judge_version: str
     created: str
@@ -369,11 +384,25 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
     """Compare the summary with [thresholds]; a breach makes ``judge run`` exit 1."""
     th, c = config.thresholds, summary.counts
     checks = [_at_most("unparsed_rate", c.unparsed_rate, th.max_unparsed_rate)]
+    if c.ok + c.unparsed == 0:  # nothing was answered: a rate of 0 unparsed says nothing
+        checks = [
+            checks[0].model_copy(
+                update={"value": None, "ok": False, "evaluated": False, "note": _NOTHING}
+            )
+        ]
     for engine, data in summary.engines.items():
         for kind, metric, limit in th.bounds():
             mean = data.mean(metric)
             ok = mean is not None and (mean >= limit if kind == "min" else mean <= limit)
-            check = Check(check=f"{kind} {metric}", value=mean, limit=limit, ok=ok, engine=engine)
+            check = Check(
+                check=f"{kind} {metric}",
+                value=mean,
+                limit=limit,
+                ok=ok,
+                engine=engine,
+                evaluated=mean is not None,
+                note=None if mean is not None else f"{metric} is undefined for every query",
+            )
             checks.append(check)
     if th.baseline and th.max_drop and not Path(th.baseline).exists():
         # The first night has no baseline yet: say so in the report instead of failing.
@@ -382,10 +411,23 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
     elif th.baseline and th.max_drop:
         checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
     if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
-        problems = " ".join(summary.health.problems) or "not degenerate"
-        ok = not summary.health.degenerate
-        checks.append(Check(check="degenerate judge", value=None, limit=None, ok=ok, note=problems))
+        health = summary.health
+        problems = " ".join(health.problems or health.notes[:1]) or "not degenerate"
+        ok = health.known and not health.degenerate
+        checks.append(
+            Check(
+                check="degenerate judge",
+                value=None,
+                limit=None,
+                ok=ok,
+                note=problems,
+                evaluated=health.known,
+            )
+        )
     return ThresholdResult.of(checks)
+
+
+_NOTHING = "not evaluated: no verdict was answered"
 
 
 def _at_most(name: str, value: float, limit: float) -> Check:
@@ -411,6 +453,8 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
                     engine=engine,
                     baseline=before,
                     current=now,
+                    evaluated=drop is not None,
+                    note=None if drop is not None else f"{metric} is undefined for every query",
                 )
             )
     return checks

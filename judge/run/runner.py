@@ -319,9 +319,12 @@ class _Batch:
         if (why := refusal(self.judge.caller.stats, jq.verdicts)) is not None:
             self.stop(why, "refused")
         elif finished >= MIN_FOR_ERROR_RATE and errors / finished > rate:
+            kinds = self.judge.caller.stats.errors
+            kind = max(kinds, key=lambda k: kinds[k]) if kinds else "unknown"
+            example = next((v.error for v in jq.verdicts if v.error), "")
             self.stop(
                 f"too many errors: {errors} of {finished} passages failed "
-                f"(abort_error_rate {rate}); see verdicts.jsonl",
+                f"(abort_error_rate {rate}), mostly {kind}; for example: {example}",
                 "errors",
             )
 
