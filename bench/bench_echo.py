@@ -1,4 +1,4 @@
-"""How far can query echo buy the offline judge's verdict? Per attack form, tune and held-out.
+"""How far can an attack form buy the offline judge's verdict? Per form, tune and held-out.
 
 Takes the human-labelled pairs file (``{query_id, query, doc_id, text, label}``, 0-3), and
 judges through the package's own path (``Judge``: the sanitiser, the embedded MiniLM reranker,
@@ -19,7 +19,7 @@ reranker decides, which no LLM sees. Printed per form, for each ``echo_floor`` g
 Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tune``, report
 ``held-out``. A held-out form is still not an adaptive attacker.
 
-    python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --floors none 0.35 0.45
+    python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --floors 0 0.35 0.45
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def judged(
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("pairs", type=Path)
-    parser.add_argument("--floors", nargs="+", default=["none", "0.45"])
+    parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
     args = parser.parse_args()
     rows = load(args.pairs)
     irrelevant = [r for r in rows if r["label"] == 0]
@@ -112,7 +112,7 @@ def main() -> None:
             )
             clean = judged(url, cache, floor, queries(irrelevant, None))
             for split in ("tune", "held-out"):
-                for form in [f for f in FORMS if f.split == split and f.kind == "echo"]:
+                for form in [f for f in FORMS if f.split == split]:
                     attacked = judged(url, cache, floor, queries(irrelevant, form))
                     shifts, alone, cascade, to_llm = [], 0, 0, 0
                     for pid, (s0, label0, src0, _) in clean.items():
