@@ -386,6 +386,9 @@ class MetricPolicy(Record):
     """
 
     names: tuple[str, ...] = DEFAULT_METRICS
+    # The metric the report's verdict sentence compares engines on; None: the first rank
+    # metric among ``names`` (ndcg@10 when asked for; judge.report.compared.primary_metric).
+    primary: str | None = None
     gain: Gain = "linear"
     unjudged: Unjudged = "undefined"
     undefined_ap: UndefinedAP = "nan"

@@ -212,7 +212,13 @@ def test_the_three_reports_say_what_matters_to_their_reader(
     reports: dict[str, tuple[int, Path]],
 ) -> None:
     quick = (reports["quickstart"][1] / "report.md").read_text(encoding="utf-8")
-    assert quick.splitlines()[2].startswith("- judge unreliable: The judge gave 'yes' to")
+    lines = quick.splitlines()
+    # The verdict on the engines first, then how far to trust it, then the status's reasons.
+    assert lines[2].startswith("**no query differs between dense and bm25 on ndcg")
+    assert lines[3].startswith("Trust: judge health UNRELIABLE (The judge gave 'yes' to")
+    assert next(x for x in lines if x.startswith("- ")).startswith(
+        "- judge unreliable: The judge gave 'yes' to"
+    )
     assert "Stability across repeats" not in quick  # one repeat: nothing to say
     # Every query scores 1 (and every P(relevant) is 0.9): nothing to draw, and it says so.
     assert "Not drawn: every query scores the same on each metric (relevancy_mean 1.0000" in quick
@@ -221,6 +227,6 @@ def test_the_three_reports_say_what_matters_to_their_reader(
     assert "## Engines compared, paired (baseline bm25)" in two
     assert "## Stability across repeats" in two
     nightly = (reports["nightly"][1] / "report.md").read_text(encoding="utf-8")
-    breaches = [line for line in nightly.splitlines()[:12] if line.startswith("- breached: drop")]
+    breaches = [line for line in nightly.splitlines()[:16] if line.startswith("- breached: drop")]
     assert breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
     assert "## History (last 2 runs)" in nightly

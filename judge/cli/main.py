@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,6 +128,31 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         )
         for problem in summary.health.problems:
             print(f"judge:   {problem}", file=sys.stderr)
+    for line in summary.verdict:  # last: which engine is better, and how far to trust it
+        print(line)
+    _step_summary(summary)
+
+
+def _step_summary(summary: Summary) -> None:
+    """The verdict and each engine's means, appended to ``$GITHUB_STEP_SUMMARY`` when a GitHub
+    Actions step sets it (the job's summary page shows it as Markdown)."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    outcome = summary.outcome.status if summary.outcome else "judge run"
+    names = list(summary.metric_names)
+    lines = [f"### {outcome} · judge", "", *(f"- {v}" for v in summary.verdict), ""]
+    lines += ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for engine, data in summary.engines.items():
+        means = [data.mean(n) for n in names]
+        lines.append(
+            f"| {engine} | " + " | ".join("—" if m is None else f"{m:.4f}" for m in means) + " |"
+        )
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n\n")
+    except OSError as exc:
+        print(f"judge: cannot write GITHUB_STEP_SUMMARY {path}: {exc.strerror}", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 _CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d232b}
 main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}h1{font-size:24px}
+.verdict{font-size:16px;margin:6px 0}.trust{color:#4a5360;margin:4px 0 8px}
 section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:8px 18px;margin:14px 0}
 h2{font-size:18px;margin:10px 0}h3{font-size:15px;margin:16px 0 4px}blockquote{margin:4px 0}
 table{border-collapse:collapse;margin:6px 0;font-size:13px}th{background:#eef1f4}
@@ -44,6 +45,8 @@ class Header:
     css: str
     lines: Sequence[str] = ()
     meta: Sequence[str] = ()
+    # Which engine is better, and how far to trust it: said before everything else.
+    verdict: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ def _md(value: Any) -> str:
 def render_markdown(header: Header, sections: Sequence[Section]) -> str:
     """The header, then the sections as Markdown; charts and folded tables are left out."""
     out = [f"# {_md(header.title)}", ""]
+    out += [f"**{_md(line)}**  " for line in header.verdict[:-1]]
+    out += [f"{_md(header.verdict[-1])}", ""] if header.verdict else []
     out += [f"- {_md(line)}" for line in header.lines]
     out += ["", " · ".join(_md(m) for m in header.meta)] if header.meta else []
     prefix = {"h3": "### ", "quote": "> ", "bad": "**", "alert": "> **"}
@@ -184,6 +189,8 @@ def _html_header(header: Header) -> str:
     return (
         f'<header id="status" class="{html.escape(header.css, quote=True)}">'
         f"<h1>{_e(header.title)}</h1>"
+        + "".join(f'<p class="verdict"><strong>{_e(v)}</strong></p>' for v in header.verdict[:-1])
+        + (f'<p class="trust">{_e(header.verdict[-1])}</p>' if header.verdict else "")
         + (f"<ul>{lines}</ul>" if lines else "")
         + (f'<p class="meta">{meta}</p>' if meta else "")
         + "</header>"

@@ -61,6 +61,68 @@ def one_line(d: PairedDiff) -> str:
     )
 
 
+# Rank metrics, most telling first: the verdict sentence's metric unless [metrics] primary says.
+_RANK_BASES = ("ndcg", "ap", "soft_ndcg", "precision", "mrr", "hit", "relevancy_mean")
+
+
+def primary_metric(names: Sequence[str], chosen: str | None = None) -> str | None:
+    """The metric engines are compared on first: ``chosen`` when it is among ``names``, else
+    ``ndcg@10``, else the first rank metric (by :data:`_RANK_BASES`), else the first name."""
+    if chosen is not None and chosen in names:
+        return chosen
+    if "ndcg@10" in names:
+        return "ndcg@10"
+    for base in _RANK_BASES:
+        found = next((n for n in names if n.split("@")[0] == base), None)
+        if found is not None:
+            return found
+    return names[0] if names else None
+
+
+def _p_short(d: PairedDiff) -> str:
+    if d.p_value is None:
+        return "p —"
+    return "p < 0.001" if d.p_value < 0.001 else f"p = {d.p_value:.3f}"
+
+
+def verdict_line(d: PairedDiff) -> str:
+    """Which of two engines is better on ``d.metric``, or that neither is (a CI that holds 0,
+    p >= 0.05, or no query that differs), with the paired figures."""
+    counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries"
+    if d.diff is None or d.n == 0:
+        return f"{d.engine} and {d.baseline} share no query where {d.metric} is defined"
+    if d.wins + d.losses == 0:
+        return f"no query differs between {d.engine} and {d.baseline} on {d.metric} ({counts})"
+    figures = f"{_signed(d.diff)} {ci_text(d.ci_low, d.ci_high, signed=True)}, {_p_short(d)}"
+    low, high = d.ci_low, d.ci_high
+    if (
+        d.p_value is None
+        or d.p_value >= SIGNIFICANCE
+        or low is None
+        or high is None
+        or low <= 0 <= high
+    ):
+        few = " (too few queries differ for p < 0.05)" if d.too_few else ""
+        return (
+            f"no significant difference between {d.engine} and {d.baseline} on {d.metric}: "
+            f"{figures}, {counts}{few}"
+        )
+    if d.diff > 0:
+        return f"{d.engine} beats {d.baseline} on {d.metric}: {figures}, {counts}"
+    flipped = f"better on {d.losses}, tied {d.ties}, worse {d.wins} of {d.n} queries"
+    mirrored = ci_text(-high, -low, signed=True)
+    return (
+        f"{d.baseline} beats {d.engine} on {d.metric}: {_signed(-d.diff)} {mirrored}, "
+        f"{_p_short(d)}, {flipped}"
+    )
+
+
+def verdict_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
+    """One verdict sentence per compared pair of engines, on the primary metric."""
+    metric = primary_metric(cmp.metrics, chosen)
+    return [verdict_line(d) for d in cmp.diffs if d.metric == metric]
+
+
 FOOTNOTE = (
     "Paired: over the queries both the engine and its baseline define; diff = mean of the "
     "per-query differences, 95% CI by bootstrap over queries, p from the two-sided exact "

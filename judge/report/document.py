@@ -379,12 +379,13 @@ def write_reports(
     history: Sequence[HistoryRow] = (),
     worst: int = 5,
     charts: bool = True,
+    comparison: Comparison | None = None,
 ) -> list[Path]:
     """Write report.md and report.html into ``out_dir``; ``history`` from
     :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags;
     ``worst`` lowest-scoring queries are named under the metrics."""
     kwargs: dict[str, Any] = {
-        "comparison": run_comparison(summary, results),
+        "comparison": comparison or run_comparison(summary, results),
         "history": history,
         "worst": worst,
     }

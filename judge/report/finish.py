@@ -27,9 +27,10 @@ from pathlib import Path
 
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, load_results, write_qrels
-from judge.report.document import write_reports
+from judge.report.compared import verdict_lines
+from judge.report.document import run_comparison, write_reports
 from judge.report.history import history_rows_for_report, record_run, source_key
-from judge.report.status import outcome_of
+from judge.report.status import outcome_of, trust_line
 from judge.report.summary import (
     SUMMARY_FILE,
     Summary,
@@ -72,6 +73,9 @@ def finish_run(
         return load_summary(out_dir / SUMMARY_FILE)
     results = results or load_results(out_dir)
     summary = build_summary(config, results, run=outcome)
+    comparison = run_comparison(summary, results)
+    said = verdict_lines(comparison, summary.policy.primary) if comparison else []
+    summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
@@ -84,7 +88,9 @@ def finish_run(
         max_drop=config.thresholds.max_drop,
         source=source_key(config.source),
     )
-    written = write_reports(out_dir, summary, results, history=rows, charts=config.run.charts)
+    written = write_reports(
+        out_dir, summary, results, history=rows, charts=config.run.charts, comparison=comparison
+    )
     write_qrels(out_dir / QRELS_FILE, results)
     (out_dir / FINISHED_FILE).write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
     log.debug(

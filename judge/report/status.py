@@ -87,6 +87,30 @@ _EXIT = {"PASSED": 0, "JUDGE UNRELIABLE": 0, "FAILED": 1, "INCOMPLETE": 3}
 EXIT_BUDGET = 4
 
 
+def trust_line(summary: Summary) -> str:
+    """How far the numbers can be trusted, in one line: the judge's health, its unparsed and
+    error verdicts, and its agreement with human labels where there are any."""
+    h, c = summary.health, summary.counts
+    if h.degenerate:
+        health = "UNRELIABLE (" + " ".join(h.problems) + ")"
+    elif not h.known:
+        health = "unknown" + (" (no verdict was answered)" if c.verdicts else "")
+    else:
+        health = "ok"
+    line = (
+        f"Trust: judge health {health}; {c.unparsed} unparsed and {c.error} error of "
+        f"{c.verdicts} verdicts"
+    )
+    kappas = [
+        f"{engine} {st.agreement.majority.kappa:.2f}"
+        for engine, st in summary.stability.engines.items()
+        if st.agreement is not None and st.agreement.majority.kappa is not None
+    ]
+    if kappas:
+        line += "; agreement with human labels (kappa, majority vote): " + ", ".join(kappas)
+    return line
+
+
 def outcome_of(summary: Summary) -> Outcome:
     """How the run ended: the status word, the exit code ``judge run`` gives for it (a budget
     stop: 4; a degenerate judge fails only with ``fail_on_degenerate_judge``, as a check)
@@ -128,4 +152,4 @@ def header(summary: Summary, health: JudgeHealth) -> Header:
         f"{c.verdicts} verdicts, {c.unparsed} unparsed, {c.error} error",
     ]
     title = f"{word} · judge report · {config_name(summary.config.source)}"
-    return Header(title, STATUS_CSS[word], reasons, meta)
+    return Header(title, STATUS_CSS[word], reasons, meta, verdict=summary.verdict)

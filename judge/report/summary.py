@@ -184,6 +184,9 @@ class Summary(Record):
 
     # First, so a dashboard reads it before anything else (None in files written before it).
     outcome: Outcome | None = None
+    # Which engine is better on the primary metric, a sentence per pair, then one trust line
+    # (judge/report/compared.py, status.py); empty for older files.
+    verdict: tuple[str, ...] = ()
     schema_version: int
     judge_version: str
     created: str

@@ -1,0 +1,71 @@
+"""The verdict first: which engine is better on the primary metric, said before anything else
+in the console, report.md, report.html, summary.json and a GitHub step summary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from tests.servers import ScriptedServer
+from tests.test_runner import write_config
+from tests.wire import keyword_responder
+
+
+def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_summary(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make_server: Callable[..., ScriptedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Engines of known quality: the good one ranks its answering passage ("pale") first, the
+    others last. The verdict names the better engine on ndcg@10 first everywhere, then a
+    trust line; engines that never differ get "no query differs", not a phantom winner."""
+    server = make_server(responder=keyword_responder({"pale": "yes"}, "no"))
+    rows = []
+    for q in range(12):
+        for engine, first in (("good", "pale skin"), ("bad", "dog food"), ("twin", "dog food")):
+            passages = [first, "nothing here", "pale again" if engine != "good" else "car parts"]
+            rows.append(
+                {
+                    "query_id": f"q{q}",
+                    "query": f"question {q}",
+                    "engine": engine,
+                    "passages": [
+                        {"id": f"{engine}{q}-{i}", "text": t} for i, t in enumerate(passages)
+                    ],
+                }
+            )
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"dataset": {"path": str(dataset)}}
+    )
+    with config.open("a", encoding="utf-8") as fh:
+        fh.write('[metrics]\nnames = ["ap", "ndcg@10"]\n')
+    step = tmp_path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--no-charts"]) == 0
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    verdict = summary["verdict"]
+    assert verdict[0].startswith("good beats bad on ndcg@10: +")
+    assert "p < 0.001, better on 12, tied 0, worse 0 of 12 queries" in verdict[0]
+    assert verdict[1] == (
+        "no query differs between twin and bad on ndcg@10 "
+        "(better on 0, tied 12, worse 0 of 12 queries)"
+    )
+    assert verdict[-1].startswith("Trust: judge health ")
+    assert "0 unparsed and 0 error of 108 verdicts" in verdict[-1]
+    stdout = capsys.readouterr().out.strip().splitlines()
+    assert stdout[-len(verdict) :] == verdict  # the console's last lines
+    report = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    assert report[2].startswith("**good beats bad on ndcg@10: +")
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.index("good beats bad on ndcg@10") < page.index("<ul>")
+    text = step.read_text(encoding="utf-8")
+    assert text.startswith("### PASSED · judge") and "- good beats bad on ndcg@10" in text
+    assert "| engine | ap | ndcg@10 |" in text
