@@ -25,7 +25,7 @@ from judge.cli.reports import add_commands, format_table, load_engines
 from judge.data.datasets import append_result, read_queries
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
-from judge.report.compared import p_text
+from judge.report.compared import headline_lines, p_text
 from judge.schema import JudgedQuery, MetricPolicy, Passage, Query, Scale, Verdict
 
 GRADED = Scale.graded()
@@ -103,14 +103,17 @@ def sample_results(
     return out
 
 
-def stored(qid: str, engine: str, value: float | None, repeat: int = 0) -> JudgedQuery:
-    """A row that carries only a stored ndcg value (compare uses stored values as they are)."""
+def stored(
+    qid: str, engine: str, value: float | None, repeat: int = 0, **more: float
+) -> JudgedQuery:
+    """A row that carries only stored values, ndcg's and ``more`` (compare uses stored values
+    as they are)."""
     return JudgedQuery(
         query=Query(query_id=qid, query="q", engine=engine),
         repeat=repeat,
         scale="graded",
         verdicts=(),
-        metrics={"ndcg": value},
+        metrics={"ndcg": value, **more},
     )
 
 
@@ -280,7 +283,7 @@ def test_compare_on_the_sample_finds_dense_better_and_prints_a_table() -> None:
     assert "paired, over the query ids both the engine and its baseline (vs) define" in table
     # Five pairs: the exact test cannot go below 2 / 2^5, and the p-value says so.
     assert diffs["ndcg@5"].p_floor == 2 / 32 and diffs["ndcg@5"].too_few
-    assert f"{diffs['ndcg@5'].p_value:.4f} (too few pairs: min 0.0625)" in table
+    assert f"{diffs['ndcg@5'].p_value:.4f} (too few queries differ: min 0.0625)" in table
     again = compare(results, metrics, GRADED, n_boot=2_000, n_permutations=5_000, seed=4)
     assert again == cmp
 
@@ -370,7 +373,7 @@ def test_six_consistent_pairs_are_significant_and_five_are_said_to_be_too_few() 
     (d5,) = compare(five, ["ndcg"], GRADED, n_boot=100).diffs
     (d6,) = compare(six, ["ndcg"], GRADED, n_boot=100).diffs
     assert d5.p_value == pytest.approx(0.0625) and d5.too_few and not d5.worse()
-    assert p_text(d5) == "0.0625 (too few pairs: min 0.0625)"
+    assert p_text(d5) == "0.0625 (too few queries differ: min 0.0625)"
     assert d6.p_value == pytest.approx(0.03125) and not d6.too_few
     assert p_text(d6) == "0.0312"
     assert (d6.wins, d6.ties, d6.losses) == (6, 0, 0)
@@ -504,3 +507,25 @@ def test_compare_writes_an_offline_page_with_charts(
     assert "better 0 · tie 0 · worse 8" in html  # the win/tie/loss count, in the scatter
     assert "<th>better/tie/worse</th>" in html and '<td class="">0 / 0 / 8</td>' in html
     assert "Mean per engine (unpaired, 95% CI)" in html and "diff (paired)" in html
+
+
+def test_ties_say_no_query_differs_and_the_headline_skips_them() -> None:
+    """Every query ties on ndcg, one engine is better on ap on every query: the p says "no
+    query differs" (not "too few"), the headline says no query differs on the primary metric
+    and then names the largest significant change, never the tying metric as a winner."""
+    rows = []
+    for i in range(8):
+        rows += [
+            stored(f"q{i}", "a", 0.5, ap=0.2),
+            stored(f"q{i}", "b", 0.5, ap=0.4 + i / 100),
+        ]
+    cmp = compare(rows, ["ndcg", "ap"], GRADED, n_boot=200)
+    tie, gain = cmp.diffs
+    assert p_text(tie) == "— (no query differs)"
+    assert p_text(gain) == "0.0078"
+    lines = headline_lines(cmp)
+    assert lines[0] == (
+        "no query differs between b and a on ndcg (better on 0, tied 8, worse 0 of 8 queries)"
+    )
+    assert lines[1].startswith("largest significant change: b beats a on ap: +0.2")
+    assert lines[1].endswith("p = 0.008, better on 8, tied 0, worse 0 of 8 queries")

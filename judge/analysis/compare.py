@@ -112,6 +112,14 @@ class PairedDiff(Record):
         """True when no difference, however large, could reach p < SIGNIFICANCE."""
         return self.p_floor is not None and self.p_floor >= SIGNIFICANCE
 
+    def better(self, alpha: float = SIGNIFICANCE) -> bool:
+        """Significantly better than the baseline, p < ``alpha`` (higher, or lower for a
+        lower-is-better metric)."""
+        if self.diff is None or self.diff == 0:
+            return False
+        won = self.diff < 0 if lower_is_better(self.metric) else self.diff > 0
+        return won and (self.p_value or 1.0) < alpha
+
     def worse(self, alpha: float = SIGNIFICANCE) -> bool:
         """Significantly worse than the baseline, p < ``alpha``: lower, or higher for a
         lower-is-better metric."""

@@ -193,6 +193,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         seed=args.seed if args.seed is not None else (first.seed if first else 0),
         policy=policy,
     )
+    from judge.report.compared import headline_lines
+
+    for line in headline_lines(cmp, policy.primary):
+        print(line)
+    print()
     print(format_table(cmp))
     if args.json:
         Path(args.json).write_text(cmp.model_dump_json(indent=2), encoding="utf-8")

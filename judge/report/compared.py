@@ -39,12 +39,16 @@ def ci_text(low: float | None, high: float | None, *, signed: bool = False) -> s
 
 
 def p_text(d: PairedDiff) -> str:
-    """The p-value, and when the pairs are too few for any p < 0.05, that it is so."""
+    """The p-value ("< 0.0001" below it); "no query differs" when every pair ties; when the
+    pairs that differ are too few for any p < 0.05, that it is so."""
     if d.p_value is None:
         return "—"
-    text = f"{d.p_value:.4f}" + ("" if d.exact else "~")
+    if d.n and d.wins + d.losses == 0:
+        return "— (no query differs)"
+    text = "< 0.0001" if d.p_value < 0.0001 else f"{d.p_value:.4f}"
+    text += "" if d.exact else "~"
     if d.too_few and d.p_floor is not None:
-        text += f" (too few pairs: min {d.p_floor:.4f})"
+        text += f" (too few queries differ: min {d.p_floor:.4f})"
     return text
 
 
@@ -117,6 +121,25 @@ def verdict_line(d: PairedDiff) -> str:
     )
 
 
+def headline_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
+    """What ``judge compare`` says first: the verdict on the primary metric, then, when that
+    found no significant difference, the largest significant change on any other metric
+    (never a metric on which every query ties)."""
+    lines = verdict_lines(cmp, chosen)
+    primary = primary_metric(cmp.metrics, chosen)
+    if any(" beats " in line for line in lines):
+        return lines
+    moved = [
+        d
+        for d in cmp.diffs
+        if d.metric != primary and (d.better() or d.worse()) and d.diff is not None
+    ]
+    if moved:
+        top = max(moved, key=lambda d: abs(d.diff or 0.0))
+        lines.append(f"largest significant change: {verdict_line(top)}")
+    return lines
+
+
 def verdict_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
     """One verdict sentence per compared pair of engines, on the primary metric."""
     metric = primary_metric(cmp.metrics, chosen)
@@ -151,7 +174,7 @@ def paired_table(cmp: Comparison) -> Table:
                 wtl(d),
             ]
         )
-        css.append("failed" if d.worse() else "")
+        css.append("failed" if d.worse() else "relevant" if d.better() else "")
     head = ["metric", "engine", "vs", "pairs", "diff (paired)", "95% CI", "p", "better/tie/worse"]
     return Table(head, rows, frozenset({3, 4}), css)
 
@@ -205,8 +228,7 @@ def compare_header(
     """The first screen of ``judge compare --html``: worse or not, and the headline diffs."""
     worse = [d for d in cmp.diffs if d.metric in fail_if_worse and d.worse()]
     lines = [f"significantly worse: {one_line(d)}" for d in worse]
-    headline = [d for d in cmp.diffs if d.metric in (fail_if_worse or cmp.metrics[:1])]
-    lines += [one_line(d) for d in headline if d not in worse]
+    lines += [line for line in headline_lines(cmp) if not any(d.metric in line for d in worse)]
     if fail_if_worse:
         word, css = ("WORSE", "failed") if worse else ("NOT WORSE", "passed")
     else:
