@@ -4,6 +4,7 @@ in the console, report.md, report.html, summary.json and a GitHub step summary."
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     step = tmp_path / "step.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     out = tmp_path / "out"
-    assert main(["run", str(config), "--out", str(out), "--no-charts"]) == 0
+    junit = tmp_path / "ci" / "judge.xml"
+    argv = ["run", str(config), "--out", str(out), "--no-charts", "--junit", str(junit)]
+    assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     verdict = summary["verdict"]
     assert verdict[0].startswith("good beats bad on ndcg@10: +")
@@ -69,3 +72,38 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     text = step.read_text(encoding="utf-8")
     assert text.startswith("### PASSED · judge") and "- good beats bad on ndcg@10" in text
     assert "| engine | ap | ndcg@10 |" in text
+    # JUnit: the run, its threshold check, each verdict as a case; nothing failed.
+    suite = ET.parse(junit).getroot()
+    cases = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")}
+    assert ("judge.run", "run complete") in cases
+    assert ("judge.thresholds", "unparsed_rate") in cases
+    assert ("judge.verdict", "good beats bad on ndcg@10") in cases
+    assert (suite.get("tests"), suite.get("failures")) == (str(len(cases)), "0")
+
+
+def test_junit_marks_breached_and_unevaluated_checks_and_an_incomplete_run(
+    tmp_path: Path, make_server: Callable[..., ScriptedServer]
+) -> None:
+    server = make_server(responder=keyword_responder({}, "no"))
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"thresholds.min": {"ap": 0.5}}
+    )
+    junit = tmp_path / "judge.xml"
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--junit", str(junit)]) == 1
+    suite = ET.parse(junit).getroot()
+    failed = {
+        c.get("name"): c.find("skipped")
+        for c in suite.iter("testcase")
+        if c.find("failure") is not None or c.find("skipped") is not None
+    }
+    # Every passage "no": AP is undefined for every query, so min ap cannot be evaluated.
+    assert failed and all(v is not None for v in failed.values()), failed
+    assert all(n.startswith("min ap") for n in failed)
+    unwritable = tmp_path / "file"
+    unwritable.write_text("x")
+    argv = ["run", str(config), "--out", str(tmp_path / "o2"), "--cache", str(tmp_path / "new")]
+    argv += ["--junit", str(unwritable / "j.xml")]  # a fresh cache: a run would call
+    asked = len(server.requests)
+    assert main(argv) == 2  # refused before anything is sent
+    assert len(server.requests) == asked

@@ -64,6 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A dry run sends nothing, so it needs no API key; every other check is the same.
     with planning_only() if args.dry_run else contextlib.nullcontext():
         preflight(config, queries, out_dir, first_night=args.first_night)
+        if args.junit:
+            _check_writable_parent(Path(args.junit), "--junit")
         if config.run.batch:
             check_batch(config)
     if args.dry_run:
@@ -79,6 +81,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     gc.freeze()
     summary = finish_run(config, out_dir, outcome, kept)
     _print_outcome(outcome, summary, out_dir)
+    if args.junit:
+        from judge.report.junit import write_junit
+
+        write_junit(args.junit, summary)
     if outcome.stopped_by == "budget":
         print(f"judge: {outcome.reason}", file=sys.stderr)
         return EXIT_BUDGET
@@ -131,6 +137,15 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
     for line in summary.verdict:  # last: which engine is better, and how far to trust it
         print(line)
     _step_summary(summary)
+
+
+def _check_writable_parent(path: Path, what: str) -> None:
+    """ConfigError (exit 2, before anything is paid) when ``path``'s folder cannot be written."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigError(f"{what} {path}: cannot write there")
 
 
 def _step_summary(summary: Summary) -> None:
@@ -323,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         default=None,
         help="leave the charts out of report.html (much faster for large runs)",
+    )
+    r.add_argument(
+        "--junit",
+        metavar="PATH",
+        help="also write the run as JUnit XML: run complete, each threshold check, each engine "
+        "verdict (for CI test reports)",
     )
     r.add_argument(
         "--first-night",

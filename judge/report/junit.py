@@ -1,0 +1,67 @@
+"""``judge run --junit PATH``: the run as JUnit XML, the format CI systems read test results in.
+
+One test suite, ``judge``: a case ``run complete`` (failed when the run stopped before every
+unit was judged, with the reason), a case per threshold check (failed when breached, skipped
+when it could not be evaluated), and a case per engine verdict (the sentence saying which
+engine is better; always passed: a comparison is information, a threshold is a rule). Written
+with the standard library's ElementTree, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from judge.errors import ConfigError
+from judge.report.status import describe_check
+from judge.report.summary import Summary
+
+__all__ = ["write_junit"]
+
+
+def _case(suite: ET.Element, group: str, name: str) -> ET.Element:
+    return ET.SubElement(suite, "testcase", classname=f"judge.{group}", name=name)
+
+
+def junit_xml(summary: Summary) -> bytes:
+    """The summary as a JUnit XML document."""
+    suite = ET.Element("testsuite", name="judge")
+    run = summary.run
+    case = _case(suite, "run", "run complete")
+    if run is not None and run.status != "complete":
+        ET.SubElement(case, "failure", message=f"incomplete: {run.reason or 'stopped'}")
+    for check in summary.thresholds.checks:
+        where = f" ({check.engine})" if check.engine else ""
+        case = _case(suite, "thresholds", f"{check.check}{where}")
+        if not check.evaluated:
+            ET.SubElement(case, "skipped", message=f"not evaluated: {describe_check(check)}")
+        elif not check.ok:
+            ET.SubElement(case, "failure", message=f"breached: {describe_check(check)}")
+    for line in summary.verdict:
+        name = line.split(":", 1)[0] if not line.startswith("Trust:") else "trust"
+        case = _case(suite, "verdict", name)
+        ET.SubElement(case, "system-out").text = line
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(c.find("failure") is not None for c in cases)))
+    suite.set("skipped", str(sum(c.find("skipped") is not None for c in cases)))
+    suite.set("errors", "0")
+    document: bytes = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+    return document
+
+
+def write_junit(path: str | Path, summary: Summary) -> Path:
+    """Write :func:`junit_xml` to ``path`` atomically; ConfigError naming the path when its
+    folder cannot be written."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(junit_xml(summary))
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write the JUnit file: {exc.strerror}") from None
+    return target
