@@ -337,8 +337,11 @@ def test_engines_in_one_file_keep_their_names_and_clashing_names_are_refused(
     run = write_run(tmp_path / "a" / "latest", results)
     assert {jq.query.engine for jq in load_engines([str(run)])} == {"bm25", "dense"}
     other = write_run(tmp_path / "b" / "latest", results)
+    # Two folders of one name are told apart by their shortest distinct paths.
+    both = {jq.query.engine for jq in load_engines([str(run), str(other)])}
+    assert both == {"a/latest/bm25", "a/latest/dense", "b/latest/bm25", "b/latest/dense"}
     with pytest.raises(InputError, match="NAME=PATH"):
-        load_engines([str(run), str(other)])
+        load_engines([f"x={run}", f"x={other}"])
     named = load_engines([f"a={run}", f"b={other}"])
     assert {jq.query.engine for jq in named} == {"a/bm25", "a/dense", "b/bm25", "b/dense"}
     with pytest.raises(InputError, match="no such run directory"):
@@ -529,3 +532,36 @@ def test_ties_say_no_query_differs_and_the_headline_skips_them() -> None:
     )
     assert lines[1].startswith("largest significant change: b beats a on ap: +0.2")
     assert lines[1].endswith("p = 0.008, better on 8, tied 0, worse 0 of 8 queries")
+
+
+def test_a_baseline_summary_json_compares_like_its_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nightly baseline is often only a summary.json (judge baseline set copies it): compare
+    reads its per-query rows and gives the same paired numbers as the run it came from."""
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+
+    results = sample_results(repeats=1)
+    as_default = [
+        jq.model_copy(update={"query": jq.query.model_copy(update={"engine": "default"})})
+        for jq in results
+    ]
+    monday = write_run(tmp_path / "monday" / "out", as_default)
+    tuesday = write_run(
+        tmp_path / "tuesday" / "out", [jq for jq in as_default if jq.key[0] != "q3"]
+    )
+    config = load_config(None, {"judge.scale": "graded", "run.history": str(tmp_path / "h.sqlite")})
+    finish_run(config, monday, None)
+    kept = tmp_path / "baseline" / "summary.json"
+    kept.parent.mkdir()
+    kept.write_bytes((monday / "summary.json").read_bytes())
+    by_dir, by_file = tmp_path / "dir.json", tmp_path / "file.json"
+    argv = ["--metric", "ndcg@5", "--n-boot", "300", "--seed", "1"]
+    assert run_cli(["compare", str(monday), str(tuesday), *argv, "--json", str(by_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "monday/out" in text and "tuesday/out" in text  # same folder name: told apart
+    assert run_cli(["compare", str(kept), str(tuesday), *argv, "--json", str(by_file)]) == 0
+    a, b = json.loads(by_dir.read_text()), json.loads(by_file.read_text())
+    assert [d["diff"] for d in a["diffs"]] == [d["diff"] for d in b["diffs"]]
+    assert a["diffs"][0]["n"] == b["diffs"][0]["n"] == len({jq.key[0] for jq in results}) - 1

@@ -33,9 +33,9 @@ from judge.analysis.compare import (
 from judge.analysis.judged_pool import borrow_verdicts
 from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, judged_input
 from judge.config import RunConfig, load_config
-from judge.data.results import load_engines
+from judge.data.results import load_engines, load_results, source_labels
 from judge.errors import ConfigError, InputError
-from judge.schema import JudgedQuery, MetricPolicy
+from judge.schema import JudgedQuery, MetricPolicy, Query
 
 if TYPE_CHECKING:
     from judge.report.summary import Summary
@@ -90,12 +90,43 @@ def format_table(cmp: Comparison) -> str:
     return "\n".join(out)
 
 
-def _label(source: str) -> str:
-    """A source's name as :func:`judge.data.results.load_engines` gives it to its engines."""
+def _split(source: str) -> tuple[str | None, Path]:
+    """A source's NAME (or None) and path, as :func:`judge.data.results.load_engines` reads it."""
     path = Path(source)
     if "=" in source and not path.exists():
-        return source.split("=", 1)[0]
-    return path.name if path.is_dir() or path.suffix != ".jsonl" else path.stem
+        name, raw = source.split("=", 1)
+        return name, Path(raw)
+    return None, path
+
+
+def _labels(sources: Sequence[str]) -> list[str]:
+    """Each source's name as :func:`judge.data.results.load_engines` gives it to its engines."""
+    split = [_split(s) for s in sources]
+    by_path = source_labels([path for _, path in split])
+    return [name or label for (name, _), label in zip(split, by_path, strict=True)]
+
+
+def read_source(path: Path) -> list[JudgedQuery]:
+    """A run directory's or results file's rows, or a summary.json's per-query rows (each
+    metric's mean over repeats, as stored: compare reads stored values as they are)."""
+    from judge.report.summary import load_summary
+
+    if not (path.is_file() and path.suffix == ".json"):
+        return load_results(path)
+    summary = load_summary(path)
+    if not summary.queries:
+        raise InputError("this summary holds no per-query rows to compare", file=str(path))
+    scale = summary.config.scale.name
+    return [
+        JudgedQuery(
+            query=Query(query_id=row.query_id, query=row.query, engine=row.engine),
+            repeat=0,
+            scale=scale,
+            verdicts=(),
+            metrics=row.metrics,
+        )
+        for row in summary.queries
+    ]
 
 
 def plan(
@@ -107,7 +138,7 @@ def plan(
     order = list(dict.fromkeys(jq.query.engine for jq in results))
     if len(sources) == 1:
         order = sorted(order)
-    labels = [_label(s) for s in sources] if len(sources) > 1 else []
+    labels = _labels(sources) if len(sources) > 1 else []
     runs = {lab: [e for e in order if e.startswith(f"{lab}/")] for lab in labels}
     run = baseline if runs.get(baseline or "") else None
     if baseline is None and labels and runs[labels[0]]:
@@ -130,11 +161,11 @@ def _summaries(sources: Sequence[str]) -> list[Summary]:
 
     found = []
     for source in sources:
-        path = Path(
-            source.split("=", 1)[1] if "=" in source and not Path(source).exists() else source
-        )
+        _, path = _split(source)
         if (path / SUMMARY_FILE).is_file():
             found.append(load_summary(path / SUMMARY_FILE))
+        elif path.is_file() and path.suffix == ".json":
+            found.append(load_summary(path))
     return found
 
 
@@ -168,7 +199,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from judge.data.datasets import read_trec_run
 
     no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
-    config, results, scale = judged_input(args, lambda: load_engines(args.sources), no_rows)
+
+    def read() -> list[JudgedQuery]:
+        return load_engines(args.sources, read_source)
+
+    config, results, scale = judged_input(args, read, no_rows)
     runs = _summaries(args.sources)
     policy = _policy(config, runs)
     metrics = _metrics(args, config, runs, results)
@@ -237,7 +272,6 @@ def _metrics(
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from judge.data.results import load_results
     from judge.report.document import write_reports
     from judge.report.history import history_rows_for_report, source_key
     from judge.report.summary import SUMMARY_FILE, build_summary, load_summary, write_summary

@@ -318,12 +318,33 @@ def _rename(jq: JudgedQuery, engine: str) -> JudgedQuery:
     return jq.model_copy(update={"query": jq.query.model_copy(update={"engine": engine})})
 
 
-def load_engines(sources: Sequence[str]) -> list[JudgedQuery]:
-    """Results from one or more sources (``PATH`` or ``NAME=PATH``).
+def source_labels(paths: Sequence[Path]) -> list[str]:
+    """Each path's shortest distinct name: its last part (a results file's stem), or as many
+    trailing parts as it takes to tell it from the others (``monday/out``, ``tuesday/out``)."""
+    parts = [
+        [*p.resolve().parts[:-1], p.stem if p.suffix in (".jsonl", ".json") else p.name]
+        for p in paths
+    ]
+    labels: list[str] = []
+    for mine in parts:
+        depth = 1
+        while depth < len(mine) and any(
+            other is not mine and other[-depth:] == mine[-depth:] for other in parts
+        ):
+            depth += 1
+        labels.append("/".join(mine[-depth:]))
+    return labels
+
+
+def load_engines(
+    sources: Sequence[str], read: Callable[[Path], list[JudgedQuery]] = load_results
+) -> list[JudgedQuery]:
+    """Results from one or more sources (``PATH`` or ``NAME=PATH``), each read by ``read``.
 
     One unnamed source keeps its engines. With several, each source is an engine: its one
     engine name is kept when every source has one distinct, non-default engine; otherwise it
-    is named NAME, or the directory / file name, suffixed ``/engine`` when it holds several.
+    is named NAME, or its shortest distinct path (:func:`source_labels`), suffixed
+    ``/engine`` when it holds several.
     """
     loaded: list[tuple[str | None, Path, list[JudgedQuery]]] = []
     for source in sources:
@@ -331,17 +352,18 @@ def load_engines(sources: Sequence[str]) -> list[JudgedQuery]:
         if "=" in source and not path.exists():
             name, raw = source.split("=", 1)
             path = Path(raw)
-        loaded.append((name, path, load_results(path)))
+        loaded.append((name, path, read(path)))
     if len(loaded) == 1 and loaded[0][0] is None:
         return loaded[0][2]
     singles = [sorted({jq.query.engine for jq in rows}) for _, _, rows in loaded]
     keep = all(len(e) == 1 and e[0] != "default" for e in singles) and len(
         {e[0] for e in singles}
     ) == len(singles)
+    paths = source_labels([path for _, path, _ in loaded])
     out: list[JudgedQuery] = []
     owner: dict[str, str] = {}
-    for (name, path, rows), engines in zip(loaded, singles, strict=True):
-        label = name or (path.name if path.is_dir() or path.suffix != ".jsonl" else path.stem)
+    for (name, path, rows), engines, by_path in zip(loaded, singles, paths, strict=True):
+        label = name or by_path
         if len(engines) > 1:
             names = {e: f"{label}/{e}" for e in engines}
         else:
