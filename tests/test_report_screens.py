@@ -230,3 +230,9 @@ def test_the_three_reports_say_what_matters_to_their_reader(
     breaches = [line for line in nightly.splitlines()[:16] if line.startswith("- breached: drop")]
     assert breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
     assert "## History (last 2 runs)" in nightly
+    # Tonight against the baseline: the paired difference per engine on the primary metric,
+    # and the queries that fell most on it.
+    assert "## Tonight vs baseline on " in nightly
+    section = nightly.split("## Tonight vs baseline on ", 1)[1].split("\n## ", 1)[0]
+    assert "tonight" in section and "baseline" in section and "of " in section
+    assert "| query | baseline " in section

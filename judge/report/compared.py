@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from judge.analysis.compare import SIGNIFICANCE, Comparison, PairedDiff
+from judge.analysis.compare import SIGNIFICANCE, Comparison, PairedDiff, paired_diff
+from judge.metrics.facts import lower_is_better
 from judge.report.blocks import (
     Chart,
     Header,
+    Link,
     Section,
     Table,
     Text,
@@ -23,6 +25,7 @@ from judge.report.blocks import (
     lazy_chart,
     render_html,
 )
+from judge.report.summary import Summary
 
 # Metrics drawn in the per-query scatter (the table holds them all).
 SCATTER_METRICS = 3
@@ -263,3 +266,58 @@ def compare_page(
     scatter = Section("scatter", "Per query, paired", [*scatter_charts(cmp, cmp.metrics)])
     sections = [means, paired] + ([scatter] if scatter.blocks else [])
     return render_html(compare_header(cmp, sources, fail_if_worse), sections, charts=charts)
+
+
+# Queries listed under "tonight vs baseline": those that fell most on the primary metric.
+FELL_SHOWN = 10
+
+
+def _per_query(summary: Summary, engine: str, metric: str) -> dict[str, float]:
+    return {
+        row.query_id: value
+        for row in summary.queries
+        if row.engine == engine and (value := row.metrics.get(metric)) is not None
+    }
+
+
+def nightly_section(
+    summary: Summary, baseline: Summary, ids: dict[tuple[str, str], str]
+) -> Section | None:
+    """Tonight against the baseline summary, engine by engine, on the primary metric: the
+    paired difference with its CI and p (the same bootstrap and test as ``judge compare``),
+    and the queries that fell most, linked to their passages (``ids``: their anchors)."""
+    metric = primary_metric(summary.metric_names, summary.policy.primary)
+    engines = [e for e in summary.engines if e in baseline.engines]
+    if metric is None or not engines or not baseline.queries:
+        return None
+    blocks: list[Text | Table | Chart] = []
+    st, rise = summary.stability, lower_is_better(metric)
+    for engine in engines:
+        now, before = _per_query(summary, engine, metric), _per_query(baseline, engine, metric)
+        d = paired_diff(
+            metric, ("tonight", now), ("baseline", before), n_boot=st.n_boot, seed=st.seed
+        )
+        blocks.append(Text(f"{engine}: {verdict_line(d)}"))
+        change = {q: now[q] - before[q] for q in now.keys() & before.keys()}
+        fell = sorted(
+            (q for q in change if (change[q] > 0 if rise else change[q] < 0)),
+            key=lambda q: -change[q] if rise else change[q],
+        )[:FELL_SHOWN]
+        if fell:
+            rows = [
+                [
+                    Link(q, ids[(q, engine)]) if (q, engine) in ids else q,
+                    before[q],
+                    now[q],
+                    _signed(change[q]),
+                ]
+                for q in fell
+            ]
+            head = ["query", f"baseline {metric}", f"tonight {metric}", "change"]
+            blocks.append(Table(head, rows, frozenset({1, 2, 3})))
+    note = (
+        f"Paired over the query ids both tonight and the baseline define, per engine; the "
+        f"{FELL_SHOWN} queries that fell most are listed, linked to tonight's passages."
+    )
+    blocks.append(Text(note, "muted"))
+    return Section("nightly", f"Tonight vs baseline on {metric}", blocks)

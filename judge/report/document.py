@@ -38,12 +38,13 @@ from judge.report.blocks import (
     render_html,
     render_markdown,
 )
-from judge.report.compared import ci_text, compare_section
+from judge.report.compared import ci_text, compare_section, nightly_section
 from judge.report.coverage import coverage_section, credibility_section
 from judge.report.history import HistoryRow
 from judge.report.human import agreement_section, corrected_section
 from judge.report.queries import (
     QueryRow,
+    anchors,
     failed_section,
     passages_section,
     query_rows,
@@ -323,6 +324,7 @@ def sections(
     comparison: Comparison | None = None,
     history: Sequence[HistoryRow] = (),
     worst: int = 5,
+    baseline: Summary | None = None,
 ) -> list[Section]:
     """The report's content below the header, in order, for both renderers."""
     names = list(summary.metric_names)
@@ -334,6 +336,9 @@ def sections(
     found: list[Section | None] = [
         _metrics_section(summary, rows, worst),
         _threshold_section(summary.thresholds.checks) if summary.thresholds.checks else None,
+        nightly_section(summary, baseline, anchors(shown_rows(rows, defined)))
+        if baseline is not None
+        else None,
         compare_section(comparison) if comparison else None,
         sources_section(summary, results),
         coverage_section(summary.coverage, results),
@@ -380,6 +385,7 @@ def write_reports(
     worst: int = 5,
     charts: bool = True,
     comparison: Comparison | None = None,
+    baseline: Summary | None = None,
 ) -> list[Path]:
     """Write report.md and report.html into ``out_dir``; ``history`` from
     :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags;
@@ -388,6 +394,7 @@ def write_reports(
         "comparison": comparison or run_comparison(summary, results),
         "history": history,
         "worst": worst,
+        "baseline": baseline,
     }
     md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
     # Built once for both pages: for a large run the sections are most of the work.

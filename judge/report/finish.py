@@ -88,8 +88,15 @@ def finish_run(
         max_drop=config.thresholds.max_drop,
         source=source_key(config.source),
     )
+    base = config.thresholds.baseline
     written = write_reports(
-        out_dir, summary, results, history=rows, charts=config.run.charts, comparison=comparison
+        out_dir,
+        summary,
+        results,
+        history=rows,
+        charts=config.run.charts,
+        comparison=comparison,
+        baseline=load_summary(base) if base and Path(base).is_file() else None,
     )
     write_qrels(out_dir / QRELS_FILE, results)
     (out_dir / FINISHED_FILE).write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
