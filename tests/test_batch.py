@@ -527,3 +527,24 @@ def test_files_the_provider_will_not_delete_are_named_and_the_run_still_ends_wel
     for file_id in server.files:
         assert f"{file_id} was left at the provider (delete it there)" in caplog.text
     assert _chats(server) == []  # the answers were stored before the deletes were tried
+
+
+def test_the_dry_run_prices_batch_only_where_the_provider_has_one_and_gives_a_ceiling(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A local server has no Batch API: its dry run does not advertise --batch. Both name the
+    verdict calls' ceiling, every answer at max_tokens, above the estimate."""
+    server = make_batch_server()
+    for provider, batch in (("openai", True), ("local", False)):
+        config = _config(tmp_path / provider, server, judge={"provider": provider})
+        out = tmp_path / provider / "out"
+        assert main(["run", str(config), "--out", str(out), "--dry-run"]) == 0
+        printed = capsys.readouterr().out
+        assert ("batch mode:" in printed) == batch, printed
+        estimate = re.search(r"estimated cost \$(\d+\.\d+)", printed)
+        ceiling = re.search(r"verdict calls at most \$(\d+\.\d+) if every answer ran", printed)
+        assert estimate and ceiling, printed
+        assert float(ceiling.group(1)) > float(estimate.group(1))

@@ -68,6 +68,12 @@ def print_dry_run(est: Estimate) -> int:
         f"({est.cached_calls} already cached), ~{est.prompt_tokens} prompt + "
         f"~{est.completion_tokens} completion tokens "
         f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
+        + (
+            f"; verdict calls at most ${est.worst_cost_usd:.4f} if every answer ran to its "
+            "max_tokens (re-asks and retries not counted)"
+            if est.worst_cost_usd is not None
+            else ""
+        )
     )
     if est.batch_cost_usd is not None and est.batch_worst_usd is not None:
         print(

@@ -42,7 +42,7 @@ from judge.judging.cascade import echo_request, fit_band, rerank_request
 from judge.judging.context import count_tokens
 from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
-from judge.providers import planning_only
+from judge.providers import planning_only, resolve_spec, why_no_batch
 from judge.providers.base import ChatRequest, RerankResult, request_key
 from judge.run.resume import finished_units
 from judge.schema import Query, Record, Usage
@@ -58,6 +58,9 @@ class Estimate(Record):
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float | None  # None when the config has no price for the model
+    # The first-round verdict calls with every answer running to its max_tokens (what the
+    # budget reserves per call); re-asks, retries and the dimensions' calls not counted.
+    worst_cost_usd: float | None = None
     tokens_per_passage: float
     # A judge cascade: its rerank requests (one per query, whatever the repeats), those already
     # cached, the passages the reranker labels (per repeat, as far as known), and whether the
@@ -131,13 +134,20 @@ def estimate(config: RunConfig, queries: Sequence[Query], out_dir: Path) -> Esti
         prompt_tokens=prompt,
         completion_tokens=completion,
         cost_usd=cost,
+        worst_cost_usd=price.cost(worst) if price is not None else None,
         tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
         reranker_passages=decided,
         **extra.fields(),
         batch=config.run.batch,
-        **_batch_costs(price, batched, usage, worst),
+        **(_batch_costs(price, batched, usage, worst) if _has_batch(config) else {}),
         **cascade,
     )
+
+
+def _has_batch(config: RunConfig) -> bool:
+    """Whether the judge's provider has a Batch API (the dry run prices --batch only then)."""
+    spec = resolve_spec(config.judge.provider, config.provider.overrides())
+    return why_no_batch(config.judge.provider, spec) is None
 
 
 def _batch_costs(
