@@ -565,3 +565,13 @@ def test_a_baseline_summary_json_compares_like_its_run_directory(
     a, b = json.loads(by_dir.read_text()), json.loads(by_file.read_text())
     assert [d["diff"] for d in a["diffs"]] == [d["diff"] for d in b["diffs"]]
     assert a["diffs"][0]["n"] == b["diffs"][0]["n"] == len({jq.key[0] for jq in results}) - 1
+
+    # The configured baseline: --vs-baseline reads the config's [thresholds] baseline.
+    conf = tmp_path / "nightly.toml"
+    conf.write_text(f'[judge]\nscale = "graded"\n[thresholds]\nbaseline = "{kept}"\n')
+    by_config = tmp_path / "config.json"
+    argv2 = [*argv, "--json", str(by_config), "--config", str(conf), "--vs-baseline"]
+    assert run_cli(["compare", str(tuesday), *argv2]) == 0
+    c = json.loads(by_config.read_text())
+    assert list(c["baselines"].values()) == ["baseline"] and c["engines"][0] == "baseline"
+    assert [d["diff"] for d in c["diffs"]] == [d["diff"] for d in b["diffs"]]

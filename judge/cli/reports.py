@@ -198,6 +198,10 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from judge.data.datasets import read_trec_run
 
+    if args.vs_baseline:
+        args.sources = [f"baseline={_configured_baseline(args.config)}", *args.sources]
+        args.baseline = args.baseline or "baseline"
+
     no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
 
     def read() -> list[JudgedQuery]:
@@ -243,6 +247,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.html).write_text(page, encoding="utf-8")
         print(args.html)
     return _check_worse(cmp, args.fail_if_worse or ())
+
+
+def _configured_baseline(config_path: str | None) -> str:
+    """The ``[thresholds] baseline`` summary a config names; ConfigError when there is none."""
+    if not config_path:
+        raise ConfigError("--vs-baseline needs --config (its [thresholds] baseline)")
+    baseline = load_config(config_path).thresholds.baseline
+    if not baseline:
+        raise ConfigError(f"{config_path}: no [thresholds] baseline to compare with")
+    if not Path(baseline).is_file():
+        raise ConfigError(f"{config_path}: thresholds.baseline {baseline} does not exist")
+    return str(baseline)
 
 
 def _policy(config: RunConfig | None, runs: Sequence[Summary]) -> MetricPolicy:
@@ -393,6 +409,12 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "(lower, two-sided sign-flip p < 0.05); repeatable",
     )
     c.add_argument("--config", help="config giving the scale, metric names and gain")
+    c.add_argument(
+        "--vs-baseline",
+        action="store_true",
+        help="compare the sources with the config's [thresholds] baseline summary (needs "
+        "--config): 'tonight vs baseline'",
+    )
     c.add_argument(
         "--trec-run", help="add a TREC run as an engine, judged from the pooled verdicts"
     )
