@@ -2,9 +2,11 @@
 
 Public API only; everything else is private and may change::
 
-    from judge import Judge, load_config
+    from judge import Judge, compare_engines, load_config
     with Judge(provider="local", model="qwen2.5") as j:
         jq = j.judge("what is rust?", ["Rust is a systems language.", "Bananas are yellow."])
+        judged = j.judge_many(df, columns={"question": "query", "contexts": "retrieved_texts"})
+    compare_engines(judged)  # judge compare's paired table, as a DataFrame
 
 Names are imported on first use, so ``import judge.errors`` (what every module does) stays
 cheap and ``import judge`` does not pull in the providers' SDKs.
@@ -23,6 +25,7 @@ _EXPORTS = {
     "Judgements": "judge.judging.tables",
     "JudgedRun": "judge.report.read",
     "read_run": "judge.report.read",
+    "compare_engines": "judge.report.read",
     "load_config": "judge.config",
     "RunConfig": "judge.config",
     "Price": "judge.config",
@@ -90,6 +93,7 @@ __all__ = [
     "Verdict",
     "__version__",
     "calibrate",
+    "compare_engines",
     "finish_run",
     "load_config",
     "read_run",
@@ -119,7 +123,7 @@ if TYPE_CHECKING:
     from judge.judging.judge import Judge
     from judge.judging.tables import Judgements
     from judge.report.finish import finish_run
-    from judge.report.read import JudgedRun, read_run
+    from judge.report.read import JudgedRun, compare_engines, read_run
     from judge.report.summary import Summary
     from judge.run.runner import RunOutcome, run_async
     from judge.schema import (

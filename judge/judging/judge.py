@@ -138,6 +138,12 @@ class Judge:
     >>> j = Judge(provider="local", model="qwen2.5", scale="binary")   # doctest: +SKIP
     >>> jq = j.judge("what is rust?", ["Rust is a systems language.", "Bananas are yellow."])
     >>> [v.label for v in jq.verdicts], jq.metrics["ap"]
+
+    ``Judge.from_config(load_config("judge.toml"))`` is the judge a run config describes, as
+    ``judge run`` builds it; the run's cache and limits are passed in, not read:
+    ``cache=open_cache(config)`` (judge.calling.cache), ``limits=Limits.from_config(config)``.
+    ``with Judge(...) as j:`` closes its connections, cache and event loop when the block
+    ends; without ``with``, call ``j.close()``.
     """
 
     def __init__(
@@ -323,21 +329,30 @@ class Judge:
         repeats: int = 1,
         progress: bool = True,
         label_scale: Scale | None = None,
+        columns: Mapping[str, str] | None = None,
     ) -> Judgements:
-        """Judge dataset rows (dicts in the dataset JSONL shape, judging/rows.py) or Queries
-        ``repeats`` times each, as ``judge run`` does (limits, cache, cascade, dimensions,
-        through the same unit loop); the rows' order kept, repeats side by side. A provider
+        """Judge dataset rows (dicts in the dataset JSONL shape, judging/rows.py), Queries or a
+        pandas DataFrame's rows ``repeats`` times each, as ``judge run`` does (limits, cache,
+        cascade, dimensions, through the same unit loop); the rows' order kept, repeats side
+        by side. ``columns`` renames the rows' fields to the dataset's, as ``[dataset]
+        columns`` does (``{"question": "query", "contexts": "retrieved_texts"}``). A provider
         that refuses every request (bad model name or key) stops it after a few refusals with
         a ProviderError. Progress is a tqdm bar on stderr: plain text, which a terminal and a
         Jupyter cell both show as one updating line."""
-        return await self._loop.call(self._judge_many(rows, repeats, progress, label_scale))
+        work = self._judge_many(rows, repeats, progress, label_scale, columns)
+        return await self._loop.call(work)
 
     async def _judge_many(
-        self, rows: Iterable[QueryRow], repeats: int, progress: bool, labels: Scale | None
+        self,
+        rows: Iterable[QueryRow],
+        repeats: int,
+        progress: bool,
+        labels: Scale | None,
+        columns: Mapping[str, str] | None = None,
     ) -> Judgements:
         if repeats < 1:
             raise ConfigError(f"repeats must be at least 1, got {repeats}")
-        queries = as_queries(rows)
+        queries = as_queries(rows, columns=columns)
         units = [(q, r) for q in queries for r in range(repeats)]
         if units:
             await self.prepare(queries, labels)

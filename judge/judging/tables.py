@@ -14,18 +14,24 @@ Columns are fixed per kind, so code written against one run works on the next; t
 ones (:data:`OPTIONAL_COLUMNS`: titles, urls, reranker scores, expected grades, human grades,
 errors, raw answers) appear only when some row has a value for them, so a plain run is not
 padded with empty columns. Labels are a column, never one column per passage id.
+
+The repr counts the judged queries and the ok / unparsed / error verdicts; in Jupyter,
+``_repr_html_`` shows those counts above each engine's mean of every metric (per query id the
+mean over its repeats where defined, then over query ids). Engines compared with paired
+statistics are a later stage's: ``judge.compare_engines(judgements)`` (judge/report/read.py).
 """
 
 from __future__ import annotations
 
+import html
 import importlib
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, overload
 
 from judge.schema import JudgedQuery, Passage, Verdict
 
-__all__ = ["OPTIONAL_COLUMNS", "Judgements", "Kind"]
+__all__ = ["OPTIONAL_COLUMNS", "Judgements", "Kind", "pandas"]
 
 Kind = Literal["passages", "queries"]
 Record = dict[str, Any]
@@ -170,6 +176,23 @@ def _columns(records: Sequence[Record], fixed: dict[str, Any]) -> list[str]:
     return [*shown, *extra]
 
 
+def pandas(who: str, instead: str) -> Any:
+    """The pandas module, or an ImportError saying ``who`` needs it and what to do ``instead``."""
+    try:
+        # By name: pandas is an optional extra, and untyped without pandas-stubs.
+        return importlib.import_module("pandas")
+    except ImportError:
+        raise ImportError(f"{who} needs pandas: pip install 'judge[pandas]' ({instead})") from None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
 class Judgements(Sequence[JudgedQuery]):
     """Judged queries in the order they were asked for (repeats of a query side by side)."""
 
@@ -196,13 +219,56 @@ class Judgements(Sequence[JudgedQuery]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Judgements) and self._judged == other._judged
 
-    def __repr__(self) -> str:
+    def _counts(self) -> str:
+        """The judged queries and their verdicts by status, as the repr and HTML say them."""
+        status = Counter(v.status for jq in self._judged for v in jq.verdicts)
         engines = sorted({jq.query.engine for jq in self._judged})
-        passages = sum(len(jq.verdicts) for jq in self._judged)
         return (
-            f"<{type(self).__name__}: {len(self)} judged queries, {passages} passages, "
-            f"engines {', '.join(engines) or '-'}>"
+            f"{len(self)} judged queries, engines {', '.join(engines) or '-'}; "
+            f"{status.total()} verdicts: {status['ok']} ok, {status['unparsed']} unparsed, "
+            f"{status['error']} error"
         )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self._counts()}>"
+
+    def engine_means(self) -> dict[str, dict[str, float | None]]:
+        """``[engine][metric]``: per query id the mean over its repeats where the metric is
+        defined, then the mean over the query ids that have one (None when none has)."""
+        values: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+        names: dict[str, None] = {}
+        for jq in self._judged:
+            for name, value in jq.metrics.items():
+                names.setdefault(name)
+                if value is not None:
+                    values[(jq.query.engine, name, jq.query.query_id)].append(value)
+        per_query: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for (engine, name, _), got in values.items():
+            per_query[(engine, name)].append(sum(got) / len(got))
+        engines = sorted({jq.query.engine for jq in self._judged})
+        return {e: {n: _mean(per_query.get((e, n), [])) for n in names} for e in engines}
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the counts, then each engine's query ids and metric means (plain
+        HTML, every name escaped)."""
+        means = self.engine_means()
+        names = list(next(iter(means.values()), {}))
+        ids = Counter(e for e, _ in {(jq.query.engine, jq.query.query_id) for jq in self._judged})
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in ["engine", "query ids", *names])
+        rows = "".join(
+            f"<tr><td>{html.escape(engine)}</td><td>{ids[engine]}</td>"
+            + "".join(f"<td>{_cell(v)}</td>" for v in row.values())
+            + "</tr>"
+            for engine, row in means.items()
+        )
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        lines = [f"{type(self).__name__}: {self._counts()}", *self._notes()]
+        caption = "<br>".join(html.escape(line) for line in lines)
+        return f"<div><p>{caption}</p>{table if means else ''}</div>"
+
+    def _notes(self) -> list[str]:
+        """Lines the HTML view adds below the counts (a run read back: its judge health)."""
+        return []
 
     def to_records(self, kind: Kind = "passages") -> list[dict[str, Any]]:
         """Plain dicts, one per passage or one per (query, engine, repeat); see the module doc."""
@@ -214,14 +280,7 @@ class Judgements(Sequence[JudgedQuery]):
     def to_pandas(self, kind: Kind = "passages") -> Any:
         """:meth:`to_records` as a ``pandas.DataFrame``, with nullable dtypes where a value may
         be missing (grades, booleans, probabilities, metrics)."""
-        try:
-            # By name: pandas is an optional extra, and untyped without pandas-stubs.
-            pd = importlib.import_module("pandas")
-        except ImportError:
-            raise ImportError(
-                "Judgements.to_pandas needs pandas: pip install 'judge[pandas]' "
-                "(or use to_records(), plain dicts)"
-            ) from None
+        pd = pandas("Judgements.to_pandas", "or use to_records(), plain dicts")
         _, fixed = _kind(kind)
         records = self.to_records(kind)
         columns = list(records[0]) if records else [c for c in fixed if c not in OPTIONAL_COLUMNS]
