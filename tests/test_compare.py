@@ -566,6 +566,12 @@ def test_a_baseline_summary_json_compares_like_its_run_directory(
     assert [d["diff"] for d in a["diffs"]] == [d["diff"] for d in b["diffs"]]
     assert a["diffs"][0]["n"] == b["diffs"][0]["n"] == len({jq.key[0] for jq in results}) - 1
 
+    # Pooled metrics need verdicts: a summary.json source leaves them out, or refuses them.
+    plain = tmp_path / "plain.json"
+    assert run_cli(["compare", str(kept), str(tuesday), "--json", str(plain)]) == 0
+    assert not [m for m in json.loads(plain.read_text())["metrics"] if m.startswith("pooled")]
+    with pytest.raises(ConfigError, match="pooled metrics need every source's verdicts"):
+        run_cli(["compare", str(kept), str(tuesday), "--metric", "pooled_ndcg"])
     # The configured baseline: --vs-baseline reads the config's [thresholds] baseline.
     conf = tmp_path / "nightly.toml"
     conf.write_text(f'[judge]\nscale = "graded"\n[thresholds]\nbaseline = "{kept}"\n')

@@ -210,7 +210,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config, results, scale = judged_input(args, read, no_rows)
     runs = _summaries(args.sources)
     policy = _policy(config, runs)
-    metrics = _metrics(args, config, runs, results)
+    metrics = _without_pooled(args, _metrics(args, config, runs, results))
     if args.trec_run:
         if not (args.passage_store and args.queries):
             raise ConfigError("--trec-run needs --passage-store and --queries")
@@ -247,6 +247,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.html).write_text(page, encoding="utf-8")
         print(args.html)
     return _check_worse(cmp, args.fail_if_worse or ())
+
+
+def _without_pooled(args: argparse.Namespace, metrics: list[str]) -> list[str]:
+    """``metrics`` without the pooled ones when a source is a summary.json: it holds per-query
+    means, not the verdicts pooled metrics are made of (asked for by name: a ConfigError)."""
+    if not any(_split(source)[1].suffix == ".json" for source in args.sources):
+        return metrics
+    pooled = [m for m in metrics if m.startswith("pooled_")]
+    if any(m in (args.metric or ()) for m in pooled):
+        raise ConfigError(
+            f"{', '.join(pooled)}: pooled metrics need every source's verdicts; a summary.json "
+            "holds only per-query means (give its run directory instead)"
+        )
+    return [m for m in metrics if m not in pooled]
 
 
 def _configured_baseline(config_path: str | None) -> str:
