@@ -8,6 +8,7 @@ counts what was spent and refuses a call the budget no longer allows.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -65,15 +66,28 @@ class Limits(Record):
         )
 
 
-class AdaptiveLimit:
-    """Calls in flight to one provider, adapted to what it can take (AIMD).
+# A round of answers is judged once it holds at least this many (and the limit's worth).
+MIN_ROUND = 32
+# More throttles than this share of a round's answers means overload; fewer, faults.
+THROTTLED_SHARE = 0.4
 
-    Starts at ``start`` (at most ``ceiling``). A throttle (429, or 503 with Retry-After) halves
-    the limit, at most once per ``cool_s`` (so a burst of 429s from one window counts once); a
-    latency rising past ``slow`` times the lowest seen (queueing at the provider) takes a
-    quarter off, at most once per ``cool_s``. Every success adds ``1 / limit`` (one slot per
-    round of calls, as TCP's congestion avoidance does). The limit stays in [1, ``ceiling``]:
-    an explicit ``concurrency`` is a hard ceiling. ``adaptive=False`` keeps it at the ceiling.
+
+class AdaptiveLimit:
+    """Calls in flight to one provider, adapted to what it can take (AIMD, judged by rounds).
+
+    Starts at ``start`` (at most ``ceiling``). Outcomes are judged a round at a time (as many
+    answers as the limit allows in flight, at least :data:`MIN_ROUND`): a round in which more
+    than :data:`THROTTLED_SHARE` of the answers were throttles (429, or 503 with Retry-After)
+    halves the limit, since the provider is overloaded; a round
+    whose median latency passed ``slow`` times the lowest seen (queueing at the provider)
+    takes a quarter off. A few 429s that come whatever the load, hung requests, 5xx and
+    dropped connections are faults, not overload: the retry layer deals with them, and the
+    limit does not shrink for them. Every success adds ``1 / limit`` (one slot per round of
+    calls, as TCP's congestion avoidance does). A round that is mostly throttles (three in
+    four, eight at least) is judged at once: heavy overload is not waited out. The limit
+    stays in [``floor``, ``ceiling``] (floor: an eighth of the ceiling, at
+    least 1): an explicit ``concurrency`` is a hard ceiling. ``adaptive=False`` keeps it at
+    the ceiling.
     """
 
     def __init__(
@@ -82,12 +96,14 @@ class AdaptiveLimit:
         self.ceiling = max(1, ceiling)
         self.adaptive = adaptive
         self.limit = float(min(start, self.ceiling) if adaptive else self.ceiling)
+        self.floor = float(max(1, self.ceiling // 8))
         self.slow = slow
         self.in_flight = 0
         self.peak = 0
         self.fastest: float | None = None
-        self.cool_s = 1.0
-        self._last_cut = -1e9
+        # The round being judged: its successes' latencies and its throttles.
+        self._latencies: list[float] = []
+        self._throttles = 0
         # Tasks waiting for a slot, first come first served; each is woken only when a slot is
         # its own (one Event for all woke every waiter on every release: O(n^2) at 1,000).
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -137,22 +153,34 @@ class AdaptiveLimit:
             return
         if self.fastest is None or latency_s < self.fastest:
             self.fastest = max(latency_s, 1e-3)
-            self.cool_s = max(0.05, min(self.fastest * 2, 2.0))
-        if latency_s > self.slow * self.fastest and self._cut(0.75):
-            return
-        self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+        self._latencies.append(latency_s)
+        if not self._judge_round():
+            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
         self._wake()
 
     def throttled(self) -> None:
         if self.adaptive:
-            self._cut(0.5)
+            self._throttles += 1
+            self._judge_round()
+
+    def _judge_round(self) -> bool:
+        """At the end of a round, cut the limit if the round says the provider is overloaded
+        (see the class docstring); True when it was cut."""
+        answers = len(self._latencies) + self._throttles
+        heavy = self._throttles >= 8 and self._throttles > 3 * len(self._latencies)
+        if answers < max(MIN_ROUND, self.current) and not heavy:
+            return False
+        share = self._throttles / answers
+        median = statistics.median(self._latencies) if self._latencies else None
+        self._latencies, self._throttles = [], 0
+        if share > THROTTLED_SHARE:
+            return self._cut(0.5)
+        if median is not None and self.fastest is not None and median > self.slow * self.fastest:
+            return self._cut(0.75)
+        return False
 
     def _cut(self, factor: float) -> bool:
-        now = time.monotonic()
-        if now - self._last_cut < self.cool_s:
-            return False
-        self._last_cut = now
-        self.limit = max(1.0, self.limit * factor)
+        self.limit = max(self.floor, self.limit * factor)
         return True
 
 
