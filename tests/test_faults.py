@@ -237,3 +237,45 @@ def test_the_python_api_raises_when_the_provider_cannot_be_reached(
         with pytest.raises(ProviderError, match=f"cannot reach {url}") as caught:
             j.judge_many(rows, progress=False)
     assert caught.value.kind == "unreachable"
+
+
+def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """Big units (40 passages each), 2 calls in flight: after SIGTERM the passages of the
+    units in flight that were not sent yet are not sent at all (the server timestamps every
+    request); the rerun asks exactly those, never an answer already received."""
+    arrivals: list[float] = []
+    inner = hashed_responder()
+
+    def stamped(request: Recorded) -> Item:
+        arrivals.append(time.monotonic())
+        return inner(request)
+
+    server = make_server(latency=0.2, responder=stamped)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=3, n_passages=40)
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)]
+    with subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while server.successes < 6:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never started judging"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INCOMPLETE, err
+    # Requests sent before the signal may still be arriving for a moment; none after that.
+    late = [t - signalled for t in arrivals if t > signalled + 0.5]
+    assert not late, f"{len(late)} requests arrived after SIGTERM"
+    paid = server.successes
+    assert paid < 120
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
+    assert len(verdict_labels(out)) == 120
+    assert server.successes == 120  # every passage answered once over both runs

@@ -160,6 +160,8 @@ class Caller:
         self.cache = cache or Cache(None)
         self.limits = limits or Limits()
         self.stats = CallStats()
+        # Why no new request may leave (a signal stopped the run); None while they may.
+        self.stopping: str | None = None
         self.budget = Budget(self.limits)
         # One limit per provider: its calls in flight (adaptive under the configured ceiling).
         lim = self.limits
@@ -402,6 +404,8 @@ class Caller:
         it may have been billed."""
         if self.stats.unreachable is not None:  # no request goes to a provider never reached
             raise ProviderError(self.stats.unreachable, kind="unreachable")
+        if self.stopping is not None:  # a run told to stop sends nothing new
+            raise ProviderError(f"not sent: {self.stopping}", kind="interrupted")
         reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
         sent = time.perf_counter()

@@ -63,7 +63,7 @@ class RetryPolicy:
     def decide(self, exc: BaseException) -> RetryDecision:
         if isinstance(exc, BudgetExceeded):  # not a provider failure: stop, never retry
             return RetryDecision(retry=False, kind="budget")
-        if isinstance(exc, ProviderError) and exc.kind == "unreachable":  # final, not sent
+        if isinstance(exc, ProviderError) and exc.kind in ("unreachable", "interrupted"):
             return RetryDecision(retry=False, kind=exc.kind)
         if self._last is None or self._last[0] is not exc:
             if isinstance(exc, TimeoutError):

@@ -173,6 +173,9 @@ def _signals_stop(batch: _Batch) -> Iterator[None]:
             return
         log.warning("%s: finishing the calls in flight (up to %gs)", sig.name, batch.grace_s)
         batch.stop(f"interrupted by {sig.name}", "interrupted")
+        # No new request leaves, for any unit: units in flight end with their unsent passages
+        # as provider errors, which a rerun asks again (their answers so far are cached).
+        batch.judge.caller.stopping = f"interrupted by {sig.name}"
         loop.call_later(batch.grace_s, batch.cancel)
 
     installed = []
