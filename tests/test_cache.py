@@ -97,6 +97,21 @@ def test_an_entry_that_no_longer_reads_is_a_miss(tmp_path: Path) -> None:
     cache.close()
 
 
+def test_a_thousand_unreadable_entries_make_two_warning_lines_not_a_thousand(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = Cache(tmp_path / "cache.sqlite")
+    for i in range(1000):
+        cache.put(f"k{i}", RerankResult(scores=(0.5,)), kind="rerank", model="r")
+    with caplog.at_level("WARNING", logger="judge.calling.cache"):
+        assert all(cache.get(f"k{i}", Completion) is None for i in range(1000))
+        cache.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "any others are counted" in lines[0]
+    assert "1000 unreadable cache entries in all" in lines[1]
+
+
 def test_answers_named_by_many_aliases_are_read_in_one_lookup(tmp_path: Path) -> None:
     """What one query's cached passages are read with: each alias gets its own answer, an
     alias naming nothing (or an answer this version cannot read) is left for the caller."""

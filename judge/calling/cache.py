@@ -91,6 +91,7 @@ class Cache:
         self._conn: sqlite3.Connection | None = None
         self.hits = 0
         self.misses = 0
+        self.unreadable = 0  # entries another version wrote that this one cannot read
         self._sql: tuple[str, str] | None = None  # made on first use, again after a recovery
         if self.path is None:
             return
@@ -171,7 +172,14 @@ class Cache:
         try:
             value = model.model_validate_json(row[1])
         except ValidationError:
-            log.warning("%s: unreadable cache entry %s treated as a miss", self.path, row[0][:12])
+            self.unreadable += 1
+            if self.unreadable == 1:  # one line now, the count when the cache closes
+                log.warning(
+                    "%s: unreadable cache entry %s treated as a miss (asked again and "
+                    "overwritten); any others are counted",
+                    self.path,
+                    row[0][:12],
+                )
             return None
         reading = Reading(row[2], row[3]) if row[2] is not None and row[3] is not None else None
         return Stored(value, reading, row[0])
@@ -343,6 +351,14 @@ class Cache:
         return int(count)
 
     def close(self) -> None:
+        if self.unreadable > 1:
+            log.warning(
+                "%s: %d unreadable cache entries in all, each treated as a miss (asked again "
+                "and overwritten)",
+                self.path,
+                self.unreadable,
+            )
+            self.unreadable = 0
         if self._conn is not None:
             with self._lock:
                 self._conn.close()
