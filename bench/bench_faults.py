@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_runner import serve
 
 from judge.calling.limits import Limits
 from judge.judging.judge import Judge
 from judge.schema import Passage, Query
 
-ROOT = Path(__file__).resolve().parent.parent
 MIX = "rate_limit,rate_limit,rate_limit,rate_limit,server_error,hang,drop,malformed"
 
 
@@ -74,33 +73,22 @@ def main() -> None:
     parser.add_argument("--fault-rate", type=float, default=0.4)
     parser.add_argument("--faults", default=MIX)
     args = parser.parse_args()
-    options = [
-        *("--port", "0", "--latency", str(args.latency), "--fault-rate", str(args.fault_rate)),
-        *("--faults", args.faults, "--hang-seconds", str(args.timeout * 2)),
+    faults = [
+        *("--fault-rate", str(args.fault_rate), "--faults", args.faults),
+        *("--hang-seconds", str(args.timeout * 2)),
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.servers", "openai", *options],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = f"http://127.0.0.1:{int(proc.stdout.readline().split()[1])}/v1"
+    with serve(args.latency, faults) as url:
         runs: dict[bool, list[tuple[float, int, int]]] = {True: [], False: []}
         for t in range(args.trials):
             for adaptive in (True, False):
                 runs[adaptive].append(trial(url, args, adaptive, f"t{t}{int(adaptive)}"))
-        for adaptive, got in runs.items():
-            name = "adaptive (default)" if adaptive else f"fixed {args.concurrency}"
-            print(
-                f"{name:20s} {statistics.median(g[0] for g in got):6.1f} s wall (median of "
-                f"{len(got)}); ok {[g[1] for g in got]} of {args.passages}; "
-                f"limit at the end {[g[2] for g in got]}"
-            )
-    finally:
-        proc.terminate()
-        proc.wait()
+    for adaptive, got in runs.items():
+        name = "adaptive (default)" if adaptive else f"fixed {args.concurrency}"
+        print(
+            f"{name:20s} {statistics.median(g[0] for g in got):6.1f} s wall (median of "
+            f"{len(got)}); ok {[g[1] for g in got]} of {args.passages}; "
+            f"limit at the end {[g[2] for g in got]}"
+        )
 
 
 if __name__ == "__main__":

@@ -63,9 +63,10 @@ CONCURRENCY = 64
 
 
 @contextmanager
-def serve(latency: float = 0.0) -> Iterator[str]:
-    """A loopback server process answering pointwise and listwise prompts; its base URL."""
-    options = ["--port", "0", "--latency", str(latency), "--responder", "listing"]
+def serve(latency: float = 0.0, extra: Sequence[str] = ()) -> Iterator[str]:
+    """A loopback server process answering pointwise and listwise prompts (``extra``: more of
+    its options, such as faults); its base URL."""
+    options = ["--port", "0", "--latency", str(latency), "--responder", "listing", *extra]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.servers", "openai", *options],
         cwd=ROOT,

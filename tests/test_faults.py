@@ -164,6 +164,31 @@ def test_a_damaged_cache_is_moved_aside_and_the_run_goes_on(
     assert main(["cache", "check", "--config", str(config)]) == 0
 
 
+def _sigterm_when_paid(
+    server: ScriptedServer,
+    config: Path,
+    dataset: Path,
+    out: Path,
+    paid: int,
+    need_results: bool,
+) -> tuple[int, str, float]:
+    """``judge run`` as a process, sent SIGTERM once ``paid`` answers were served (and its
+    results file exists, when ``need_results``): its exit code, stderr and when signalled."""
+    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)]
+    with subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while server.successes < paid or (need_results and not (out / RESULTS_FILE).exists()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never started judging"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, signalled
+
+
 def test_sigterm_stops_gracefully_with_a_summary_marked_incomplete(
     make_server: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -173,18 +198,8 @@ def test_sigterm_stops_gracefully_with_a_summary_marked_incomplete(
         tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)]
-    with subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        deadline = time.monotonic() + 120
-        while not (out / RESULTS_FILE).exists() or server.successes < 8:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never started judging"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_INCOMPLETE, err
+    code, err, _ = _sigterm_when_paid(server, config, dataset, out, 8, True)
+    assert code == EXIT_INCOMPLETE, err
     assert "SIGTERM" in err and "Traceback" not in err
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["run"]["status"] == "incomplete"
@@ -258,19 +273,8 @@ def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
         tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)]
-    with subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        deadline = time.monotonic() + 120
-        while server.successes < 6:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never started judging"
-            time.sleep(0.05)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_INCOMPLETE, err
+    code, err, signalled = _sigterm_when_paid(server, config, dataset, out, 6, False)
+    assert code == EXIT_INCOMPLETE, err
     # Requests sent before the signal may still be arriving for a moment; none after that.
     late = [t - signalled for t in arrivals if t > signalled + 0.5]
     assert not late, f"{len(late)} requests arrived after SIGTERM"
