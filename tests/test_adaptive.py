@@ -53,9 +53,9 @@ def test_the_limit_converges_to_the_providers_capacity_and_loses_nothing() -> No
     assert [v.status for v in jq.verdicts] == ["ok"] * len(PASSAGES)
     assert throttling.peak <= 8
     # Halved after each overloaded round (over 40% 429s), grown one slot per round, never
-    # below an eighth of the ceiling: it ends near the capacity (where 429s fall under 40%),
-    # far below the start, and the 429s are a small share of the calls.
-    assert slot.current <= 20
+    # below an eighth of the ceiling: it ends near the capacity (where 429s fall under 40%;
+    # at most 3x it), far below the start, and the 429s are a small share of the calls.
+    assert slot.current <= 24
     assert throttling.throttled < len(PASSAGES)
 
 
@@ -142,4 +142,4 @@ def test_429s_that_come_whatever_the_load_do_not_collapse_the_limit() -> None:
             jq = judge.judge("kettles", passages)
             slot = judge.caller.slots["chat"]
     assert all(v.status == "ok" for v in jq.verdicts)
-    assert slot.current >= 16, slot.current
+    assert slot.current >= 12, slot.current  # the old controller ended at 1-3

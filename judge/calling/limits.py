@@ -68,6 +68,8 @@ class Limits(Record):
 
 # A round of answers is judged once it holds at least this many (and the limit's worth).
 MIN_ROUND = 32
+# Latency rises by less than this are noise (a busy client, a fast provider), not queueing.
+QUEUEING_S = 0.05
 # More throttles than this share of a round's answers means overload; fewer, faults.
 THROTTLED_SHARE = 0.4
 
@@ -78,10 +80,10 @@ class AdaptiveLimit:
     Starts at ``start`` (at most ``ceiling``). Outcomes are judged a round at a time (as many
     answers as the limit allows in flight, at least :data:`MIN_ROUND`): a round in which more
     than :data:`THROTTLED_SHARE` of the answers were throttles (429, or 503 with Retry-After)
-    halves the limit, since the provider is overloaded; a round
-    whose median latency passed ``slow`` times the lowest seen (queueing at the provider)
-    takes a quarter off. A few 429s that come whatever the load, hung requests, 5xx and
-    dropped connections are faults, not overload: the retry layer deals with them, and the
+    halves the limit, since the provider is overloaded; a round whose median latency passed
+    ``slow`` times the lowest seen, and by more than :data:`QUEUEING_S` (queueing at the
+    provider), takes a quarter off. A few 429s that come whatever the load, hung requests,
+    5xx and dropped connections are faults, not overload: the retry layer deals with them, and the
     limit does not shrink for them. Every success adds ``1 / limit`` (one slot per round of
     calls, as TCP's congestion avoidance does). A round that is mostly throttles (three in
     four, eight at least) is judged at once: heavy overload is not waited out. The limit
@@ -175,7 +177,13 @@ class AdaptiveLimit:
         self._latencies, self._throttles = [], 0
         if share > THROTTLED_SHARE:
             return self._cut(0.5)
-        if median is not None and self.fastest is not None and median > self.slow * self.fastest:
+        fastest = self.fastest
+        if (
+            median is not None
+            and fastest is not None
+            and median > self.slow * fastest
+            and median - fastest > QUEUEING_S
+        ):
             return self._cut(0.75)
         return False
 
