@@ -33,7 +33,7 @@ from judge.analysis.compare import (
 from judge.analysis.judged_pool import borrow_verdicts
 from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, judged_input
 from judge.config import RunConfig, load_config
-from judge.data.results import load_engines, load_results, source_labels
+from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery, MetricPolicy, Query
 
@@ -90,18 +90,9 @@ def format_table(cmp: Comparison) -> str:
     return "\n".join(out)
 
 
-def _split(source: str) -> tuple[str | None, Path]:
-    """A source's NAME (or None) and path, as :func:`judge.data.results.load_engines` reads it."""
-    path = Path(source)
-    if "=" in source and not path.exists():
-        name, raw = source.split("=", 1)
-        return name, Path(raw)
-    return None, path
-
-
 def _labels(sources: Sequence[str]) -> list[str]:
     """Each source's name as :func:`judge.data.results.load_engines` gives it to its engines."""
-    split = [_split(s) for s in sources]
+    split = [split_source(s) for s in sources]
     by_path = source_labels([path for _, path in split])
     return [name or label for (name, _), label in zip(split, by_path, strict=True)]
 
@@ -161,7 +152,7 @@ def _summaries(sources: Sequence[str]) -> list[Summary]:
 
     found = []
     for source in sources:
-        _, path = _split(source)
+        _, path = split_source(source)
         if (path / SUMMARY_FILE).is_file():
             found.append(load_summary(path / SUMMARY_FILE))
         elif path.is_file() and path.suffix == ".json":
@@ -252,7 +243,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _without_pooled(args: argparse.Namespace, metrics: list[str]) -> list[str]:
     """``metrics`` without the pooled ones when a source is a summary.json: it holds per-query
     means, not the verdicts pooled metrics are made of (asked for by name: a ConfigError)."""
-    if not any(_split(source)[1].suffix == ".json" for source in args.sources):
+    if not any(split_source(source)[1].suffix == ".json" for source in args.sources):
         return metrics
     pooled = [m for m in metrics if m.startswith("pooled_")]
     if any(m in (args.metric or ()) for m in pooled):

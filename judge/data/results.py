@@ -318,6 +318,16 @@ def _rename(jq: JudgedQuery, engine: str) -> JudgedQuery:
     return jq.model_copy(update={"query": jq.query.model_copy(update={"engine": engine})})
 
 
+def split_source(source: str) -> tuple[str | None, Path]:
+    """A source's NAME (None when unnamed) and path: ``NAME=PATH``, or a path (which may hold
+    an ``=`` of its own when it exists)."""
+    path = Path(source)
+    if "=" in source and not path.exists():
+        name, raw = source.split("=", 1)
+        return name, Path(raw)
+    return None, path
+
+
 def source_labels(paths: Sequence[Path]) -> list[str]:
     """Each path's shortest distinct name: its last part (a results file's stem), or as many
     trailing parts as it takes to tell it from the others (``monday/out``, ``tuesday/out``)."""
@@ -348,10 +358,7 @@ def load_engines(
     """
     loaded: list[tuple[str | None, Path, list[JudgedQuery]]] = []
     for source in sources:
-        name, path = None, Path(source)
-        if "=" in source and not path.exists():
-            name, raw = source.split("=", 1)
-            path = Path(raw)
+        name, path = split_source(source)
         loaded.append((name, path, read(path)))
     if len(loaded) == 1 and loaded[0][0] is None:
         return loaded[0][2]
