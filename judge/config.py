@@ -20,6 +20,7 @@ Sections::
     [prices.MODEL]  USD per million prompt / completion tokens
     [nuggets]    opt-in coverage: nugget creation and assignment (path: a nugget file)
     [credibility]  opt-in: the judge grades each passage's source
+    [telemetry]  OpenTelemetry spans: include_text (judge/calling/telemetry.py)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from judge.sections import (
     RerankSection,
     RunSection,
     ScaleSection,
+    TelemetrySection,
     ThresholdsSection,
     aspect_metric_problem,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "ScaleSection",
+    "TelemetrySection",
     "ThresholdsSection",
     "load_config",
     "parse_override",
@@ -82,6 +85,7 @@ class RunConfig(Record):
     thresholds: ThresholdsSection = ThresholdsSection()
     nuggets: NuggetsSection = NuggetsSection()
     credibility: CredibilitySection = CredibilitySection()
+    telemetry: TelemetrySection = TelemetrySection()
     prices: dict[str, Price] = Field(default_factory=dict)
     # Where the config came from (for messages); not part of any fingerprint.
     source: str | None = None

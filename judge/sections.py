@@ -252,6 +252,15 @@ class CredibilitySection(Record):
     enabled: bool = False
 
 
+class TelemetrySection(Record):
+    """``[telemetry]`` (judge/calling/telemetry.py): OpenTelemetry spans, emitted when the
+    process has a tracer provider (``pip install 'judge[otel]'``)."""
+
+    # Queries, passages, prompts, answers and reasons in the spans; off, spans carry ids,
+    # labels, scores, tokens and timings only.
+    include_text: bool = False
+
+
 def aspect_metric_problem(
     names: tuple[str, ...], nuggets: NuggetsSection, credibility: CredibilitySection
 ) -> str | None:

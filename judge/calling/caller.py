@@ -34,6 +34,7 @@ from judge.calling.limits import (
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
+from judge.calling.telemetry import spans
 from judge.errors import BudgetExceeded, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
@@ -213,7 +214,10 @@ class Caller:
             return await self._complete_uncached(provider, rendered, stored, parse, alias=key)
 
         cached = functools.partial(self._cached, key, request, repeat, parse)
-        return await self._once(key, cached, fetch, share)
+        with spans().call("chat", provider.identity, request) as span:
+            got = await self._once(key, cached, fetch, share)
+            span.answered(got.call, request)
+        return got
 
     def cached(
         self, requests: Sequence[Prompt], repeat: int, parse: Reader[P], *, count: bool = True
@@ -370,7 +374,10 @@ class Caller:
         async def fetch() -> CallResult[RerankResult]:
             return await self._rerank_uncached(provider, request, key)
 
-        return await self._once(key, cached, fetch, share)
+        with spans().call("rerank", provider.identity, request) as span:
+            result = await self._once(key, cached, fetch, share)
+            span.answered(result)
+        return result
 
     async def _rerank_uncached(
         self, provider: RerankProvider, request: RerankRequest, key: str

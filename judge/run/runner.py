@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from judge.calling.cache import Cache, open_cache
 from judge.calling.limits import Limits
+from judge.calling.telemetry import spans
 from judge.config import RunConfig
 from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import (
@@ -127,8 +128,10 @@ async def run_async(
         planned = len(queries) * config.run.repeats
         batch = _Batch(config, units, results_path, queries, cache, keeping=keep is not None)
         try:
-            with _signals_stop(batch):
+            with _signals_stop(batch), spans().run(config, len(units)) as span:
                 await batch.run()
+                caller = batch.judge.caller
+                span.finished(batch.stopped_by, batch.reason, caller.stats, caller.budget)
             latest = recorded | batch.written
             if keep is not None and not lines:
                 keep.extend(latest_rows(batch.kept))
@@ -285,11 +288,14 @@ class _Batch:
             task.cancel()
 
     async def _judge_one(self, query: Query, repeat: int) -> Judged | None:
-        try:
-            return await self.judge.averdicts(query, repeat)
-        except BudgetExceeded as exc:
-            self.stop(str(exc), "budget")
-            return None
+        with spans().query(query, repeat) as span:
+            try:
+                judged = await self.judge.averdicts(query, repeat)
+            except BudgetExceeded as exc:
+                self.stop(str(exc), "budget")
+                return None
+            span.judged(judged[2])
+            return judged
 
     async def _judged(self, _index: int, judged: Judged) -> None:
         # Units finishing together (a cached run: thousands a second) get their metrics in
