@@ -28,11 +28,12 @@ the results and qrels files (:mod:`judge.results`) are re-exported from here.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from judge.data.frames import read_parquet, resolve_columns
 from judge.data.lines import MAX_ERRORS_SHOWN, MISSING, Row, Sink, json_lines, kind
 from judge.data.passages import (
     PASSAGE_FIELDS,
@@ -231,22 +232,39 @@ def _parse_row(obj: Any, row: Row, opt: _Options, unused: dict[str, int]) -> Que
     )
 
 
+# How a file's reader is told its columns, in the one-line error naming a missing one.
+_HINT = "[dataset] columns (Python: columns=) "
+
+
+def _rows(
+    path: Path, columns: Mapping[str, str] | str | None, sink: Sink
+) -> tuple[Iterable[tuple[int, Any]], dict[str, str]]:
+    """A file's (number, row) pairs and the renames to read them with: JSONL lines, or a
+    Parquet file's rows (numbered from 1; one passage per row grouped into one row per query,
+    numbered by its first: data/frames.py)."""
+    renames, preset = resolve_columns(columns)
+    if path.suffix.lower() != ".parquet":
+        return json_lines(path, sink), renames  # a preset renames a line's fields alone
+    return read_parquet(path).dataset_rows(renames, preset, hint=_HINT), renames
+
+
 def _load(
     path: str | Path,
-    columns: Mapping[str, str] | None,
+    columns: Mapping[str, str] | str | None,
     max_chars: int,
     passage_store: str | Path | None,
     sink: Sink,
 ) -> list[Query]:
     check_limit(max_chars)
-    top, inner = split_columns(columns)
+    lines, renames = _rows(Path(path), columns, sink)
+    top, inner = split_columns(renames)
     store = None if passage_store is None else read_store(Path(passage_store), inner, sink)
     opt = _Options(top, inner, max_chars, store, str(passage_store))
     name = str(path)
     queries: list[Query] = []
     first: dict[tuple[str, str], int] = {}
     unused: dict[str, int] = {}
-    for n, obj in json_lines(Path(path), sink):
+    for n, obj in lines:
         row = Row(sink, name, n)
         query = _parse_row(obj, row, opt, unused)
         if query is None:
@@ -268,11 +286,12 @@ def _load(
 def read_queries(
     path: str | Path,
     *,
-    columns: Mapping[str, str] | None = None,
+    columns: Mapping[str, str] | str | None = None,
     max_passage_chars: int = 8000,
     passage_store: str | Path | None = None,
 ) -> DatasetReport:
-    """Read a dataset JSONL (either shape); raise one InputError listing every bad line."""
+    """Read a dataset JSONL (either shape) or Parquet file; raise one InputError listing
+    every bad line (a Parquet file's: row). ``columns``: renames, or a preset's name."""
     sink = Sink()
     queries = _load(path, columns, max_passage_chars, passage_store, sink)
     sink.raise_if_any()
@@ -282,7 +301,7 @@ def read_queries(
 def validate(
     path: str | Path,
     *,
-    columns: Mapping[str, str] | None = None,
+    columns: Mapping[str, str] | str | None = None,
     max_passage_chars: int = 8000,
     passage_store: str | Path | None = None,
 ) -> ValidationResult:

@@ -3,39 +3,48 @@
 :func:`as_query` / :func:`as_passages` turn a query text and strings, dicts or Passages into a
 Query. For many queries, rows are dataset rows (dicts in the dataset JSONL shape, read by the
 dataset reader's own row reader, so a row means here what it means in a file) or
-:class:`~judge.schema.Query` records, mixed freely, or a pandas DataFrame, whose records are the
-rows (a missing cell is a field not given; numpy arrays and numbers are read as lists and
-numbers). ``columns`` renames the rows' fields to ours as a dataset file's ``[dataset]
-columns`` does (``{"question": "query"}``). Every row is checked before the first request: bad
-ones fail together in one :class:`~judge.errors.InputError` naming each row by its index (a
-DataFrame's: its position) and field (``rows[3]: field 'query': missing``), with a one-line hint
-when the rows look like another tool's (ragas, Phoenix) naming the ``columns`` to pass. A dict
-without ``query_id`` gets ``row<index>``; Query records are taken as given (their passages are
-not truncated again). pandas stays optional: a DataFrame is recognised only when pandas is
-already imported (it cannot exist otherwise).
+:class:`~judge.schema.Query` records, mixed freely; or a table: a pandas DataFrame, a Hugging
+Face ``datasets.Dataset`` or a pyarrow Table, whose records are the rows (data/frames.py: a
+missing cell is a field not given, numpy values are lists and numbers, one passage per row is
+grouped per query); or a dataset file's path (JSONL or Parquet, read as ``judge run`` reads
+it). ``columns`` renames the rows' fields to ours as a dataset file's ``[dataset] columns``
+does (``{"question": "query"}``), or names a preset for another tool's shape (``"ragas"``,
+``"ragas-legacy"``, ``"phoenix"``, ``"pyterrier"``; a preset reads plain dicts as a table
+too). A table that has no column for the query or its passages is refused in one line naming
+what is missing and the mapping or preset to pass. Every row is checked before the first
+request: bad ones fail together in one :class:`~judge.errors.InputError` naming each row by
+its index (a table's: its position) and field (``rows[3]: field 'query': missing``), with a
+one-line hint naming the preset when dict rows look like another tool's. A dict without
+``query_id`` gets ``row<index>``; Query records are taken as given (their passages are not
+truncated again). pandas, datasets and pyarrow stay optional: nothing imports them here.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 # The dataset reader's row reader itself (private there: files are its public door), so a
 # row passed here is read exactly as the same line of a dataset file would be.
-from judge.data.datasets import _Options, _parse_row
+from judge.data.datasets import _Options, _parse_row, read_queries
+from judge.data.frames import PRESETS, as_table, dict_table, matching_preset, resolve_columns
 from judge.data.lines import Row, Sink
-from judge.data.passages import split_columns
+from judge.data.passages import check_limit, split_columns
 from judge.errors import ConfigError, InputError
 from judge.schema import Passage, Query
 
-__all__ = ["PassageLike", "QueryRow", "as_passages", "as_queries", "as_query"]
+__all__ = ["PassageLike", "QueryRow", "Rows", "as_passages", "as_queries", "as_query"]
 
 log = logging.getLogger(__name__)
 
 QueryRow = Mapping[str, Any] | Query
 PassageLike = Passage | str | Mapping[str, Any]
+# Rows, or a DataFrame / datasets.Dataset / pyarrow Table (not typed here: all optional), or a
+# dataset file's path (JSONL or Parquet).
+Rows = Iterable[QueryRow] | str | os.PathLike[str] | Any
 
 
 def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
@@ -94,70 +103,58 @@ def _one(item: Any, index: int, sink: Sink, opt: _Options, unused: dict[str, int
     return None if query is None else query.model_copy(update={"source": row.file})
 
 
-# Other tools' row shapes: the fields that give one away, and the columns that read it. A
-# Phoenix row holds one retrieved document, so its rows are grouped into lists first.
-_SHAPES: dict[str, tuple[dict[str, str], str]] = {
-    "ragas": ({"question": "query", "contexts": "retrieved_texts"}, ""),
-    "ragas (0.2+)": ({"user_input": "query", "retrieved_contexts": "retrieved_texts"}, ""),
-    "Phoenix": (
-        {"input": "query", "reference": "retrieved_texts"},
-        "group its one-document rows into lists first, e.g. "
-        "df.groupby('input', sort=False)['reference'].agg(list).reset_index(), then ",
-    ),
-}
+def _hint(fields: Iterable[Any], columns: Mapping[str, str] | str | None) -> str | None:
+    """The line naming the preset that reads a failing row of another tool's shape (ragas,
+    Phoenix, PyTerrier: data/frames.py), if it is one and neither it nor its renames were
+    given."""
+    name = None if isinstance(columns, str) else matching_preset(list(fields))
+    if name is None or PRESETS[name].columns.items() <= dict(columns or {}).items():
+        return None
+    return f"hint: these look like {name} rows: pass columns='{name}'"
 
 
-def _hint(fields: Iterable[Any], columns: Mapping[str, str]) -> str | None:
-    """The line saying which ``columns`` read a failing row of a known shape, if it is one
-    and they were not given."""
-    given = set(fields)
-    for name, (renames, first) in _SHAPES.items():
-        if renames.keys() <= given and any(columns.get(k) != v for k, v in renames.items()):
-            return f"hint: these look like {name} rows: {first}pass columns={renames!r}"
-    return None
-
-
-def _plain(value: Any) -> Any:
-    """A DataFrame cell as a dataset value: numpy arrays and scalars as lists and numbers
-    (``tolist``), tuples as lists, inside lists and dicts too."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return _plain(value.tolist()) if hasattr(value, "tolist") else value
-
-
-def _records(rows: Iterable[Any]) -> Iterable[Any]:
-    """A pandas DataFrame's rows as dicts, a missing cell (None, NaN, NA) left out as a field
-    not given; anything else as it is. Iterating a DataFrame itself gives its column names."""
-    pd = sys.modules.get("pandas")  # not imported: not a DataFrame, and pandas stays optional
-    if pd is None or not isinstance(rows, pd.DataFrame):
-        return rows
-    missing = pd.api.types.is_scalar
-    return [
-        {k: _plain(v) for k, v in record.items() if not (missing(v) and pd.isna(v))}
-        for record in rows.to_dict(orient="records")
-    ]
+def _table_rows(
+    rows: Any, columns: Mapping[str, str] | str | None, max_chars: int
+) -> tuple[Iterable[Any], dict[str, str], list[Query]]:
+    """What ``rows`` holds, as (rows to parse, the renames to parse them with, Queries read
+    already): a path (str or PathLike) is a dataset file read by the file reader (JSONL or
+    Parquet); a DataFrame, Dataset or pyarrow Table is checked for a query and passages
+    column first, and one passage per row grouped (data/frames.py); anything else as it is."""
+    renames, preset = resolve_columns(columns)
+    split_columns(renames)  # a mapping to an unknown field is named before anything is read
+    if isinstance(rows, str | os.PathLike):
+        report = read_queries(Path(rows), columns=columns, max_passage_chars=max_chars)
+        for note in report.problems:
+            log.warning("%s", note)
+        return [], renames, list(report.queries)
+    table = as_table(rows)
+    if table is None and isinstance(columns, str):  # a preset reads plain dicts as a table
+        rows = list(rows)
+        if all(isinstance(r, Mapping) for r in rows):
+            table = dict_table(rows)
+    if table is None:
+        return rows, renames, []
+    return [row for _, row in table.dataset_rows(renames, preset)], renames, []
 
 
 def as_queries(
-    rows: Iterable[QueryRow],
+    rows: Rows,
     *,
-    columns: Mapping[str, str] | None = None,
+    columns: Mapping[str, str] | str | None = None,
     max_passage_chars: int = 8000,
 ) -> list[Query]:
-    """Every row (or a DataFrame's) as a Query, ``columns`` renaming fields as a dataset
-    file's do, or one InputError naming every bad row (``rows[i]``) and field."""
+    """Every row (or a DataFrame's, a Dataset's, a dataset file's) as a Query, ``columns``
+    renaming fields as a dataset file's do (or naming a preset), or one InputError naming
+    every bad row (``rows[i]``) and field."""
+    check_limit(max_passage_chars)
+    items, renames, queries = _table_rows(rows, columns, max_passage_chars)
     sink = Sink()
-    top, inner = split_columns(columns)
+    top, inner = split_columns(renames)
     opt = _Options(top=top, inner=inner, max_chars=max_passage_chars)
-    queries: list[Query] = []
     first: dict[tuple[str, str], int] = {}
     unused: dict[str, int] = {}
     failed: Mapping[str, Any] | None = None  # the first bad dict row, for a hint
-    for index, item in enumerate(_records(rows)):
+    for index, item in enumerate(items):
         query = _one(item, index, sink, opt, unused)
         if query is None:
             if failed is None and isinstance(item, Mapping):
@@ -172,7 +169,7 @@ def as_queries(
     try:
         sink.raise_if_any()
     except InputError as exc:
-        hint = None if failed is None else _hint(failed, columns or {})
+        hint = None if failed is None else _hint(failed, columns)
         if hint is None:
             raise
         message = f"{exc.detail}\n{hint}"
