@@ -78,12 +78,17 @@ def test_no_set_after_a_reask_or_from_a_listwise_judge_s_paid_run(
 ) -> None:
     path = tmp_path / "cache.sqlite"
     server = make_server(responder=lambda _request: verdict_json("yes"))
-    # The first answer does not parse: the re-ask's answer is cached under the re-ask, so a
-    # cached re-run would ask the first prompt again; no set says otherwise.
+    # The first answer does not parse: the re-ask's answer is named by the first prompt's
+    # re-ask alias, not by the first prompt, so no set is read back after the paid run; the
+    # cached re-run reads the re-asked answer (nothing paid) and stores the set.
     server.enqueue("not a verdict")
     with _judge(server.openai_base_url, path) as judge:
         assert [v.status for v in judge.judge(QUERY).verdicts] == ["ok", "ok", "ok"]
     assert len(server.requests) == 4 and _sets(path) == 0
+    with _judge(server.openai_base_url, path) as judge:
+        assert all(v.cached for v in judge.judge(QUERY).verdicts)
+    assert len(server.requests) == 4 and _sets(path) == 1
+    path = tmp_path / "listwise.sqlite"
     with _judge(server.openai_base_url, path, mode="listwise") as judge:
         judge.judge(QUERY)
         assert _sets(path) == 0  # paid: a listwise judge's set comes with its first re-run

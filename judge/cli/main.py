@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if config.run.batch:
             check_batch(config)
     if args.dry_run:
-        return print_dry_run(estimate(config, queries, out_dir))
+        return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh))
     redo = frozenset(args.redo or ())
     run = on_ray(config, run_batched if config.run.batch else run_async)
     # A plain run into a new directory hands its rows over: the summary need not read back

@@ -12,6 +12,7 @@ params, language, re-ask policy, context window and reason length every asker re
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -88,6 +89,15 @@ async def ask(
     with the error when ``reask``. BudgetExceeded propagates (the run stops and resumes); a
     provider failure is returned in :class:`Asked`, never raised."""
     asked: Asked[P] = Asked()
+    # An answer a re-ask obtained is named by the first request too: a redo (a resume, a
+    # rerun) reads it instead of paying the first request and its re-ask again.
+    reasked = _reask_alias(caller, request, repeat) if reask else None
+    if reasked is not None:
+        hit = _reasked(caller, reasked, parse)
+        if hit is not None:
+            asked.value, asked.raw, asked.usage = hit
+            caller.stats.cache_hits += 1
+            return asked
     current = request
     for round_ in range(2 if reask else 1):
         try:
@@ -104,6 +114,8 @@ async def ask(
         asked.raw = call.answer.text
         if got.value is not None:
             asked.value, asked.error = got.value, None
+            if round_ == 1 and reasked is not None:  # cached by the caller: it parsed
+                caller.cache.add_alias(reasked, caller.key(current, repeat))
             return asked
         asked.error = str(got.error)
         if round_ == 0:
@@ -113,6 +125,35 @@ async def ask(
             )
             current = first.model_copy(update={"messages": messages})
     return asked
+
+
+def _reask_alias(caller: Caller, request: ChatRequest | Prompt, repeat: int) -> str:
+    """The alias naming the answer a re-ask of ``request`` obtained (for repeat ``repeat``)."""
+    blob = f"reask\x00{caller.key(request, repeat)}".encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _reasked(
+    caller: Caller, alias: str, parse: Callable[[Completion], P] | Reader[P]
+) -> tuple[P, str, Usage] | None:
+    """The value, text and usage of the re-asked answer ``alias`` names, read by ``parse``
+    (from its kept reading when the parser's tag matches); None when there is none that
+    reads."""
+    found = caller.cache.get_stored(alias, Completion, alias=True)
+    if found is None:
+        return None
+    answer, reading = found.value, found.reading
+    try:
+        if isinstance(parse, Reader):
+            if reading is not None and reading.tag == parse.tag:
+                value = parse.load(reading.value)
+            else:
+                value = parse.parse(answer)
+        else:
+            value = parse(answer)
+    except (ParseError, ValueError):
+        return None
+    return value, answer.text, answer.usage
 
 
 def aspect_params(params: SamplingParams, answer_tokens: int) -> SamplingParams:

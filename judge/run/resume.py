@@ -15,6 +15,7 @@ from typing import Any, Literal
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, UnitKey, unit_statuses
 from judge.errors import ConfigError
+from judge.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,36 @@ def describe_changes(old: object, new: object, *, limit: int = 4) -> str:
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
+# What --fresh keeps, said where a directory is refused: the cache is not the run directory.
+_FRESH = (
+    "--fresh starts the directory over and judges from the cache: every answer already paid "
+    "for is reused, not paid again, where this version sends the same request (--dry-run "
+    "--fresh counts them)"
+)
+
+
+def _refusal(out_dir: Path, old: object, new: dict[str, Any]) -> str:
+    """Why ``out_dir`` (made with fingerprint ``old``) cannot be resumed with ``new``: an
+    upgrade when another judge version wrote it, or one that recorded no version and a setting
+    one version has the other lacks differs; else a change of config."""
+    changes = describe_changes(old, new)
+    wrote = _run_file(out_dir).get("judge_version")
+    before, after = _settings(old), _settings(new)
+    one_sided = any((k in before) != (k in after) for k in {*before, *after})
+    if wrote != __version__ and (wrote is not None or one_sided):
+        who = f"judge {wrote}" if isinstance(wrote, str) else "an older judge (one that did not "
+        who += "" if isinstance(wrote, str) else "record its version)"
+        return (
+            f"{out_dir}: this run directory was written by {who} and this is judge "
+            f"{__version__}, whose settings differ (changed: {changes}); "
+            f"an upgrade cannot resume it: {_FRESH}; or use another --out"
+        )
+    return (
+        f"{out_dir}: this run directory was made with a different config (changed: {changes}); "
+        f"use another --out, or {_FRESH}"
+    )
+
+
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
@@ -140,17 +171,18 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
                 "or another --out"
             ) from None
         if _settings(old) != _settings(fingerprint):
-            raise ConfigError(
-                f"{out_dir}: this run directory was made with a different config "
-                f"(changed: {describe_changes(old, fingerprint)}); "
-                "use --fresh to start over or another --out"
-            )
+            raise ConfigError(_refusal(out_dir, old, fingerprint))
     out_dir.mkdir(parents=True, exist_ok=True)
     # The judging time of earlier invocations is kept (add_elapsed adds this one's).
     elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k == "elapsed_s"}
     run_file.write_text(
         json.dumps(
-            {"fingerprint": fingerprint, "source": config.source, **elapsed},
+            {
+                "fingerprint": fingerprint,
+                "source": config.source,
+                "judge_version": __version__,
+                **elapsed,
+            },
             indent=2,
             ensure_ascii=False,
         ),
