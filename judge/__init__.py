@@ -31,6 +31,7 @@ _EXPORTS = {
     "Price": "judge.config",
     "Limits": "judge.calling.limits",
     "finish_run": "judge.report.finish",
+    "log_to_mlflow": "judge.report.mlflow_run",
     "JudgeHealth": "judge.analysis.health",
     "calibrate": "judge.analysis.calibration",
     "relevance_pairs": "judge.analysis.calibration",
@@ -96,6 +97,7 @@ __all__ = [
     "compare_engines",
     "finish_run",
     "load_config",
+    "log_to_mlflow",
     "read_run",
     "relevance_pairs",
     "run_async",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
     from judge.judging.judge import Judge
     from judge.judging.tables import Judgements
     from judge.report.finish import finish_run
+    from judge.report.mlflow_run import log_to_mlflow
     from judge.report.read import JudgedRun, compare_engines, read_run
     from judge.report.summary import Summary
     from judge.run.runner import RunOutcome, run_async

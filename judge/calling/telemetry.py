@@ -42,7 +42,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
@@ -58,7 +58,7 @@ from judge.version import __version__
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["CAPTURE_ENV", "NO_SPANS", "CallSpan", "QuerySpan", "RunSpan", "Spans", "spans"]
+__all__ = ["CAPTURE_ENV", "NO_SPANS", "CallSpan", "QuerySpan", "RunState", "Spans", "spans"]
 
 # The GenAI instrumentations' switch for recording message content (judge honours it too).
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -81,6 +81,29 @@ class _Call(Protocol):
     def latency_s(self) -> float: ...
 
 
+class _Counted(Protocol):
+    """A run's Caller, as its span reads it."""
+
+    @property
+    def stats(self) -> CallStats: ...
+    @property
+    def budget(self) -> Budget: ...
+
+
+class RunState(Protocol):
+    """What a run's span reads of the run (run/runner.py's batch of units): at its start the
+    units, at its end why it stopped (if it did) and what its calls did."""
+
+    @property
+    def units(self) -> Sized: ...
+    @property
+    def stopped_by(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def caller(self) -> _Counted: ...
+
+
 class CallSpan:
     """A provider call's span; this base records nothing."""
 
@@ -95,24 +118,16 @@ class QuerySpan:
         """Each verdict of the unit as a ``gen_ai.evaluation.result`` event."""
 
 
-class RunSpan:
-    """A run's span; this base records nothing."""
-
-    def finished(
-        self, stopped_by: str | None, reason: str | None, stats: CallStats, budget: Budget
-    ) -> None:
-        """What the run did: calls, cache hits, tokens, cost, and why it stopped if it did."""
-
-
-_NO_CALL, _NO_QUERY, _NO_RUN = CallSpan(), QuerySpan(), RunSpan()
+_NO_CALL, _NO_QUERY = CallSpan(), QuerySpan()
 
 
 class Spans:
     """No spans: what judge emits while the process has no tracer provider."""
 
     @contextlib.contextmanager
-    def run(self, config: RunConfig, units: int) -> Iterator[RunSpan]:
-        yield _NO_RUN
+    def run(self, config: RunConfig, state: RunState) -> Iterator[None]:
+        """A run of ``state``'s units; its end records what ``state`` says then."""
+        yield
 
     @contextlib.contextmanager
     def query(self, query: Query, repeat: int) -> Iterator[QuerySpan]:
@@ -170,7 +185,7 @@ class _OtelSpans(Spans):
         self._client = trace.SpanKind.CLIENT
 
     @contextlib.contextmanager
-    def run(self, config: RunConfig, units: int) -> Iterator[RunSpan]:
+    def run(self, config: RunConfig, state: RunState) -> Iterator[None]:
         j = config.judge
         attributes: dict[str, Any] = {
             "gen_ai.request.model": j.model,
@@ -178,7 +193,7 @@ class _OtelSpans(Spans):
             "judge.scale": j.scale,
             "judge.mode": j.mode,
             "judge.repeats": config.run.repeats,
-            "judge.units": units,
+            "judge.units": len(state.units),
         }
         if config.source is not None:
             attributes["judge.config"] = config.source
@@ -186,10 +201,12 @@ class _OtelSpans(Spans):
         try:
             with self._tracer.start_as_current_span("judge run", attributes=attributes) as span:
                 try:
-                    yield _OtelRun(span)
+                    yield
                 except BaseException as exc:
                     _failed(span, exc)
                     raise
+                finally:
+                    _finished(span, state)
         finally:
             _INCLUDE_TEXT.reset(token)
 
@@ -236,29 +253,25 @@ class _OtelSpans(Spans):
                 raise
 
 
-class _OtelRun(RunSpan):
-    def __init__(self, span: Span) -> None:
-        self._span = span
-
-    def finished(
-        self, stopped_by: str | None, reason: str | None, stats: CallStats, budget: Budget
-    ) -> None:
-        self._span.set_attributes(
-            {
-                "judge.requests": stats.requests,
-                "judge.cache_hits": stats.cache_hits,
-                "judge.retries": stats.retries,
-                "judge.failures": stats.failures,
-                "gen_ai.usage.input_tokens": budget.usage.prompt_tokens,
-                "gen_ai.usage.output_tokens": budget.usage.completion_tokens,
-                "judge.cost_usd": budget.cost,
-            }
-        )
-        if stopped_by is not None:
-            self._span.set_attribute("judge.stopped_by", stopped_by)
-            self._span.set_attribute("error.type", stopped_by)
-        if reason is not None:
-            self._span.set_attribute("judge.stop_reason", reason)
+def _finished(span: Span, state: RunState) -> None:
+    """What the run did: calls, cache hits, tokens, cost, and why it stopped if it did."""
+    stats, budget = state.caller.stats, state.caller.budget
+    span.set_attributes(
+        {
+            "judge.requests": stats.requests,
+            "judge.cache_hits": stats.cache_hits,
+            "judge.retries": stats.retries,
+            "judge.failures": stats.failures,
+            "gen_ai.usage.input_tokens": budget.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": budget.usage.completion_tokens,
+            "judge.cost_usd": budget.cost,
+        }
+    )
+    if state.stopped_by is not None:
+        span.set_attribute("judge.stopped_by", state.stopped_by)
+        span.set_attribute("error.type", state.stopped_by)
+    if state.reason is not None:
+        span.set_attribute("judge.stop_reason", state.reason)
 
 
 class _OtelQuery(QuerySpan):

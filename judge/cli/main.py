@@ -66,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(config, queries, out_dir, first_night=args.first_night)
         if args.junit:
             _check_writable_parent(Path(args.junit), "--junit")
+        _mlflow(args, None)
         if config.run.batch:
             check_batch(config)
     if args.dry_run:
@@ -85,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from judge.report.junit import write_junit
 
         write_junit(args.junit, summary)
+    _mlflow(args, out_dir)
     if outcome.stopped_by == "budget":
         print(f"judge: {outcome.reason}", file=sys.stderr)
         return EXIT_BUDGET
@@ -98,6 +100,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         said = "breached" if b.evaluated else "not evaluated"
         print(f"judge: threshold {said}: {describe_check(b)}", file=sys.stderr)
     return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
+
+
+def _mlflow(args: argparse.Namespace, out_dir: Path | None) -> None:
+    """``--mlflow``: MLflow and its tracking store checked before anything is paid (no
+    ``out_dir`` yet), then the finished run in ``out_dir`` logged (report/mlflow_run.py)."""
+    if not args.mlflow:
+        return
+    from judge.report.mlflow_run import check_mlflow, log_to_mlflow
+
+    if out_dir is None:
+        check_mlflow()
+    else:
+        log_to_mlflow(out_dir)
 
 
 def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None:
@@ -349,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-night",
         action="store_true",
         help="no baseline summary yet: skip the drop checks instead of refusing to run",
+    )
+    r.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="also log the run to MLflow (pip install 'judge[mlflow]'): params, metrics with "
+        "CIs, outcome, reports; MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME say where",
     )
     common(r)
     r.set_defaults(func=cmd_run)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge.calling.cache import Cache, open_cache
+from judge.calling.caller import Caller
 from judge.calling.limits import Limits
 from judge.calling.telemetry import spans
 from judge.config import RunConfig
@@ -128,10 +129,8 @@ async def run_async(
         planned = len(queries) * config.run.repeats
         batch = _Batch(config, units, results_path, queries, cache, keeping=keep is not None)
         try:
-            with _signals_stop(batch), spans().run(config, len(units)) as span:
+            with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
-                caller = batch.judge.caller
-                span.finished(batch.stopped_by, batch.reason, caller.stats, caller.budget)
             latest = recorded | batch.written
             if keep is not None and not lines:
                 keep.extend(latest_rows(batch.kept))
@@ -277,6 +276,10 @@ class _Batch:
             self.stop(f"the reranker failed while setting the cascade band: {exc}", "errors")
             return False
         return True
+
+    @property
+    def caller(self) -> Caller:
+        return self.judge.caller
 
     def stop(self, reason: str, kind: StopKind) -> None:
         if self.reason is None:

@@ -1,0 +1,165 @@
+"""``judge run --mlflow`` and ``judge.log_to_mlflow`` against a local MLflow file store in a
+temporary directory, read back with ``MlflowClient``: params, per-engine metrics with CIs (the
+summary's own numbers), outcome and exit code as tags, the run's files as artefacts; MLflow
+missing or its store broken is one line and exit 2 before anything is paid.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+import judge
+from judge.cli.main import main
+from tests.servers import ScriptedServer
+from tests.test_runner import write_config
+
+EXPERIMENT = "judge-tests"
+
+
+@pytest.fixture(autouse=True)
+def _store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """MLflow's tracking store: a file store in this test's directory (MLflow 3 asks for the
+    opt-in to a file store), never the user's."""
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def _runs(client: MlflowClient) -> list[mlflow.entities.Run]:
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    return list(client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"]))
+
+
+def test_judge_run_mlflow_logs_the_run_and_two_runs_compare(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--mlflow"]) == 0
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+    client = MlflowClient()
+    (run,) = _runs(client)
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+    assert run.info.status == "FINISHED"
+    assert params["judge.model"] == "judge-test"
+    assert params["judge.scale"] == "binary"
+    assert params["engines"] == "bm25,dense"
+    assert params["repeats"] == "1"
+    # Every engine's metrics with their CIs, the summary's numbers ('@' spelled '_at_').
+    logged = 0
+    for engine, data in summary["engines"].items():
+        for name, m in data["metrics"].items():
+            key = f"{engine}/{name.replace('@', '_at_')}"
+            for suffix, value in (
+                ("", m["mean"]),
+                (".ci_low", m["ci_low"]),
+                (".ci_high", m["ci_high"]),
+            ):
+                if value is not None:
+                    assert metrics[key + suffix] == pytest.approx(value)
+                    logged += 1
+    assert logged >= 30
+    assert metrics["judge/verdicts"] == summary["counts"]["verdicts"] == 78
+    assert metrics["judge/requests"] == len(server.requests) == 56
+    assert tags["judge.outcome"] == summary["outcome"]["status"] == "PASSED"
+    assert tags["judge.exit_code"] == "0"
+    assert tags["judge.run_dir"] == str(out.resolve())
+    assert tags["mlflow.note.content"].endswith(summary["verdict"][-1])
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "report.html", "report.md", "verdicts.jsonl", "qrels.txt"} <= files
+    copy = Path(client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path)))
+    assert copy.read_bytes() == (out / "summary.json").read_bytes()
+
+    # A second run of the same data that breaches a threshold: exit 1, and the two runs carry
+    # the same metric keys, so the MLflow UI compares them metric by metric.
+    strict = write_config(tmp_path / "strict.toml", server, tmp_path / "cache.sqlite")
+    strict.write_text(
+        strict.read_text(encoding="utf-8") + '[thresholds.min]\n"ndcg@5" = 0.99\n',
+        encoding="utf-8",
+    )
+    assert main(["run", str(strict), "--out", str(tmp_path / "strict"), "--mlflow"]) == 1
+    first, second = _runs(client)
+    assert second.data.tags["judge.outcome"] == "FAILED"
+    assert second.data.tags["judge.exit_code"] == "1"
+    assert "ndcg@5" in second.data.tags["judge.reasons"]
+    assert set(second.data.metrics) == set(first.data.metrics)
+    assert len(server.requests) == 56  # the second run's answers all came from the cache
+    failed = client.search_runs(
+        [first.info.experiment_id], filter_string="tags.`judge.exit_code` = '1'"
+    )
+    assert [r.info.run_id for r in failed] == [second.info.run_id]
+
+
+def test_log_to_mlflow_logs_into_the_active_run(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name="my evaluation") as active:
+        mlflow.log_param("retriever", "hybrid-v2")
+        run_id = judge.log_to_mlflow(judge.read_run(out))
+    assert run_id == active.info.run_id
+    (run,) = _runs(MlflowClient())
+    assert run.data.params["retriever"] == "hybrid-v2"
+    assert run.data.params["judge.model"] == "judge-test"
+    assert run.data.tags["judge.outcome"] == "PASSED"
+
+
+def test_a_directory_without_a_summary_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(judge.InputError, match=r"no summary\.json"):
+        judge.log_to_mlflow(tmp_path)
+
+
+def test_mlflow_missing_is_one_line_before_anything_is_paid(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what `import mlflow` meets uninstalled
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--mlflow"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["judge: mlflow: MLflow is not installed: pip install 'judge[mlflow]'"]
+    assert server.requests == []
+    assert not (tmp_path / "out" / "verdicts.jsonl").exists()
+
+
+def test_an_unreachable_tracking_server_is_one_line_before_anything_is_paid(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{port}")
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--mlflow"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"judge: mlflow: the tracking store http://127.0.0.1:{port} fails")
+    assert server.requests == []
