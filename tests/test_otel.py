@@ -269,3 +269,33 @@ def test_without_a_tracer_provider_nothing_is_imported_or_emitted(
     )
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stderr
     assert len(server.requests) == 4
+
+
+def test_the_genai_capture_switch_also_puts_text_in(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, the GenAI instrumentations' own
+    switch, asks for text as [telemetry] include_text does."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    server = make_server(responder=_responder())
+    assert main(["run", str(_config(tmp_path, server)), "--out", str(tmp_path / "out")]) == 0
+    units = _named(spans.get_finished_spans(), "judge query")
+    assert {u.attributes["judge.query.text"] for u in units} == {r["query"] for r in ROWS}
+
+
+def test_importing_judge_imports_neither_sdk() -> None:
+    """``import judge``, the CLI's parser and the two integration modules load no
+    OpenTelemetry or MLflow module (both are installed here)."""
+    script = (
+        "import sys, judge; from judge.calling import telemetry; "
+        "from judge.report import mlflow_run; from judge.cli.main import build_parser; "
+        "build_parser(); telemetry.spans(); judge.log_to_mlflow; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'mlflow', 'opentelemetry'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]", done.stderr
