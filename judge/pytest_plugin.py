@@ -48,9 +48,9 @@ import shutil
 import sys
 import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
@@ -62,6 +62,7 @@ _SESSION = pytest.StashKey["JudgeSession"]()
 # Configs of the pytest sessions running in this process, innermost last (pytester nests them).
 _CONFIGS: list[pytest.Config] = []
 _TEXT = 80  # characters of a passage shown in a failure
+T = TypeVar("T")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -111,7 +112,9 @@ def _session(config: pytest.Config | None = None) -> JudgeSession:
         try:
             config.stash[_SESSION] = JudgeSession.start(config)
         except api.JudgeError as exc:
-            _fail(f"judge: {exc}")
+            why = f"judge: {exc}"
+        if _SESSION not in config.stash:
+            _fail(why)
     return config.stash[_SESSION]
 
 
@@ -206,22 +209,23 @@ class JudgeSession:
     def judge(self, query: str | api.Query, passages: Sequence[Any] | None = None) -> Judged:
         """Judge ``passages`` for ``query`` (or a Query's own); a test fails, in one line, on
         the budget or an error of judge itself."""
-        try:
-            return Judged(self.inner.judge(query, passages), self)
-        except api.BudgetExceeded as exc:
-            _fail(f"judge: the session's budget is spent ({self._budget()}): {exc}")
-        except api.JudgeError as exc:
-            _fail(f"judge: {exc}")
+        return Judged(self._call(self.inner.judge, query, passages), self)
 
     def judge_many(self, rows: Any, **kwargs: Any) -> api.Judgements:
         """:meth:`judge.Judge.judge_many` on the session's judge (no progress bar)."""
         kwargs.setdefault("progress", False)
+        return self._call(self.inner.judge_many, rows, **kwargs)
+
+    def _call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``method(*args, **kwargs)``, or the test failed in one line (outside the except
+        block, so pytest shows no chained exception): the budget named, or judge's error."""
         try:
-            return self.inner.judge_many(rows, **kwargs)
+            return method(*args, **kwargs)
         except api.BudgetExceeded as exc:
-            _fail(f"judge: the session's budget is spent ({self._budget()}): {exc}")
+            why = f"judge: the session's budget is spent ({self._budget()}): {exc}"
         except api.JudgeError as exc:
-            _fail(f"judge: {exc}")
+            why = f"judge: {exc}"
+        _fail(why)
 
     def assert_relevant(
         self,
@@ -288,12 +292,15 @@ class Judged:
         value = self.judged.metrics.get(name)
         if value is None:
             jq, inner = self.judged, self._session.inner
+            problem, values = None, {}
             try:
                 (values,) = metrics_for_queries(
                     [name], [(jq.query, jq.verdicts)], inner.scale, inner.policy, [jq.rerank_scores]
                 )
-            except api.JudgeError as exc:
-                _fail(f"judge: {exc}")
+            except api.JudgeError as exc:  # an unknown name: the valid ones listed
+                problem = f"judge: {exc}"
+            if problem is not None:
+                _fail(problem)
             value = values[name]
         if value is None:
             _fail(self.explain(f"{name} is undefined ({self._undefined_why()})", None))
@@ -370,7 +377,9 @@ def judge_cases(path: str | Path, *, columns: Mapping[str, str] | str | None = N
     try:
         queries = read_queries(where, columns=columns).queries
     except api.JudgeError as exc:
-        _fail(f"judge_cases: {exc}")
+        queries, why = (), f"judge_cases: {exc}"
+    if not queries:
+        _fail(why)
     several = len({q.engine for q in queries}) > 1
     return [
         pytest.param(q, id=f"{q.query_id}-{q.engine}" if several else q.query_id) for q in queries
