@@ -43,8 +43,9 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence, Sized
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import urlsplit
 
 from judge.calling.limits import Budget
@@ -66,6 +67,9 @@ EVALUATION_EVENT = "gen_ai.evaluation.result"
 # A run's [telemetry] include_text, for the spans of its units and calls (None: not in a run).
 _INCLUDE_TEXT: ContextVar[bool | None] = ContextVar("judge_telemetry_text", default=None)
 _URL = re.compile(r"https?://[^\s/]+")
+# A tracer provider named in the environment (OpenTelemetry reads it once too): read at import,
+# since spans() is asked on every provider call.
+_PROVIDER_NAMED = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 
 
 class _Call(Protocol):
@@ -104,14 +108,25 @@ class RunState(Protocol):
     def caller(self) -> _Counted: ...
 
 
-class CallSpan:
+class _Nothing:
+    """A context manager that does nothing: the spans without a tracer provider, built once
+    (a provider call pays no generator for them)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+class CallSpan(_Nothing):
     """A provider call's span; this base records nothing."""
 
     def answered(self, call: _Call, request: object = None) -> None:
         """The call's answer (and ``request``, a chat Prompt rendered by now, for its model)."""
 
 
-class QuerySpan:
+class QuerySpan(_Nothing):
     """A unit's span (one query, engine and repeat); this base records nothing."""
 
     def judged(self, verdicts: Sequence[Verdict] | None) -> None:
@@ -129,14 +144,14 @@ class Spans:
         """A run of ``state``'s units; its end records what ``state`` says then."""
         yield
 
-    @contextlib.contextmanager
-    def query(self, query: Query, repeat: int) -> Iterator[QuerySpan]:
-        yield _NO_QUERY
+    def query(self, query: Query, repeat: int) -> AbstractContextManager[QuerySpan]:
+        return _NO_QUERY
 
-    @contextlib.contextmanager
-    def call(self, operation: str, identity: str, request: object) -> Iterator[CallSpan]:
+    def call(
+        self, operation: str, identity: str, request: object
+    ) -> AbstractContextManager[CallSpan]:
         """A provider call: ``operation`` "chat" or "rerank", ``identity`` the provider's."""
-        yield _NO_CALL
+        return _NO_CALL
 
 
 NO_SPANS = Spans()
@@ -149,7 +164,7 @@ def spans() -> Spans:
     :data:`NO_SPANS` (and nothing imported)."""
     trace: Any = sys.modules.get("opentelemetry.trace")
     if trace is None:
-        if not os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"):
+        if not _PROVIDER_NAMED:
             return NO_SPANS
         try:
             trace = importlib.import_module("opentelemetry.trace")
