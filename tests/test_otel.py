@@ -299,3 +299,25 @@ def test_importing_judge_imports_neither_sdk() -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_reranker_calls_are_spans_too(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+) -> None:
+    server = make_server(responder=_responder())
+    rerank = f'[rerank]\nprovider = "rerank"\nmodel = "rerank-test"\nbase_url = "{server.url}"\n'
+    assert (
+        main(["run", str(_config(tmp_path, server, rerank)), "--out", str(tmp_path / "out")]) == 0
+    )
+    found = spans.get_finished_spans()
+    reranks = _named(found, "rerank")
+    sent = [r for r in server.requests if r.path.endswith("/rerank")]
+    assert sent and len([s for s in reranks if not s.attributes["judge.cache_hit"]]) == len(sent)
+    unit_ids = {u.context.span_id for u in _named(found, "judge query")}
+    for span in reranks:
+        assert span.name == "rerank rerank-test"
+        assert span.attributes["gen_ai.operation.name"] == "rerank"
+        assert span.attributes["gen_ai.provider.name"] == "rerank"
+        assert span.parent is not None and span.parent.span_id in unit_ids
