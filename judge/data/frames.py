@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judge.data.passages import PASSAGE_FIELDS
+from judge.data.passages import PASSAGE_FIELDS, ROW_FIELDS
 from judge.errors import ConfigError, InputError
 
 __all__ = [
@@ -122,20 +122,24 @@ class Table:
         ours = {c: renames.get(c, c) for c in present}
         gives = set(ours.values())
         long = "text" in gives and not gives & set(_LISTS)
+        free = [c for c in present if ours[c] not in ROW_FIELDS | PASSAGE_FIELDS]
         if "query" not in gives:
-            raise InputError(self._missing("the query", "query", hint), file=self.name)
+            raise InputError(self._missing("the query", "query", free, hint), file=self.name)
         if not (long or gives & set(_LISTS)):
-            raise InputError(self._missing("the passages", "retrieved_texts", hint), file=self.name)
+            missing = self._missing("the passages", "retrieved_texts", free, hint)
+            raise InputError(missing, file=self.name)
         rows = [{k: v for k, v in r.items() if k not in preset.drop} for r in self.rows]
         return _grouped(rows, ours, preset.order) if long else list(enumerate(rows, start=1))
 
-    def _missing(self, what: str, target: str, hint: str) -> str:
+    def _missing(self, what: str, target: str, free: Sequence[str], hint: str) -> str:
+        """The line saying ``what`` no column gives, the columns there are, and the preset
+        they look like or a mapping of a ``free`` column (not one of ours) to pass."""
         shown = ", ".join(self.columns[:12]) + (" ..." if len(self.columns) > 12 else "")
         preset = matching_preset(self.columns)
         if preset is not None:
             fix = f"these look like {preset} rows: pass the preset, {hint}'{preset}'"
         else:
-            fix = f"map one: {hint}{_guess(self.columns, target, self.rows)!r}"
+            fix = f"map one: {hint}{_guess(free, target, self.rows)!r}"
         return f"no column gives {what} ('{target}'; columns: {shown}); {fix}"
 
 
@@ -150,12 +154,12 @@ def matching_preset(columns: Sequence[str]) -> str | None:
 
 
 _QUERY_WORDS = ("query", "question", "input", "prompt", "topic")
-_PASSAGE_WORDS = ("context", "passage", "document", "reference", "retrieved", "chunk", "text")
+_PASSAGE_WORDS = ("context", "passage", "doc", "reference", "retrieved", "chunk", "text")
 
 
 def _guess(columns: Sequence[str], target: str, rows: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """A mapping to suggest: the column whose name looks most like ``target``'s, else the
-    first column (a list column is a query's passages; a scalar one, one passage per row)."""
+    """A mapping to suggest: the first of ``columns`` whose name looks like ``target``'s, else
+    the first (a list column is a query's passages; a scalar one, one passage per row)."""
     words = _QUERY_WORDS if target == "query" else _PASSAGE_WORDS
     found = next((c for w in words for c in columns if w in c.lower()), None)
     column = found or (columns[0] if columns else "YOUR_COLUMN")
