@@ -8,8 +8,9 @@ What one MLflow run holds, read from the directory's summary.json and files:
   ``engines``, ``queries``, ``judge_version``;
 - metrics: per engine and metric its mean and 95% bootstrap CI, as ``ENGINE/METRIC``,
   ``ENGINE/METRIC.ci_low`` and ``ENGINE/METRIC.ci_high`` (MLflow keys cannot hold ``@``:
-  ``ndcg@10`` is ``ndcg_at_10``; a file store cannot hold a key under another), and the run's ``judge/...`` figures: verdicts by status,
-  unparsed and error rates, tokens, cost, calls, cache hits, seconds;
+  ``ndcg@10`` is ``ndcg_at_10``; a file store cannot hold a key under another), and the
+  run's ``judge/...`` figures: verdicts by status, unparsed and error rates, tokens, cost,
+  calls, cache hits, seconds;
 - tags: ``judge.outcome`` (PASSED / FAILED / INCOMPLETE / JUDGE UNRELIABLE), ``judge.exit_code``
   (what ``judge run`` exits with), ``judge.reasons``, ``judge.run_dir``, ``judge.version``, and
   the verdict lines as the run's description;
