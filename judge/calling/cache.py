@@ -26,8 +26,10 @@ a busy timeout let two processes share the file. Each ``put`` commits at once, s
 run loses only the calls that were in flight.
 
 A damaged file (not a database, or a malformed page met on any read or write) is moved aside
-as ``<name>.corrupt-<time>`` with a warning, and the run goes on with a fresh cache: a cache
-only saves money, so losing it must not stop a run. ``judge cache check`` reports on a file.
+as ``<name>.corrupt-<time>`` with one warning line (how many entries, where), and the run goes
+on with a fresh cache: a cache only saves money, so losing it must not stop a run. Entries
+that do not read (another version's, or damaged) are misses, overwritten when asked again, and
+counted in one line when the cache closes. ``judge cache check`` reports on a file.
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ class Cache:
         self._conn: sqlite3.Connection | None = None
         self.hits = 0
         self.misses = 0
-        self.unreadable = 0  # entries another version wrote that this one cannot read
+        # Keys of entries this version could not read (another version's, or damaged), and
+        # how many of them were overwritten by an answer asked again: one line at close.
+        self._unreadable: set[str] = set()
+        self._overwritten = 0
         self._sql: tuple[str, str] | None = None  # made on first use, again after a recovery
         if self.path is None:
             return
@@ -113,17 +118,32 @@ class Cache:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        entries = self._count_entries()
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
         for suffix in ("", "-wal", "-shm"):
             part = self.path.with_name(self.path.name + suffix)
             if part.exists():
                 part.replace(aside.with_name(aside.name + suffix))
+        what = "its entries" if entries is None else f"its {entries} entries"
         log.warning(
-            "%s: the cache file is damaged (%s); moved aside to %s, continuing with a new cache",
+            "%s: the cache file is damaged (%s); moved aside with %s to %s (none of them reused), "
+            "continuing with a new cache",
             self.path,
             exc,
+            what,
             aside,
         )
+        self._unreadable.clear()  # rows of the file just moved aside
+        self._overwritten = 0
+
+    def _count_entries(self) -> int | None:
+        """The answers in the open file, when a damaged file still counts them; else None."""
+        if self._conn is None:
+            return None
+        try:
+            return int(self._conn.execute("SELECT count(*) FROM answers").fetchone()[0])
+        except sqlite3.Error:
+            return None
 
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
         """A read or write met a damaged page: start over with a fresh file."""
@@ -172,14 +192,7 @@ class Cache:
         try:
             value = model.model_validate_json(row[1])
         except ValidationError:
-            self.unreadable += 1
-            if self.unreadable == 1:  # one line now, the count when the cache closes
-                log.warning(
-                    "%s: unreadable cache entry %s treated as a miss (asked again and "
-                    "overwritten); any others are counted",
-                    self.path,
-                    row[0][:12],
-                )
+            self._unreadable.add(row[0])  # said in one line when the cache closes
             return None
         reading = Reading(row[2], row[3]) if row[2] is not None and row[3] is not None else None
         return Stored(value, reading, row[0])
@@ -263,6 +276,9 @@ class Cache:
         )
         replacing = self.contains(key)
         self._write(sql, row)
+        if key in self._unreadable:
+            self._unreadable.discard(key)
+            self._overwritten += 1
         if replacing:  # another answer under this key: a set read from the old one is stale
             self._write("DELETE FROM verdict_sets", ())
         if alias is not None:
@@ -350,15 +366,26 @@ class Cache:
             self._conn.execute("VACUUM")
         return int(count)
 
+    @property
+    def unreadable(self) -> int:
+        """Entries met that this version could not read (another version's, or damaged)."""
+        return len(self._unreadable) + self._overwritten
+
     def close(self) -> None:
-        if self.unreadable > 1:
+        """Close the file, after one line on the entries it could not read, if any."""
+        if self.unreadable:
+            left = len(self._unreadable)
             log.warning(
-                "%s: %d unreadable cache entries in all, each treated as a miss (asked again "
-                "and overwritten)",
+                "%s: %d cache entries could not be read (another judge version's, or damaged) "
+                "and were treated as misses: %d asked again and overwritten in place, %d left "
+                "in place as they were; none moved",
                 self.path,
                 self.unreadable,
+                self._overwritten,
+                left,
             )
-            self.unreadable = 0
+            self._unreadable.clear()
+            self._overwritten = 0
         if self._conn is not None:
             with self._lock:
                 self._conn.close()

@@ -85,9 +85,9 @@ def estimate(
     config: RunConfig, queries: Sequence[Query], out_dir: Path, *, fresh: bool = False
 ) -> Estimate:
     """What judging ``queries`` into ``out_dir`` would send and spend, read from the cache and
-    the run's results (none with ``fresh``: --fresh starts over) without calling anything. Long
-    because it walks every first-round
-    request once, counting calls, cache hits, tokens and the worst case together."""
+    the run's results (none with ``fresh``: --fresh starts over) without calling anything.
+    Long because it walks every first-round request once, counting calls, cache hits, tokens
+    and the worst case together."""
     done = set() if fresh else finished_units(out_dir / RESULTS_FILE)
     cache_file = config.cache_path()
     cache_db = open_cache(cache_file if cache_file.exists() else None)
