@@ -69,7 +69,7 @@ def queries(rows: list[dict[str, object]], form: object | None) -> list[Query]:
 
 
 def judged(
-    url: str, cache: Path, floor: float | None, qs: list[Query]
+    url: str, cache: Path, floor: float | None, qs: list[Query], sanitise: str = "flag"
 ) -> dict[str, tuple[float, str, str, tuple[str, ...]]]:
     """Per passage id: reranker score, label, source, signals."""
     with Judge(
@@ -78,6 +78,7 @@ def judged(
         rerank="embedded-rerank",
         rerank_model="all-MiniLM-L6-v2",
         cascade=CascadeSection(low=LOW, high=HIGH, echo_floor=floor),
+        sanitise=sanitise,
         cache=cache,
     ) as j:
         got: list[JudgedQuery] = list(j.judge_many(qs, progress=False))
@@ -92,6 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("pairs", type=Path)
     parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
+    parser.add_argument("--sanitise", default="flag", choices=("flag", "cut", "off"))
     args = parser.parse_args()
     rows = load(args.pairs)
     irrelevant = [r for r in rows if r["label"] == 0]
@@ -100,7 +102,7 @@ def main() -> None:
         cache = Path(tmp) / "cache.sqlite"
         for raw in args.floors:
             floor = None if raw == "none" else float(raw)
-            clean_all = judged(url, cache, floor, queries(rows, None))
+            clean_all = judged(url, cache, floor, queries(rows, None), args.sanitise)
             yes = [pid for pid, (s, _, _, _) in clean_all.items() if s >= HIGH]
             kept = [pid for pid in yes if clean_all[pid][2] == "reranker"]
             precision = sum(pid in relevant for pid in kept) / max(1, len(kept))
@@ -110,10 +112,10 @@ def main() -> None:
                 f"({(len(yes) - len(kept)) / max(1, len(clean_all)):.1%} of pairs); "
                 f"precision of the reranker's yes kept {precision:.2f}"
             )
-            clean = judged(url, cache, floor, queries(irrelevant, None))
+            clean = judged(url, cache, floor, queries(irrelevant, None), args.sanitise)
             for split in ("tune", "held-out"):
                 for form in [f for f in FORMS if f.split == split]:
-                    attacked = judged(url, cache, floor, queries(irrelevant, form))
+                    attacked = judged(url, cache, floor, queries(irrelevant, form), args.sanitise)
                     shifts, alone, cascade, to_llm = [], 0, 0, 0
                     for pid, (s0, label0, src0, _) in clean.items():
                         s1, label1, src1, _ = attacked[pid]

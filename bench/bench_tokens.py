@@ -13,7 +13,9 @@ of a labelled pairs file (rows ``{query_id, query, doc_id, text}``, grouped by q
 order): the TREC DL 2019 dev set gives 43 lists of 11 passages with MS MARCO ids, untitled.
 ``--width 5 10`` adds the same lists cut to their first 5 and first 10 passages: a listwise
 request's instructions are ~100 tokens shared by its passages plus ~11 per passage (its
-fence), so the per-passage share falls with the list's length.
+fence), so the per-passage share falls with the list's length. ``--spotlight fence`` counts
+the prompts without the datamark (``[judge] spotlight``); the default is the shipped
+``datamark``, whose marks count in ``instr`` (they are not the passage's own text).
 """
 
 from __future__ import annotations
@@ -71,21 +73,22 @@ def main() -> None:
         default=[],
         help="also count the pairs file's lists cut to their first N passages (each N given)",
     )
+    parser.add_argument("--spotlight", default="datamark", choices=("datamark", "fence"))
     args = parser.parse_args()
-    table("datasets/sample.jsonl", read_queries("datasets/sample.jsonl").queries)
+    table("datasets/sample.jsonl", read_queries("datasets/sample.jsonl").queries, args.spotlight)
     if args.pairs:
         print()
-        table(args.pairs, pair_lists(args.pairs))
+        table(args.pairs, pair_lists(args.pairs), args.spotlight)
         for width in args.width:
             print()
             cut = [
                 q.model_copy(update={"passages": q.passages[:width]})
                 for q in pair_lists(args.pairs)
             ]
-            table(f"{args.pairs}, lists cut to {width}", cut)
+            table(f"{args.pairs}, lists cut to {width}", cut, args.spotlight)
 
 
-def table(name: str, queries: Sequence[Query]) -> None:
+def table(name: str, queries: Sequence[Query], spotlight: str = "datamark") -> None:
     spec = ProviderSpec(kind="openai", base_url="http://127.0.0.1:9/v1")
     print(
         f"{name}: {len(queries)} ranked lists, "
@@ -96,7 +99,7 @@ def table(name: str, queries: Sequence[Query]) -> None:
     )
     rows: dict[tuple[str, str, str], float] = {}
     for scale, mode, lang in product(("binary", "graded"), ("pointwise", "listwise"), ("en", "zh")):
-        judge = Judge(spec, "m", scale=scale, mode=mode, language=lang)  # type: ignore[arg-type]
+        judge = Judge(spec, "m", scale=scale, mode=mode, language=lang, spotlight=spotlight)
         label = judge.scale.names[-1]
         prompt = completion = calls = passages = texts = 0
         for q in queries:

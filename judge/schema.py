@@ -67,6 +67,7 @@ class Passage(Record):
     score: float | None = None
     truncated_from: int | None = None  # the text's length before a cut to a limit
     removed: tuple[str, ...] = ()  # text aimed at the judge, taken out (judging/sanitise.py)
+    aimed: tuple[str, ...] = ()  # text aimed at the judge, found and left in (sanitise = "flag")
 
 
 class Query(Record):
@@ -305,7 +306,8 @@ class Verdict(Record):
     # Who gave the label: the LLM judge, or the reranker of a judge cascade (judging/cascade.py).
     source: VerdictSource = "judge"
     # What fired on the passage: "echo" (its relevance to the reranker rested on the query's
-    # own words, judging/echo.py), "sanitised" (text aimed at the judge was taken out of it).
+    # own words, judging/echo.py), "aimed" (it holds text aimed at the judge, left in place),
+    # "sanitised" (text aimed at the judge was taken out of it; judging/sanitise.py).
     signals: tuple[str, ...] = ()
 
     @model_validator(mode="after")

@@ -73,12 +73,26 @@ class JudgeSection(Record):
     # The model's context window in tokens: passages are cut (visibly) so that every request
     # fits. None: the embedded judge's own n_ctx, otherwise not enforced.
     context_tokens: int | None = Field(default=None, ge=256)
-    # Take text aimed at the judge (forged fences and verdicts, instructions to it, the query
-    # stuffed in) out of passages before judging; what was taken is in each passage's "removed".
-    sanitise: bool = True
+    # Text aimed at the judge (forged fences and verdicts, instructions to it, the query stuffed
+    # in): "flag" finds it and leaves it in place (each passage's "aimed", the verdict's signal
+    # "aimed"); "cut" takes it out first (each passage's "removed", signal "sanitised"); "off"
+    # looks for none. true and false, as older configs say, mean "flag" and "off".
+    sanitise: Literal["flag", "cut", "off"] = "flag"
+    # How passages are set apart from the prompt: "datamark" joins each passage's words with
+    # "^" inside its fence (spotlighting: instructions in a passage stop reading as the
+    # prompt's own; ~1.8x the passage's tokens); "fence": the <passage> fence alone.
+    spotlight: Literal["datamark", "fence"] = "datamark"
     params: SamplingParams = DEFAULT_PARAMS
     # Opt-in: the [rerank] provider decides the passages it is sure of (see CascadeSection).
     cascade: CascadeSection | None = None
+
+    @field_validator("sanitise", mode="before")
+    @classmethod
+    def _sanitise_bool(cls, value: Any) -> Any:
+        """Older configs' booleans: true (it cut, then) now flags; nothing is cut unasked."""
+        if isinstance(value, bool):
+            return "flag" if value else "off"
+        return value
 
     @field_validator("params", mode="before")
     @classmethod

@@ -15,7 +15,15 @@ import json
 import re
 from collections.abc import Callable
 
+from judge.judging.prompts import MARK
 from tests.servers import Answer, Item, Recorded, Responder, hashed_responder
+
+
+def _users(request: Recorded) -> list[str]:
+    """The user messages, read through the datamark between a passage's words."""
+    messages = request.messages
+    return [str(m.get("content", "")).replace(MARK, " ") for m in messages if m["role"] == "user"]
+
 
 __all__ = ["aspect_responder", "fenced", "kind_of", "sentences"]
 
@@ -40,7 +48,7 @@ def kind_of(request: Recorded) -> str:
 
 def fenced(request: Recorded) -> list[tuple[str, str]]:
     """(id, text) of each fenced passage in the request's first user message."""
-    users = [str(m.get("content", "")) for m in request.messages if m["role"] == "user"]
+    users = _users(request)
     return [(json.loads(pid), text) for pid, text in _PASSAGE.findall(users[0] if users else "")]
 
 
@@ -61,7 +69,7 @@ def _nuggets(request: Recorded) -> str:
 
 
 def _supports(request: Recorded) -> str:
-    users = [str(m.get("content", "")) for m in request.messages if m["role"] == "user"]
+    users = _users(request)
     block = _NUGGETS.search(users[0])
     listed = _NUGGET.findall(block.group(1)) if block else []
     nuggets = [(nid, text.strip()) for nid, text in listed]
@@ -73,7 +81,7 @@ def _supports(request: Recorded) -> str:
 
 
 def _credibility(request: Recorded) -> str:
-    users = [str(m.get("content", "")) for m in request.messages if m["role"] == "user"]
+    users = _users(request)
     url = re.search(r"URL[:：]\s*(\S+)", users[0] if users else "")
     host = url.group(1) if url else ""
     label = "high" if re.search(r"\.(gov|edu)(/|$)", host) else "medium"

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from judge.judging.prompts import MARK
+
 FaultKind = Literal[
     "status", "hang", "drop", "cut", "malformed", "truncated", "wrong_shape", "empty"
 ]
@@ -110,10 +112,16 @@ class Recorded:
         return list(found or [])
 
     @property
-    def prompt(self) -> str:
-        """The last user message (where the templates put the passage)."""
+    def raw_prompt(self) -> str:
+        """The last user message (where the templates put the passage), as sent."""
         users = [str(m.get("content", "")) for m in self.messages if m.get("role") == "user"]
         return users[-1] if users else ""
+
+    @property
+    def prompt(self) -> str:
+        """The last user message as a model reads it: through the datamark that joins a
+        passage's words (judging/prompts.py), so a test finds a passage's text as written."""
+        return self.raw_prompt.replace(MARK, " ")
 
 
 Item = Answer | Fault | str

@@ -152,8 +152,9 @@ KNOWN_WEAK: dict[str, str] = {
         "Most labels here come from the embedded reranker of the judge cascade, the rest from "
         "the embedded 0.5B LLM. On human-labelled TREC DL passages the cascade ranks them "
         "usefully (AUC about 0.68, kappa about 0.31 at a calibrated cut), but only in English "
-        "and on a sample of 80 pairs. Passages are sanitised first, so the injections we tried "
-        "no longer move it, but what the sanitiser misses the reranker takes at face value. "
+        "and on a sample of 80 pairs. A passage the reranker likes only for the query's own "
+        "words goes to the LLM (the echo check), but the reranker's scores (rerank_*) can "
+        "still be raised by echoing the query. "
         "Use it to try the tool; for numbers you publish, use a capable model (provider "
         "openai, dashscope or local)."
     ),

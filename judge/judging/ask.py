@@ -21,6 +21,7 @@ from judge.calling.caller import Caller, Prompt, Reader
 from judge.config import JudgeSection
 from judge.errors import ParseError, ProviderError
 from judge.judging.jsonscan import Node, values
+from judge.judging.prompts import MARK
 from judge.judging.verdicts import reask_messages
 from judge.providers.base import ChatRequest, Completion
 from judge.schema import SamplingParams, Usage
@@ -50,14 +51,16 @@ class AskContext:
     reask: bool
     context_tokens: int | None
     max_reason_words: int
+    mark: str = ""  # the datamark of passages in every prompt ("": fenced only)
 
     @classmethod
     def of(cls, caller: Caller, settings: JudgeSection, params: SamplingParams) -> AskContext:
         """The context of a judge with ``settings``, asking with ``params`` (its own, the
         mode's answer schema filled in)."""
         s = settings
+        mark = MARK if s.spotlight == "datamark" else ""
         return cls(
-            caller, s.model, params, s.language, s.reask, s.context_tokens, s.max_reason_words
+            caller, s.model, params, s.language, s.reask, s.context_tokens, s.max_reason_words, mark
         )
 
 

@@ -87,16 +87,42 @@ def fit_to_context(
         return query
     empty = [p.model_copy(update={"text": ""}) for p in passages]
     if listwise:
-        share = (room - count_tokens(render(query, empty))) // len(passages)
-        fitted = [_cut(p, max(share, 1)) for p in passages]
+        fitted = _fit(query, passages, room - count_tokens(render(query, empty)), room, render)
     else:
         fitted = [
-            _cut(p, max(room - count_tokens(render(query, [e])), 1))
+            _fit(query, [p], room - count_tokens(render(query, [e])), room, render)[0]
             for p, e in zip(passages, empty, strict=True)
         ]
     if all(a is b for a, b in zip(fitted, passages, strict=True)):
         return query
     return query.model_copy(update={"passages": tuple(fitted)})
+
+
+def _fit(
+    query: Query,
+    passages: list[Passage],
+    free: int,
+    room: int,
+    render: Callable[[Query, Sequence[Passage]], Sequence[Message]],
+) -> list[Passage]:
+    """``passages`` cut to share ``free`` tokens, so that their request fits ``room``.
+
+    A prompt may show a passage in more tokens than its text (a datamarked passage: about
+    1.8x, at most 2x plus its marks), so a cut that leaves no margin is checked by rendering
+    it, and cut again by the ratio seen (at most three times)."""
+    share = max(free // len(passages), 1)
+    enc = _encoder()
+    for _ in range(3):
+        fitted = [_cut(p, share) for p in passages]
+        raw = sum(len(enc.encode(p.text)) for p in fitted)
+        if 2 * raw + 2 * len(fitted) <= free:  # fits however the prompt shows it
+            return fitted
+        used = count_tokens(render(query, fitted))
+        if used <= room:
+            return fitted
+        shown = used - (room - free)
+        share = max(int(share * free / max(shown, 1)), 1)
+    return [_cut(p, share) for p in passages]
 
 
 def preset_context(spec: ProviderSpec) -> int | None:

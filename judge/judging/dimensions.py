@@ -123,7 +123,7 @@ class NuggetsDimension(Dimension):
         self._creating: dict[str, asyncio.Task[None]] = {}
         language, params = ctx.language, ctx.params
         self.maker = NuggetPrompt(
-            load_template(f"nuggets.listwise.{language}", template_dir=template_dir),
+            load_template(f"nuggets.listwise.{language}", template_dir=template_dir, mark=ctx.mark),
             ctx.model,
             params,
             section.max_nuggets,
@@ -132,7 +132,7 @@ class NuggetsDimension(Dimension):
         )
         self.assigner = Assigner(
             ctx,
-            load_template(f"support.listwise.{language}", template_dir=template_dir),
+            load_template(f"support.listwise.{language}", template_dir=template_dir, mark=ctx.mark),
             section.group_passages,
         )
 
@@ -282,7 +282,8 @@ class CredibilityDimension(Dimension):
 
     def __init__(self, section: Any, ctx: AskContext, template_dir: Path | None) -> None:
         super().__init__(section, ctx, template_dir)
-        template = load_template(f"credibility.pointwise.{ctx.language}", template_dir=template_dir)
+        name = f"credibility.pointwise.{ctx.language}"
+        template = load_template(name, template_dir=template_dir, mark=ctx.mark)
         self.asker = CredibilityAsker(ctx, template)
 
     @staticmethod

@@ -41,7 +41,7 @@ from judge.judging.memo import VerdictMemo
 from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
 from judge.judging.relevance import Asker
 from judge.judging.rows import PassageLike, QueryRow, as_passages, as_queries, as_query
-from judge.judging.sanitise import sanitise_query
+from judge.judging.sanitise import AIMED, SANITISED, sanitise_query
 from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.judging.units import Judged, judge_units, refusal
@@ -92,15 +92,16 @@ def _read_knobs(
         raise ConfigError(f"Judge: {problems}") from None
 
 
-def _flag_sanitised(query: Query, verdicts: Sequence[Verdict]) -> Sequence[Verdict]:
-    """``verdicts`` with the signal ``sanitised`` on those whose passage had text aimed at the
-    judge taken out (judging/sanitise.py); the same sequence when none had."""
-    cut = {p.id for p in query.passages if p.removed}
-    if not cut:
+def _flag_aimed(query: Query, verdicts: Sequence[Verdict]) -> Sequence[Verdict]:
+    """``verdicts`` with the signal ``aimed`` on those whose passage holds text aimed at the
+    judge, and ``sanitised`` on those it was taken out of (judging/sanitise.py); the same
+    sequence when there are none."""
+    found = {p.id: AIMED if p.aimed else SANITISED for p in query.passages if p.aimed or p.removed}
+    if not found:
         return verdicts
     return [
-        v.model_copy(update={"signals": (*v.signals, "sanitised")})
-        if v.passage_id in cut and "sanitised" not in v.signals
+        v.model_copy(update={"signals": (*v.signals, found[v.passage_id])})
+        if v.passage_id in found and found[v.passage_id] not in v.signals
         else v
         for v in verdicts
     ]
@@ -204,7 +205,7 @@ class Judge:
         name = settings.template or template_name(
             scale.name if scale.name in BUILTIN_SCALES else "graded", mode, settings.language
         )
-        template, pointwise_template = template_pair(name, settings.template_dir)
+        template, pointwise_template = template_pair(name, settings.template_dir, self.ctx.mark)
         implied = (
             settings.params.response_format == "json_schema" and settings.params.json_schema is None
         )
@@ -228,8 +229,8 @@ class Judge:
     def fit(self, query: Query) -> Query:
         """``query`` as the judge sees it: text aimed at the judge taken out of its passages
         (judging/sanitise.py), and passages cut to the context window (judging/context.py)."""
-        if self.sanitise:
-            query = sanitise_query(query)
+        if self.sanitise != "off":
+            query = sanitise_query(query, cut=self.sanitise == "cut")
         if self.context_tokens is None:
             return query
         return fit_to_context(
@@ -296,7 +297,7 @@ class Judge:
         if self.memo is not None:  # a plain judge: verdicts alone, read whole when stored
             ask, reread = self.asker.verdicts, self.asker.cached_verdicts
             fitted, found = await self.memo.verdicts(query, repeat, self.fit, ask, reread)
-            return (fitted, repeat, _flag_sanitised(fitted, found), None, None)
+            return (fitted, repeat, _flag_aimed(fitted, found), None, None)
         query = self.fit(query)
         if self.cascade is not None:
             ask = self.asker.verdicts
@@ -308,7 +309,7 @@ class Judge:
         # Dimensions are asked after the verdicts, not beside them: a run keeps many units in
         # flight, so the caller's concurrency limit, not one unit's wait, sets the pace.
         aspects = await self.dimensions.judge(query, repeat) if self.dimensions else None
-        return (query, repeat, _flag_sanitised(query, verdicts), scores, aspects)
+        return (query, repeat, _flag_aimed(query, verdicts), scores, aspects)
 
     async def prepare(
         self, queries: Sequence[Query], labels: Scale | None = None, run_dir: Path | None = None

@@ -15,7 +15,10 @@ Variables a template sees:
 - ``passage`` (Passage; pointwise) or ``passages`` (tuple of Passage; listwise);
 - ``scale`` (Scale): render labels from ``scale.labels`` (name, grade, description, aliases),
   never hard-code them;
-- ``fence(passage)``: the passage fenced as untrusted data (see :func:`fence`);
+- ``fence(passage)``: the passage fenced as untrusted data (see :func:`fence`), datamarked
+  when the template was loaded with a mark (see :func:`datamark`);
+- ``datamark`` (str): that mark (``"^"``), or ``""`` when passages are fenced only; a template
+  should tell the judge what the mark means when it is set;
 - ``verdict_first`` (bool, default False): ask for the verdict field before the reason, for
   slow local judges that may be cut off by ``max_tokens`` mid-reason;
 - ``max_reason_words`` (int, default 30): the reason's length limit when ``verdict_first``;
@@ -54,7 +57,14 @@ PACKAGE = "judge._prompts"
 SUFFIX = ".j2"
 DEFAULT_OPTIONS: dict[str, Any] = {"verdict_first": False, "max_reason_words": 30, "reasons": True}
 _PASSAGE_VAR: dict[Mode, str] = {"pointwise": "passage", "listwise": "passages"}
-_RESERVED = frozenset({"query", "passage", "passages", "scale", "fence"})
+_RESERVED = frozenset({"query", "passage", "passages", "scale", "fence", "datamark"})
+# Spotlighting by datamarking (Hines et al. 2024): every run of white space in a passage becomes
+# this mark, so the passage reads as one marked stream of data, and an instruction inside it
+# never looks like the prompt's own text. "^" costs 1.8x a passage's cl100k tokens.
+MARK = "^"
+_SPACE = re.compile(r"\s+")
+# Chinese has no spaces between words: the mark goes after each CJK punctuation mark instead.
+_CJK_STOP = re.compile(r"(?<=[\u3001\u3002\uff01\uff0c\uff1a\uff1b\uff1f])(?!\s|$)")
 
 # "<passage", "</passage", "< / Query" ... : any opening of one of our fence tags.
 # Fence tags, and chat-template control tokens (``<|im_end|>``, ``<|start_header_id|>``): some
@@ -75,22 +85,32 @@ def neutralise(text: str) -> str:
     return _MARKER.sub(_NEUTRAL, text)
 
 
-def fence(passage: Passage) -> str:
+def datamark(text: str, mark: str) -> str:
+    """``text`` with every run of white space replaced by ``mark``, and ``mark`` after each
+    Chinese punctuation mark (``"a b\\nc"`` -> ``"a^b^c"``); ``text`` itself when ``mark`` is
+    empty. Nothing is removed but white space: every word the passage holds is still there."""
+    if not mark:
+        return text
+    return _CJK_STOP.sub(mark, _SPACE.sub(mark, text.strip()))
+
+
+def fence(passage: Passage, mark: str = "") -> str:
     """The passage as untrusted data between ``<passage id="...">`` and ``</passage>``.
 
     The id is written as a JSON string (so an id with a quote stays one attribute and the
     judge can copy it back verbatim); a passage with an empty id (every pointwise prompt, see
     :meth:`PromptTemplate.render_pointwise`) is fenced as a bare ``<passage>``. The title, if
     any, comes first in ``<title>...</title>``. Fence markers inside id, title and text are
-    neutralised, so a passage cannot close its own fence or open a new one.
+    neutralised, so a passage cannot close its own fence or open a new one. With a ``mark``,
+    the title and text are datamarked (:func:`datamark`).
     """
     if passage.id:
         lines = [f"<passage id={neutralise(json.dumps(passage.id, ensure_ascii=False))}>"]
     else:
         lines = ["<passage>"]
     if passage.title:
-        lines.append(f"<title>{neutralise(passage.title)}</title>")
-    lines.append(neutralise(passage.text))
+        lines.append(f"<title>{neutralise(datamark(passage.title, mark))}</title>")
+    lines.append(neutralise(datamark(passage.text, mark)))
     lines.append("</passage>")
     return "\n".join(lines)
 
@@ -179,8 +199,9 @@ def _mode_of(name: str, used: set[str]) -> Mode:
     )
 
 
-def load_template(name: str, *, template_dir: Path | None = None) -> PromptTemplate:
-    """Load and check a template (``template_dir`` first, then the built-ins).
+def load_template(name: str, *, template_dir: Path | None = None, mark: str = "") -> PromptTemplate:
+    """Load and check a template (``template_dir`` first, then the built-ins); its passages are
+    datamarked with ``mark`` (none when empty).
 
     Raises TemplateError when it is missing (listing what exists), has a syntax error
     (with its line), lacks a ``user`` block, or never uses a required variable.
@@ -213,7 +234,7 @@ def load_template(name: str, *, template_dir: Path | None = None) -> PromptTempl
             )
             raise TemplateError(f"template '{name}' ({mode}) never uses variable '{var}'{hint}")
     origin = template.filename or name
-    return PromptTemplate(name=name, mode=mode, origin=origin, template=template)
+    return PromptTemplate(name=name, mode=mode, origin=origin, template=template, mark=mark)
 
 
 @dataclass(frozen=True)
@@ -242,6 +263,7 @@ class PromptTemplate:
     mode: Mode
     origin: str  # file path, or "judge._prompts/<name>" for a built-in
     template: jinja2.Template
+    mark: str = ""  # the datamark of its passages ("" : fenced only)
 
     def render_pointwise(
         self, query: Query | str, passage: Passage, scale: Scale, **options: Any
@@ -277,6 +299,9 @@ class PromptTemplate:
         text = query.query if isinstance(query, Query) else query
         context = {**DEFAULT_OPTIONS, **options, **variables, "query": neutralise(text)}
         context["scale"] = scale
+        context["datamark"] = self.mark
+        if self.mark:
+            context["fence"] = self._fence
         ctx = self.template.new_context(context)
         messages = []
         for role in ("system", "user"):
@@ -287,6 +312,9 @@ class PromptTemplate:
             if content:
                 messages.append(Message(role=role, content=content))
         return tuple(messages)
+
+    def _fence(self, passage: Passage) -> str:
+        return fence(passage, self.mark)
 
     def _run(self, block: Callable[[Any], Iterator[str]], ctx: Any) -> str:
         try:
@@ -343,15 +371,16 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 def template_pair(
-    name: str, template_dir: str | Path | None
+    name: str, template_dir: str | Path | None, mark: str = ""
 ) -> tuple[PromptTemplate, PromptTemplate]:
     """The named template, and the pointwise one listwise falls back to for passages the list
     answer never covered (the template itself when it is pointwise)."""
     tdir = Path(template_dir) if template_dir else None
-    template = load_template(name, template_dir=tdir)
+    template = load_template(name, template_dir=tdir, mark=mark)
     if template.mode != "listwise":
         return template, template
-    return template, load_template(name.replace(".listwise.", ".pointwise."), template_dir=tdir)
+    pointwise = name.replace(".listwise.", ".pointwise.")
+    return template, load_template(pointwise, template_dir=tdir, mark=mark)
 
 
 def with_schema(

@@ -1,10 +1,16 @@
-"""Text in a passage that is aimed at the judge, not at a reader, taken out before judging.
+"""Text in a passage that is aimed at the judge, not at a reader: found, flagged, and cut only
+when asked.
 
 A retrieved passage is data. Some passages carry text written to move an automatic judge (a
-prompt injection, or search-engine spam); a small judge, and a reranker scoring text
-similarity, follow it. The prompt tells the judge to treat such text as a mark of a
-low-quality passage, but a 0.5B model does not obey that reliably, and a reranker reads no
-prompt at all. So before any judge sees a passage, four classes of text are removed:
+prompt injection, or search-engine spam). The defences that hold against forms nobody listed
+are class-level: every prompt datamarks the passage (judging/prompts.py), the fence markers
+and chat control tokens in it are neutralised, and the cascade's echo check
+(judging/echo.py) keeps a reranker from taking the query's own words as relevance. This
+module is the deterministic layer beside them, and it only knows the forms it lists, so by
+default (``[judge] sanitise = "flag"``) it changes nothing: what it finds is listed in the
+passage's ``aimed`` and the verdict carries the signal ``aimed``, for the report to count.
+Cutting (``sanitise = "cut"``) removed answers from relevant passages on hidden data (a price
+range, a whole passage, query-repeating Chinese titles), so it is opt-in. Four classes:
 
 - **a forged end of the passage**: a closing or opening tag of the markup prompts fence
   documents with (``</passage>``, ``<document>``, ``</context>``...), a chat-turn control token
@@ -25,11 +31,11 @@ prompt at all. So before any judge sees a passage, four classes of text are remo
 Chinese text, which has no spaces to split words at, has its own rules for the same classes
 (:func:`_strip_chinese`): sentences end at 。！？, and the query is matched as written.
 
-What was removed is kept in ``Passage.removed``, so the verdicts show what the judge did not
-see; a passage with nothing to remove is returned as it is (the same object). Removal errs on
-the side of keeping text: the rules need words about judging, relevance or verdicts together
-with an address or an instruction, so a passage *about* judges or relevance stays whole (on
-our 475-passage TREC dev set, one passage lost a fragment; see tests/test_sanitise.py).
+With ``cut``, what was removed is kept in ``Passage.removed``, so the verdicts show what the
+judge did not see; a passage with nothing found is returned as it is (the same object). The
+rules need words about judging, relevance or verdicts together with an address or an
+instruction, so a passage *about* judges or relevance is not flagged (on our 475-passage TREC
+dev set, one passage was; see tests/test_sanitise.py).
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ import re
 
 from judge.schema import Passage, Query
 
-__all__ = ["sanitise", "sanitise_query", "strip_aimed"]
+__all__ = ["AIMED", "SANITISED", "sanitise", "sanitise_query", "strip_aimed"]
+
+# The signals a verdict carries: its passage holds text aimed at the judge (left in place), or
+# had it taken out.
+AIMED = "aimed"
+SANITISED = "sanitised"
 
 # Sentences: split after . ! ? (and their CJK forms) and at line ends; fragments also at ; ( ).
 _SENTENCES = re.compile(r"(?<=[.!?。！？])\s+|\n+")
@@ -392,19 +403,23 @@ def _repeats(text: str, query: str, removed: list[str]) -> str:
     return re.sub(r"\s+([,.;:!?])", r"\1", pattern.sub("", text))
 
 
-def sanitise(passage: Passage, query: str, words: frozenset[str] | None = None) -> Passage:
-    """``passage`` with text aimed at the judge removed and listed in ``removed``; the same
-    object when there is none."""
-    text, removed = strip_aimed(passage.text, query, words)
-    if not removed:
+def sanitise(
+    passage: Passage, query: str, words: frozenset[str] | None = None, *, cut: bool = False
+) -> Passage:
+    """``passage`` with the text aimed at the judge listed in ``aimed`` (left in place), or,
+    with ``cut``, removed and listed in ``removed``; the same object when there is none."""
+    text, found = strip_aimed(passage.text, query, words)
+    if not found:
         return passage
-    return passage.model_copy(update={"text": text, "removed": (*passage.removed, *removed)})
+    if not cut:
+        return passage.model_copy(update={"aimed": (*passage.aimed, *found)})
+    return passage.model_copy(update={"text": text, "removed": (*passage.removed, *found)})
 
 
-def sanitise_query(query: Query) -> Query:
+def sanitise_query(query: Query, *, cut: bool = False) -> Query:
     """``query`` with every passage sanitised (the same object when none changed)."""
     words = _query_words(query.query)
-    passages = tuple(sanitise(p, query.query, words) for p in query.passages)
+    passages = tuple(sanitise(p, query.query, words, cut=cut) for p in query.passages)
     if all(a is b for a, b in zip(passages, query.passages, strict=True)):
         return query
     return query.model_copy(update={"passages": passages})
