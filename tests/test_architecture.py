@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "judge"
 DESIGN = ROOT / "docs" / "DESIGN.md"
 # The package's own entry points sit above every stage.
-ENTRY_POINTS = {"judge", "judge.__main__"}
+ENTRY_POINTS = {"judge", "judge.__main__", "judge.pytest_plugin"}
 # The modules that import judge modules inside functions, on purpose, and why. Every other
 # import of a judge module is at the top of its module, where a reader sees it.
 LAZY_IMPORTERS = {
@@ -29,6 +29,10 @@ LAZY_IMPORTERS = {
     "judge.providers": "an adapter (and its SDK) is imported only for the kind in use",
     "judge.providers.embedded.provider": "the OpenAI SDK only once the local server is up",
     "judge.report.blocks": "the charts only for a report that draws one",
+    "judge.pytest_plugin": (
+        "pytest loads every installed plugin at start: judge's stages only once a test uses "
+        "the fixture, assert_relevant or judge_cases"
+    ),
 }
 
 

@@ -59,17 +59,10 @@ def test_a_ragas_dataframe_fails_with_the_columns_to_pass_then_judges_with_them(
     frame = ragas_frame()
     with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
         j.judge_many(frame, progress=False)
-    lines = str(caught.value).splitlines()
-    # Each row read as a row (not its column names as strings), then the one-line hint.
-    assert lines[:3] == [
-        "4 input errors:",
-        "  rows[0]: field 'query': missing",
-        "  rows[0]: field 'passages': missing (or give retrieved_ids / retrieved_texts)",
-    ]
-    assert "got str" not in str(caught.value)
-    assert lines[-1] == (
-        "hint: these look like ragas rows: pass "
-        "columns={'question': 'query', 'contexts': 'retrieved_texts'}"
+    # One line: the missing column, the columns there are, the preset that reads them.
+    assert str(caught.value) == (
+        "rows: no column gives the query ('query'; columns: question, contexts, answer, "
+        "engine); these look like ragas-legacy rows: pass the preset, columns='ragas-legacy'"
     )
     assert yes_if_pale.requests == []
 
@@ -106,8 +99,8 @@ def test_columns_rename_a_dataframes_ids_and_passage_fields(yes_if_pale: Scripte
 
 
 def test_phoenix_rows_get_a_hint_that_works_when_followed(yes_if_pale: ScriptedServer) -> None:
-    """Phoenix keeps one retrieved document per row (input, reference): the hint says how to
-    group them and which columns to pass, and doing just that judges them."""
+    """Phoenix keeps one retrieved document per row (input, reference): the error names the
+    preset, which groups them, and the grouped frame with columns judges the same."""
     frame = pd.DataFrame(
         {
             "input": ["why so wan?", "why so wan?", "what do dogs eat?"],
@@ -117,11 +110,13 @@ def test_phoenix_rows_get_a_hint_that_works_when_followed(yes_if_pale: ScriptedS
     )
     with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
         j.judge_many(frame, progress=False)
-    hint = str(caught.value).splitlines()[-1]
-    assert hint.startswith("hint: these look like Phoenix rows: group its one-document rows")
+    assert str(caught.value).endswith(
+        "these look like phoenix rows: pass the preset, columns='phoenix'"
+    )
+    with make_judge(yes_if_pale) as j:
+        preset = j.judge_many(frame, columns="phoenix", progress=False)
+    assert [[v.label for v in jq.verdicts] for jq in preset] == [["yes", "no"], ["no"]]
     grouped = frame.groupby("input", sort=False)["reference"].agg(list).reset_index()
-    assert "df.groupby('input', sort=False)['reference'].agg(list).reset_index()" in hint
-    assert hint.endswith("pass columns={'input': 'query', 'reference': 'retrieved_texts'}")
     with make_judge(yes_if_pale) as j:
         got = j.judge_many(
             grouped, columns={"input": "query", "reference": "retrieved_texts"}, progress=False
