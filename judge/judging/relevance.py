@@ -18,6 +18,7 @@ from judge.calling.caller import CallResult, Prompt, Reader
 from judge.judging.ask import AskContext, Asked, ask
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
+from judge.judging.units import told
 from judge.judging.verdicts import (
     ListwiseParsed,
     Parsed,
@@ -131,6 +132,7 @@ class Asker:
             for rank, (p, prompt, hit) in enumerate(passages, start=1):
                 if hit is not None and hit.value is not None:
                     verdicts.append(self._hit(p, rank, hit.call, hit.value))
+                    told(verdicts[-1])
                 else:
                     asks.append(self._pointwise(query, p, rank, repeat, prompt))
             verdicts += await asyncio.gather(*asks)
@@ -217,9 +219,14 @@ class Asker:
             "cached": asked.cached,
         }
         if asked.value is not None:
-            return self._ok(passage, rank, asked.value, **tally)
-        status = "error" if asked.failed else "unparsed"
-        return Verdict(passage_id=passage.id, rank=rank, status=status, error=asked.error, **tally)
+            verdict = self._ok(passage, rank, asked.value, **tally)
+        else:
+            status = "error" if asked.failed else "unparsed"
+            verdict = Verdict(
+                passage_id=passage.id, rank=rank, status=status, error=asked.error, **tally
+            )
+        told(verdict)
+        return verdict
 
     async def _ask(self, prompt: Prompt, repeat: int, reader: Reader[R]) -> Asked[R]:
         return await ask(
@@ -272,7 +279,7 @@ class Asker:
             return {}
         by_id = {p.id: p for p in passages}
         shares = _split_usage(asked.usage, max(1, len(asked.value.verdicts)))
-        return {
+        got = {
             pid: self._ok(
                 by_id[pid],
                 ranks[pid],
@@ -285,3 +292,6 @@ class Asker:
             )
             for (pid, item), share in zip(asked.value.verdicts.items(), shares, strict=False)
         }
+        for verdict in got.values():
+            told(verdict)
+        return got

@@ -6,19 +6,27 @@ resume, signals and its health stop around it; the Python API adds a progress ba
 more than the call slots (twice the calls allowed in flight), so the slots stay busy while a
 unit waits on its last call; the Caller's per-provider limit is what bounds requests in flight.
 One worker's failure (or a cancel) stops the others before anything else is paid.
+
+Each verdict is also handed on as it is made, before its unit ends (``on_verdict``): a unit of
+50,000 passages shows its progress, and ``judge run`` writes its verdicts as they come. The
+hand-off is a context variable set per unit (:func:`told` is where verdicts are made, in
+judging/relevance.py), so it reaches every round under ``Judge.averdicts`` (a cascade's band,
+listwise fallbacks) without each layer passing it on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from judge.calling.retries import CallStats
 from judge.judging.dimensions import UnitAspects
 from judge.schema import Query, Verdict
 
-__all__ = ["REFUSED_CALLS", "Judged", "Unit", "judge_units", "refusal"]
+__all__ = ["REFUSED_CALLS", "Judged", "Unit", "judge_units", "refusal", "told"]
 
 Unit = tuple[Query, int]
 # One query's judging before its metrics: (query, repeat, verdicts, reranker scores, what its
@@ -26,6 +34,15 @@ Unit = tuple[Query, int]
 Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None, UnitAspects | None]
 # Refused calls (bad key, model or URL) seen with no success at all before judging stops.
 REFUSED_CALLS = 3
+# Where the unit being judged hands each verdict as it is made (None: nobody asked).
+_SINK: ContextVar[Callable[[Verdict], None] | None] = ContextVar("judge_unit_sink", default=None)
+
+
+def told(verdict: Verdict) -> None:
+    """Hand ``verdict`` (just made) to its unit's ``on_verdict``, when there is one."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink(verdict)
 
 
 def refusal(stats: CallStats, verdicts: Sequence[Verdict]) -> str | None:
@@ -50,16 +67,20 @@ async def judge_units(
     workers: int,
     stopped: Callable[[], bool] = lambda: False,
     tasks: list[asyncio.Task[Any]] | None = None,
+    on_verdict: Callable[[int, Verdict], None] | None = None,
 ) -> None:
     """Judge ``units`` with ``judge_one`` (None: nothing to record), handing each result and
     its index in ``units`` to ``on_judged``; no new unit starts once ``stopped()``.
-    ``tasks``: filled with the worker tasks, for a signal handler to cancel."""
+    ``tasks``: filled with the worker tasks, for a signal handler to cancel. ``on_verdict``:
+    given each verdict with its unit's index as it is made, before ``on_judged``."""
     todo = iter(enumerate(units))
 
     async def worker() -> None:
         for index, (query, repeat) in todo:
             if stopped():
                 return
+            if on_verdict is not None:  # this worker's context: its unit's calls inherit it
+                _SINK.set(functools.partial(on_verdict, index))
             judged = await judge_one(query, repeat)
             if judged is not None:
                 await on_judged(index, judged)

@@ -1,4 +1,9 @@
-"""Progress of a run: one refreshed line on a TTY, periodic log lines elsewhere."""
+"""Progress of a run: one refreshed line on a TTY, periodic log lines elsewhere.
+
+Passages count as each verdict is made, inside a unit too (judging/units.py hands them on):
+a single query of 50,000 passages shows its progress while it lasts. A unit's count is
+settled when its whole result is in: a verdict made again (a listwise round's fallback) or
+one made outside the rounds (a cascade's reranker labels) is counted then."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from judge.calling.caller import Caller
-from judge.schema import JudgedQuery
+from judge.data.results import UnitKey
+from judge.schema import JudgedQuery, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +36,25 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     _last: float = 0.0
     _logged: str = ""
+    # Verdicts made so far in units not yet finished, and their statuses, by unit.
+    _open: dict[UnitKey, Counter[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tty = self.stream.isatty()  # asked once: show() runs for every verdict
+
+    def told(self, key: UnitKey, verdict: Verdict) -> None:
+        """A verdict of the unfinished unit ``key``, just made."""
+        self._open.setdefault(key, Counter())[verdict.status] += 1
+        self.passages += 1
+        self.status[verdict.status] += 1
+        self.show()
 
     def update(self, jq: JudgedQuery) -> None:
+        """The unit ``jq`` finished: its verdicts replace what was counted of it so far."""
+        counted = self._open.pop(jq.key, Counter())
         self.units += 1
-        self.passages += len(jq.verdicts)
+        self.passages += len(jq.verdicts) - counted.total()
+        self.status.subtract(counted)
         self.status.update(v.status for v in jq.verdicts)
         self.show()
 
@@ -52,7 +73,7 @@ class Progress:
 
     def show(self, final: bool = False) -> None:
         now = time.monotonic()
-        tty = self.stream.isatty()
+        tty = self._tty
         if tty and (final or now - self._last >= 0.2):
             self.stream.write("\r" + self.line() + ("\n" if final else ""))
             self.stream.flush()

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from judge.config import RunConfig
-from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, unit_statuses
 from judge.errors import ConfigError, JudgeError
 from judge.run.resume import Redo, add_elapsed, check_fingerprint, finished_of, run_lock
@@ -88,8 +87,6 @@ async def run_on_ray(
         # their answers in the user's cache, which --fresh keeps as a single run's would).
         fold_shards(out_dir, user_cache)
         check_fingerprint(out_dir, config, fresh=fresh)
-        if fresh:
-            (out_dir / NUGGETS_FILE).unlink(missing_ok=True)
         results = out_dir / RESULTS_FILE
         done = finished_of(unit_statuses(results)[0] if results.exists() else {}, redo)
         keys = {(q.query_id, q.engine, r) for q in queries for r in range(config.run.repeats)}

@@ -1,6 +1,15 @@
 """Resume bookkeeping for a run directory: which units are finished, the config fingerprint a
-directory was made with, the lock that keeps two runs out of one directory, and the repair of
-a partial last line left by a killed writer."""
+directory was made with, the lock that keeps two runs out of one directory, the repair of a
+partial last line left by a killed writer, and the partial file.
+
+``verdicts.jsonl`` holds one whole line per finished unit (its verdicts and metrics), never
+part of one, so every reader of it (reports, compare, resume, users' own scripts) sees each
+unit once. A unit's verdicts as they come go to ``verdicts.partial.jsonl`` instead, a line per
+paid verdict (``query_id``, ``engine``, ``repeat``, ``verdict``) while its unit is unfinished:
+what a killed run had judged, visible as it happens. The answers behind them are in the cache
+already, so a resumed unit reads them from there (nothing is paid twice) and its whole line
+goes to verdicts.jsonl; the partial lines of finished units are then dropped, and the file
+goes when no unit is left unfinished."""
 
 from __future__ import annotations
 
@@ -13,13 +22,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge.config import RunConfig
+from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, unit_statuses
 from judge.errors import ConfigError
+from judge.schema import Verdict
 from judge.version import __version__
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
+PARTIAL_FILE = "verdicts.partial.jsonl"
 LOCK_FILE = ".lock"
 _TAIL = 1 << 16  # bytes read at a time when looking for a partial last line
 
@@ -76,6 +88,52 @@ def repair_results(path: Path) -> None:
             path,
             end - cut,
         )
+
+
+def partial_line(key: UnitKey, verdict: Verdict) -> bytes:
+    """A line of the partial file: ``verdict``, made before its unit ``key`` ended."""
+    query_id, engine, repeat = key
+    unit = {"query_id": query_id, "engine": engine, "repeat": repeat}
+    head = json.dumps(unit, ensure_ascii=False)[:-1]
+    return f'{head}, "verdict": {verdict.model_dump_json()}}}\n'.encode()
+
+
+def _partial_key(line: bytes) -> UnitKey | None:
+    try:
+        row = json.loads(line)
+        return (str(row["query_id"]), str(row["engine"]), int(row["repeat"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def partial_units(out_dir: Path) -> set[UnitKey]:
+    """The units with verdicts in the partial file (an earlier invocation stopped in them)."""
+    path = out_dir / PARTIAL_FILE
+    if not path.exists():
+        return set()
+    repair_results(path)
+    with open(path, "rb") as fh:
+        return {key for line in fh if (key := _partial_key(line)) is not None}
+
+
+def settle_partial(out_dir: Path, unfinished: set[UnitKey]) -> int:
+    """Keep only the partial file's lines of ``unfinished`` units, the file itself only while
+    it has some; how many lines stay."""
+    path = out_dir / PARTIAL_FILE
+    if not path.exists():
+        return 0
+    if not unfinished:
+        path.unlink()
+        return 0
+    with open(path, "rb") as fh:
+        kept = [line for line in fh if _partial_key(line) in unfinished]
+    if not kept:
+        path.unlink()
+        return 0
+    spare = path.with_name(path.name + ".tmp")
+    spare.write_bytes(b"".join(kept))
+    spare.replace(path)
+    return len(kept)
 
 
 def _run_file(out_dir: Path) -> dict[str, Any]:
@@ -160,7 +218,7 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
     if fresh:
-        for name in (RESULTS_FILE, RUN_FILE):
+        for name in (RESULTS_FILE, RUN_FILE, PARTIAL_FILE, NUGGETS_FILE):
             (out_dir / name).unlink(missing_ok=True)
     elif run_file.exists():
         try:

@@ -25,7 +25,6 @@ from judge.calling.caller import Caller
 from judge.calling.limits import Limits
 from judge.calling.telemetry import spans
 from judge.config import RunConfig
-from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import (
     RESULTS_FILE,
     UnitKey,
@@ -40,15 +39,19 @@ from judge.judging.judge import Judge
 from judge.judging.units import Judged, judge_units, refusal
 from judge.run.progress import Progress
 from judge.run.resume import (
+    PARTIAL_FILE,
     Redo,
     add_elapsed,
     check_fingerprint,
     finished_of,
+    partial_line,
+    partial_units,
     repair_results,
     run_lock,
+    settle_partial,
 )
 from judge.run.writer import ResultsWriter
-from judge.schema import JudgedQuery, Query, Record
+from judge.schema import JudgedQuery, Query, Record, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +117,6 @@ async def run_async(
     start = time.monotonic()
     with run_lock(out_dir), _fewer_collections():
         check_fingerprint(out_dir, config, fresh=fresh)
-        if fresh:
-            (out_dir / NUGGETS_FILE).unlink(missing_ok=True)
         results_path = out_dir / RESULTS_FILE
         repair_results(results_path)
         recorded, lines = unit_statuses(results_path) if results_path.exists() else ({}, 0)
@@ -132,6 +133,7 @@ async def run_async(
             with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
             latest = recorded | batch.written
+            settle_partial(out_dir, batch.partial - latest.keys())  # unfinished units' stay
             if keep is not None and not lines:
                 keep.extend(latest_rows(batch.kept))
             if lines > len(recorded) or recorded.keys() & batch.written.keys():
@@ -228,6 +230,8 @@ class _Batch:
         self.tasks: list[asyncio.Task[Any]] = []
         # Each unit written by this invocation and its verdicts' statuses.
         self.written: dict[UnitKey, frozenset[str]] = {}
+        # Units with verdicts in the partial file: an earlier invocation's, and this one's.
+        self.partial = partial_units(self.results_path.parent)
         self._ready: list[Judged] = []  # judged, waiting for their metrics (_flush)
         self._flushed = time.monotonic()
         self.kept: list[JudgedQuery] = []
@@ -235,6 +239,8 @@ class _Batch:
     async def run(self) -> None:
         """Workers pull units (judging/units.py) until none is left or a stop reason is set."""
         self.writer = ResultsWriter(self.results_path)
+        self.partial_writer = ResultsWriter(self.results_path.parent / PARTIAL_FILE)
+        ticker = asyncio.create_task(self._tick())
         try:
             if self.units and not await self._prepare():
                 return
@@ -245,20 +251,39 @@ class _Batch:
                 workers=self.config.run.concurrency * 2,
                 stopped=self.stopped.is_set,
                 tasks=self.tasks,
+                on_verdict=self._told,
             )
         except asyncio.CancelledError:
             if self.stopped_by != "interrupted" or _cancelling():
                 raise
             # The grace period ran out: the cancelled units stay unfinished (resumable).
         finally:
+            ticker.cancel()
             try:
                 self._flush()
                 await self.writer.aclose()
+                await self.partial_writer.aclose()
             finally:
                 if self.units:
                     self.progress.show(final=True)
                 await self.judge.aclose()
                 self.cache.close()
+
+    async def _tick(self) -> None:
+        """The progress line at its interval even while no verdict comes (calls hanging)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.progress.interval_s))
+            self.progress.show()
+
+    def _told(self, index: int, verdict: Verdict) -> None:
+        """A verdict of an unfinished unit, as it is made: counted, and written to the partial
+        file when it was paid for (a cached one is in the cache, an error holds no answer)."""
+        query, repeat = self.units[index]
+        key = (query.query_id, query.engine, repeat)
+        self.progress.told(key, verdict)
+        if not verdict.cached and verdict.status != "error":
+            self.partial_writer.add_line(partial_line(key, verdict))
+            self.partial.add(key)
 
     async def _prepare(self) -> bool:
         """What the units need first (judging/judge.py ``Judge.prepare``: a cascade's band from

@@ -1,4 +1,5 @@
-"""The results writer: judged queries appended to verdicts.jsonl, fsynced, in group commits."""
+"""The results writer: judged queries appended to verdicts.jsonl (and a unit's verdicts to
+verdicts.partial.jsonl as they come), fsynced, in group commits."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ class ResultsWriter:
         self._task = asyncio.create_task(self._drain())
 
     def add(self, jq: JudgedQuery) -> None:
+        self.add_line(jq.model_dump_json().encode("utf-8") + b"\n")
+
+    def add_line(self, line: bytes) -> None:
+        """Append ``line`` (one JSON object and its newline) in the next group commit."""
         if self._task.done():  # the writer failed (disk full, ...): say so now
             self._task.result()
-        self._pending.append(jq.model_dump_json().encode("utf-8") + b"\n")
+        self._pending.append(line)
         self._wake.set()
 
     async def _drain(self) -> None:
