@@ -9,7 +9,9 @@ reranker is a deterministic scorer and repeats measure the LLM. Then, per passag
     low <= score < high     -> the LLM judge              (source "judge")
     score >= high           -> the scale's highest label  (source "reranker"), unless its
                                score with the query's words masked is below echo_floor:
-                               then the LLM judge, the verdict flagged "echo" (judging/echo.py)
+                               then the LLM judge, the verdict flagged "echo" (judging/echo.py),
+                               or the sanitiser flagged text aimed at the judge in it
+                               (``Passage.aimed``): then the LLM judge too
 
 A reranker verdict costs no LLM call; its ``probability`` is the reranker score (clipped to
 [0, 1]), so soft metrics and ``rerank_*`` work as with any rerank provider. On a graded scale
@@ -299,8 +301,13 @@ class Cascade:
             echoed = await self._echoed(query, scores)
         except ProviderError as exc:
             return _failed(query, exc), None
+        # A passage holding text aimed at the judge (judging/sanitise.py flags it) is not the
+        # reranker's to call relevant either: the LLM reads it, datamarked.
+        aimed = {p.id for p in query.passages if p.aimed and band.side(scores[p.id]) == "above"}
         to_llm = tuple(
-            p for p in query.passages if band.side(scores[p.id]) == "band" or p.id in echoed
+            p
+            for p in query.passages
+            if band.side(scores[p.id]) == "band" or p.id in echoed or p.id in aimed
         )
         asked = await ask(query.model_copy(update={"passages": to_llm})) if to_llm else []
         out: dict[str, Verdict] = {}
