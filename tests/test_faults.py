@@ -17,6 +17,7 @@ import pytest
 
 from judge.cli.main import main
 from judge.data.results import RESULTS_FILE
+from judge.judging.prompts import MARK
 from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
 from tests.test_runner import verdict_labels, write_config, write_dataset
 from tests.wire import Answer
@@ -117,7 +118,8 @@ def test_redo_unparsed_asks_exactly_those_units_again(
     inner = hashed_responder()
 
     def answer(request: Recorded) -> Item:
-        if garble["on"] and "question 0" in json.dumps(request.body):  # re-asks too
+        body = json.dumps(request.body).replace(MARK, " ")  # read through the datamark
+        if garble["on"] and "question 0" in body:  # re-asks too
             return Answer(text="I cannot say.")
         return inner(request)
 

@@ -53,7 +53,7 @@ def test_a_cached_rerun_reads_the_query_whole_and_gets_the_same_verdicts(
         fresh = judge.judge(QUERY)
         assert judge.caller.stats.cache_hits == 0  # the set is read back without counting
     assert len(server.requests) == 3
-    assert fresh.query.passages[2].removed  # the sanitiser took something out
+    assert fresh.query.passages[2].aimed  # the sanitiser found something (and left it in)
     assert not any(v.cached for v in fresh.verdicts)
     # A paid run stores the set a cached re-run would make: its answers read back at once.
     assert _sets(path) == 1

@@ -251,7 +251,9 @@ def _logprobs(answer: Answer, request: Recorded) -> dict[str, Any] | None:
 def _usage(answer: Answer, request: Recorded) -> tuple[int, int]:
     if answer.usage is not None:
         return answer.usage
-    words = sum(len(str(m.get("content", "")).split()) for m in request.messages)
+    # A word a token, the datamark between a passage's words counted as the space it stands for.
+    texts = [str(m.get("content", "")).replace(MARK, " ") for m in request.messages]
+    words = sum(len(t.split()) for t in texts)
     return words, len(_tokens(answer)) if answer.text else 0
 
 
