@@ -9,9 +9,12 @@ reranker is a deterministic scorer and repeats measure the LLM. Then, per passag
     low <= score < high     -> the LLM judge              (source "judge")
     score >= high           -> the scale's highest label  (source "reranker"), unless its
                                score with the query's words masked is below echo_floor:
-                               then the LLM judge, the verdict flagged "echo" (judging/echo.py),
-                               or the sanitiser flagged text aimed at the judge in it
-                               (``Passage.aimed``): then the LLM judge too
+                               then the LLM judge, the verdict flagged "echo" (judging/echo.py)
+
+Whatever its score, a passage the sanitiser flagged (``Passage.aimed``: text aimed at the judge,
+left in place) goes to the LLM, which reads it whole, datamarked; the reranker scores it
+without that text (:func:`scored_text`), so ``rerank_*`` is not bought by the forms the
+sanitiser knows.
 
 A reranker verdict costs no LLM call; its ``probability`` is the reranker score (clipped to
 [0, 1]), so soft metrics and ``rerank_*`` work as with any rerank provider. On a graded scale
@@ -54,6 +57,7 @@ from judge.calling.caller import Caller
 from judge.config import CascadeSection
 from judge.errors import ConfigError, InputError, ProviderError
 from judge.judging.echo import ECHO, mask_query
+from judge.judging.sanitise import strip_aimed
 from judge.judging.verdicts import ok_verdict
 from judge.providers.base import RerankRequest
 from judge.schema import Passage, Query, Record, Scale, Verdict
@@ -89,15 +93,23 @@ class Band(Record):
         return "band" if score < self.high else "above"
 
 
+def scored_text(passage: Passage, query: str) -> str:
+    """What a reranker scores: the passage, without the text aimed at the judge that the
+    sanitiser flagged in it (``Passage.aimed``). A reranker reads no prompt, so a datamark
+    cannot help it, and query stuffing moves a bi-encoder's score; an LLM still reads the
+    passage whole."""
+    return strip_aimed(passage.text, query)[0] if passage.aimed else passage.text
+
+
 def rerank_request(model: str, query: Query) -> RerankRequest:
     """The one rerank request that scores every passage of ``query``."""
-    documents = tuple(p.text for p in query.passages)
+    documents = tuple(scored_text(p, query.query) for p in query.passages)
     return RerankRequest(model=model, query=query.query, documents=documents, top_n=len(documents))
 
 
 def echo_request(model: str, query: Query, passages: Sequence[Passage]) -> RerankRequest:
     """The rerank request of the echo check: ``passages`` with the query's words masked."""
-    masked = tuple(mask_query(p.text, query.query) for p in passages)
+    masked = tuple(mask_query(scored_text(p, query.query), query.query) for p in passages)
     return RerankRequest(model=model, query=query.query, documents=masked, top_n=len(masked))
 
 
@@ -302,8 +314,8 @@ class Cascade:
         except ProviderError as exc:
             return _failed(query, exc), None
         # A passage holding text aimed at the judge (judging/sanitise.py flags it) is not the
-        # reranker's to call relevant either: the LLM reads it, datamarked.
-        aimed = {p.id for p in query.passages if p.aimed and band.side(scores[p.id]) == "above"}
+        # reranker's to label: its score is of the text without it, the LLM reads it whole.
+        aimed = {p.id for p in query.passages if p.aimed}
         to_llm = tuple(
             p
             for p in query.passages
