@@ -154,6 +154,15 @@ class RunSection(Record):
     concurrency: int = Field(default=64, ge=1)
     adaptive_concurrency: bool = True
     timeout_s: float = Field(default=60.0, gt=0)
+    # One attempt's deadline: a hung request is abandoned then and retried (a fault, not a
+    # reason to lower the concurrency). 0 = drawn from the provider's recent answers: 4 x their
+    # p95, at least 1 s, doubled on each retry of a call, at most timeout_s (timeout_s until 20
+    # answers are in, and for a model on this machine).
+    attempt_timeout_s: float = Field(default=0.0, ge=0)
+    # Hedging: an attempt without an answer after 2 x the recent p95 (at least 0.2 s) gets a
+    # second identical request; the first answer wins, both are counted and paid, a hedge is
+    # never sent past the budget. At most this share of the requests are hedges (0 = none).
+    hedge_share: float = Field(default=0.05, ge=0, le=0.5)
     max_attempts: int = Field(default=6, ge=1)
     # Backoff: random in [0, base * 2^(attempt-1)], capped; a Retry-After is honoured (capped).
     backoff_base_s: float = Field(default=0.5, ge=0)

@@ -6,6 +6,10 @@ and jitter, honouring a server's Retry-After (capped), up to ``max_attempts`` tr
 cache is consulted first. A chat answer is read by the caller's ``parse`` function exactly
 once; only an answer that parses is cached (rule 3), and the parsed value comes back with it.
 
+An attempt has a deadline drawn from the provider's recent latency and is hedged when it is
+far slower than that (a second request; the first answer wins; both are counted and paid): a
+hung request does not hold its slot for the whole timeout (:class:`judge.calling.limits.Tail`).
+
 What it takes in and hands back: a :class:`Prompt` is known by a digest before it is rendered,
 and a :class:`Reader`'s readings are kept beside the answers: a hit renders and parses nothing.
 Answers stay keyed by the rendered request; a digest is an alias, and one that misses costs a
@@ -30,6 +34,7 @@ from judge.calling.limits import (
     Budget,
     Limits,
     RateLimiter,
+    Tail,
     billed_on_failure,
     worst_case_prompt_tokens,
 )
@@ -50,9 +55,12 @@ from judge.providers.base import (
 from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
-# Seconds a call's attempts spent between leaving and their answer arriving (not waiting for
-# a slot, a rate token or a retry's backoff): a verdict's latency_s.
-_IN_FLIGHT_S: ContextVar[float] = ContextVar("judge_in_flight_s", default=0.0)
+# Seconds a call's requests spent between leaving and their answer arriving (not waiting for
+# a slot, a rate token or a retry's backoff; a hedge's too): a verdict's latency_s. A cell that
+# the call's hedges, run as tasks of their own (with a copy of the context), add to as well.
+_IN_FLIGHT_S: ContextVar[list[float] | None] = ContextVar("judge_in_flight_s", default=None)
+# Seconds past timeout_s after which a request the provider did not time out is given up.
+HARD_MARGIN_S = 5.0
 P = TypeVar("P")
 R = TypeVar("R")
 
@@ -116,6 +124,10 @@ def _reading_of(
     return Reading(parse.tag, parse.dump(result.value))
 
 
+class _NoHedge(Exception):
+    """A hedge not sent: the budget has no room for it now."""
+
+
 # Attempts in a row that make no connection, before any success, after which a provider is
 # unreachable: a closed port or a wrong host fails fast instead of through every retry.
 UNREACHABLE_ATTEMPTS = 8
@@ -145,6 +157,11 @@ def _root_cause(exc: BaseException) -> str:
     return " ".join(text.split())[:200]
 
 
+def _local(provider: ChatProvider | RerankProvider | None) -> bool:
+    """Whether ``provider`` is a model on this machine (the embedded judge or reranker)."""
+    return provider is not None and provider.identity.startswith("embedded")
+
+
 class Caller:
     """Calls one chat provider and/or one rerank provider under shared limits."""
 
@@ -170,11 +187,15 @@ class Caller:
             "chat": AdaptiveLimit(lim.concurrency, start=lim.start, adaptive=lim.adaptive),
             "rerank": AdaptiveLimit(lim.rerank_concurrency, start=lim.start, adaptive=lim.adaptive),
         }
+        # Each provider's recent latencies: an attempt's deadline and when to hedge it. A model
+        # on this machine (embedded) is neither hedged nor cut short: its latency is our CPU.
+        self.tails = {
+            "chat": Tail(lim, local=_local(chat)),
+            "rerank": Tail(lim, local=_local(rerank)),
+        }
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
         self._inflight: dict[str, asyncio.Future[Any]] = {}  # by key: chat and rerank keys differ
-        # The providers enforce timeout_s themselves; this backstop catches one that does not.
-        self._hard_timeout_s = self.limits.timeout_s + 5.0
 
     def key(self, request: ChatRequest | Prompt, repeat: int) -> str:
         """The cache key of ``request`` for repeat ``repeat`` to the chat provider (a prompt's:
@@ -337,15 +358,17 @@ class Caller:
         worst = worst_case_prompt_tokens([m.content for m in request.messages])
 
         send = functools.partial(provider.complete, request, timeout=self.limits.timeout_s)
+        tries = 0
+
+        async def pace() -> None:
+            await self._rpm.acquire()
+            await self._tpm.acquire(estimate)
 
         async def once() -> Completion:
-            slot = self.slots["chat"]
-            async with slot:
-                await self._rpm.acquire()
-                await self._tpm.acquire(estimate)
-                answer = await self._paid(
-                    slot, worst, request.params.max_tokens, send, provider.classify
-                )
+            nonlocal tries
+            tries += 1
+            tokens, classify = request.params.max_tokens, provider.classify
+            answer = await self._attempt("chat", tries, pace, worst, tokens, send, classify)
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer
 
@@ -385,40 +408,148 @@ class Caller:
         worst = worst_case_prompt_tokens([request.query, *request.documents])
 
         send = functools.partial(provider.rerank, request, timeout=self.limits.timeout_s)
+        tries = 0
 
         async def once() -> RerankResult:
-            slot = self.slots["rerank"]
-            async with slot:
-                await self._rpm.acquire()
-                return await self._paid(slot, worst, 0, send, provider.classify)
+            nonlocal tries
+            tries += 1
+            return await self._attempt(
+                "rerank", tries, self._rpm.acquire, worst, 0, send, provider.classify
+            )
 
         result = await self._call(once, provider.classify)
         if len(result.answer.scores) == len(request.documents):
             self.cache.put(key, result.answer, kind="rerank", model=request.model)
         return result
 
-    async def _paid(
+    async def _attempt(
         self,
-        slot: AdaptiveLimit,
+        lane: str,
+        attempt: int,
+        pace: Callable[[], Awaitable[None]],
         prompt_tokens: int,
         completion_tokens: int | None,
         send: Callable[[], Awaitable[A]],
         classify: Callable[[BaseException], RetryDecision],
     ) -> A:
-        """One request (``send()``, under the hard timeout) under the budget: its worst case
-        reserved before it is sent, settled to what it used. A request whose fate is unknown
-        (timeout, dropped connection, cancelled in flight) is counted at its worst-case prompt:
-        it may have been billed."""
+        """Attempt ``attempt`` of a call to the ``lane`` provider: a request under one of its
+        slots and ``pace`` (the rate limits), given up at its deadline; when it has no answer
+        by the tail's hedge time and a hedge is left, a second request (ahead of every call
+        waiting for a slot) races it (see :class:`judge.calling.limits.Tail`)."""
+        slot, tail = self.slots[lane], self.tails[lane]
+
+        async def request(hedge: bool, left: asyncio.Future[None] | None) -> A:
+            await slot.acquire(first=hedge)
+            try:
+                await pace()
+                return await self._paid(
+                    lane, prompt_tokens, completion_tokens, send, classify, attempt, hedge, left
+                )
+            finally:
+                slot.release()
+
+        if tail.share <= 0:  # never hedged: no task of its own
+            return await request(False, None)
+        left: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(request(False, left))
+        try:
+            await asyncio.wait((first, left), return_when=asyncio.FIRST_COMPLETED)
+            # The request left (a slot may have taken long): the tail as it is now says when
+            # to hedge it, and its hedge time runs from now.
+            after = tail.hedge_after()
+            if not first.done() and after is not None:
+                await asyncio.wait((first,), timeout=after)
+            if after is None or first.done() or self.stopping is not None or not tail.may_hedge():
+                return await first
+            hedge = asyncio.ensure_future(request(True, None))
+            return await self._race(first, hedge, classify)
+        finally:
+            if not first.done():  # this call was cancelled: so is its request
+                first.cancel()
+                await asyncio.wait((first,))
+
+    async def _race(
+        self,
+        first: asyncio.Future[A],
+        hedge: asyncio.Future[A],
+        classify: Callable[[BaseException], RetryDecision],
+    ) -> A:
+        """The first answer of a request and its hedge; the other request is cancelled (and
+        paid as a request lost in flight; a first request so given up counts as a timeout).
+        When both fail, the first request's failure is raised for the retry policy to decide
+        on, and the hedge's is counted here."""
+        pending: set[asyncio.Future[A]] = {first, hedge}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        other = first if task is hedge else hedge
+                        if other in pending:  # cancelled below: a first request given up slow
+                            self.stats.errors["timeout"] += other is first
+                        else:
+                            self._count_failure(other.exception(), classify)
+                        return task.result()
+            self._count_failure(hedge.exception(), classify)
+            failure = first.exception()
+            assert failure is not None
+            raise failure
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    def _count_failure(
+        self, exc: BaseException | None, classify: Callable[[BaseException], RetryDecision]
+    ) -> None:
+        """Count a failed request that no retry decision will see (a hedge race's loser)."""
+        if exc is None or isinstance(exc, _NoHedge):
+            return
+        if isinstance(exc, TimeoutError):
+            kind = "timeout"
+        elif isinstance(exc, ProviderError):
+            kind = exc.kind
+        else:
+            kind = classify(exc).kind
+        self.stats.errors[kind] += 1
+
+    async def _paid(
+        self,
+        lane: str,
+        prompt_tokens: int,
+        completion_tokens: int | None,
+        send: Callable[[], Awaitable[A]],
+        classify: Callable[[BaseException], RetryDecision],
+        attempt: int,
+        hedge: bool = False,
+        left: asyncio.Future[None] | None = None,
+    ) -> A:
+        """One request (``send()``, given up at the deadline the tail gives a call's
+        ``attempt``-th attempt as it leaves) under the budget: its worst case reserved before it
+        is sent, settled to what it used. A request whose fate is unknown (timeout, dropped
+        connection, cancelled in flight, a hedge race's loser) is counted at its worst-case
+        prompt: it may have been billed. ``left`` is set as it leaves."""
         if self.stats.unreachable is not None:  # no request goes to a provider never reached
             raise ProviderError(self.stats.unreachable, kind="unreachable")
         if self.stopping is not None:  # a run told to stop sends nothing new
             raise ProviderError(f"not sent: {self.stopping}", kind="interrupted")
-        reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
+        slot, tail = self.slots[lane], self.tails[lane]
+        if hedge:  # sent only if it fits now: it never waits for room a first request needs
+            reservation = self.budget.try_reserve(prompt_tokens, completion_tokens)
+            if reservation is None:
+                raise _NoHedge()
+        else:
+            reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
+        tail.sent(hedge)
         spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
         sent = time.perf_counter()
         self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
+        self.stats.hedges += hedge
+        if left is not None:
+            left.set_result(None)
         try:
-            async with asyncio.timeout(self._hard_timeout_s):
+            async with asyncio.timeout(self._deadline(tail, attempt)):
                 answer = await send()
             spent = answer.usage
         except Exception as exc:
@@ -426,6 +557,7 @@ class Caller:
             spent = billed_on_failure(exc, kind, spent)
             unsent = never_sent(exc)
             self.stats.requests -= unsent  # no connection: the server never saw it
+            self.stats.hedges -= unsent and hedge
             if unsent:
                 self._unconnected(exc)
             if kind == "rate_limit":
@@ -433,10 +565,20 @@ class Caller:
             raise
         finally:
             self.budget.settle(reservation, spent)
-            _IN_FLIGHT_S.set(_IN_FLIGHT_S.get() + time.perf_counter() - sent)
-        slot.success(time.perf_counter() - sent)
+            if (cell := _IN_FLIGHT_S.get()) is not None:
+                cell[0] += time.perf_counter() - sent
+        latency = time.perf_counter() - sent
+        tail.answered(latency)
+        slot.success(latency)
         self.stats.unconnected = 0
         return answer
+
+    def _deadline(self, tail: Tail, attempt: int) -> float:
+        """Seconds a request of a call's ``attempt``-th attempt leaving now is given: the
+        tail's deadline, or past timeout_s, which the providers enforce themselves, a backstop
+        for one that does not."""
+        deadline = tail.deadline(attempt)
+        return deadline if deadline < self.limits.timeout_s else deadline + HARD_MARGIN_S
 
     def _unconnected(self, exc: BaseException) -> None:
         """Count an attempt that made no connection; before any success, the
@@ -458,7 +600,8 @@ class Caller:
     ) -> CallResult[A]:
         """``once`` until it succeeds, a failure is final, or the attempts are spent."""
         policy = RetryPolicy(classify, self.limits, self.stats)
-        _IN_FLIGHT_S.set(0.0)
+        cell = [0.0]
+        _IN_FLIGHT_S.set(cell)
         try:
             answer = await policy.run(once)
         except (ProviderError, BudgetExceeded):
@@ -468,5 +611,5 @@ class Caller:
             self.stats.failures += 1
             raise policy.gave_up(exc) from None
         self.stats.successes += 1
-        attempts, latency = policy.attempts, _IN_FLIGHT_S.get()
+        attempts, latency = policy.attempts, cell[0]
         return CallResult(answer, cached=False, attempts=attempts, latency_s=latency)

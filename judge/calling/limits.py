@@ -1,8 +1,10 @@
 """How hard the call layer may push providers, and what it may spend.
 
 :class:`Limits` is read from a config once (:meth:`Limits.from_config`); none of it is part
-of a cache key. :class:`RateLimiter` paces requests and tokens per minute; :class:`Budget`
-counts what was spent and refuses a call the budget no longer allows.
+of a cache key. :class:`AdaptiveLimit` keeps the calls in flight to what a provider can take;
+:class:`Tail` draws an attempt's deadline and when to hedge it from the provider's recent
+latency; :class:`RateLimiter` paces requests and tokens per minute; :class:`Budget` counts
+what was spent and refuses a call the budget no longer allows.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class Limits(Record):
     adaptive: bool = True
     start: int = 64
     timeout_s: float = 60.0
+    # One attempt's deadline (0: drawn from the recent p95, see Tail) and the share of
+    # requests that may be hedges (0: no hedging).
+    attempt_timeout_s: float = 0.0
+    hedge_share: float = 0.05
     max_attempts: int = 6
     backoff_base_s: float = 0.5
     max_backoff_s: float = 60.0
@@ -55,6 +61,8 @@ class Limits(Record):
             rerank_concurrency=rerank or r.concurrency,
             adaptive=r.adaptive_concurrency,
             timeout_s=r.timeout_s,
+            attempt_timeout_s=r.attempt_timeout_s,
+            hedge_share=r.hedge_share,
             max_attempts=r.max_attempts,
             backoff_base_s=r.backoff_base_s,
             max_backoff_s=r.max_backoff_s,
@@ -114,12 +122,17 @@ class AdaptiveLimit:
     def current(self) -> int:
         return max(1, int(self.limit))
 
-    async def acquire(self) -> None:
+    async def acquire(self, *, first: bool = False) -> None:
+        """Take a slot, waiting for one in arrival order (``first``: ahead of every waiter,
+        for a hedge, whose call has waited already)."""
         if not self._waiters and self.in_flight < self.current:
             self._take()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if first:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
         try:
             await waiter  # resolved by _wake with the slot already taken for us
         except asyncio.CancelledError:
@@ -189,6 +202,87 @@ class AdaptiveLimit:
 
     def _cut(self, factor: float) -> bool:
         self.limit = max(self.floor, self.limit * factor)
+        return True
+
+
+# Answers remembered for the recent p95 (per provider), and how many it needs to be known.
+TAIL_WINDOW, TAIL_HISTORY = 100, 20
+# An attempt is abandoned after ATTEMPT_P95 x the recent p95 (never before ATTEMPT_FLOOR_S)
+# and hedged after HEDGE_P95 x it (never before HEDGE_FLOOR_S).
+ATTEMPT_P95, ATTEMPT_FLOOR_S = 4.0, 1.0
+HEDGE_P95, HEDGE_FLOOR_S = 2.0, 0.2
+# Hedges that may be saved up while the provider is well (so a slow spell is not doubled).
+HEDGE_BURST = 8.0
+
+
+class Tail:
+    """One provider's recent latencies, and what they say about a slow attempt.
+
+    The recent p95 is that of the last :data:`TAIL_WINDOW` answers' latencies (from the request
+    leaving to its answer), known once there are :data:`TAIL_HISTORY`. Then:
+
+    - **Deadline.** Attempt n of a call is abandoned after
+      ``min(timeout_s, max(ATTEMPT_FLOOR_S, ATTEMPT_P95 x p95) x 2^(n-1))`` seconds (a fixed
+      ``attempt_timeout_s`` replaces the max), and retried: a hung request holds its slot for
+      a few p95s, not the whole ``timeout_s``. It is a fault, never a sign of overload, so the
+      concurrency limit does not shrink for it. Doubling on each retry keeps a provider that
+      became slow for every request reachable while the p95 catches up. Without history, or
+      for a model on this machine (``local``: its latency is our own CPU), it is ``timeout_s``.
+    - **Hedging.** An attempt with no answer after ``max(HEDGE_FLOOR_S, HEDGE_P95 x p95)``
+      gets a second, identical request (:meth:`may_hedge`); the first answer wins, the other
+      is cancelled, and both are counted and paid. Each first request earns ``hedge_share`` of
+      a hedge, at most :data:`HEDGE_BURST` saved: hedges are at most ``hedge_share`` of the
+      requests, and a provider slow for everyone is not sent twice the load. ``hedge_share =
+      0`` or ``local``: never.
+    """
+
+    def __init__(self, limits: Limits, *, local: bool = False) -> None:
+        self.timeout_s = limits.timeout_s
+        self.fixed_s = limits.attempt_timeout_s
+        self.share = 0.0 if local else limits.hedge_share
+        self.local = local
+        self._recent: deque[float] = deque(maxlen=TAIL_WINDOW)
+        self._p95: float | None = None  # cached until the next answer
+        self._saved = 0.0  # hedges earned and not yet spent
+
+    def answered(self, latency_s: float) -> None:
+        self._recent.append(latency_s)
+        self._p95 = None
+
+    @property
+    def p95(self) -> float | None:
+        """The recent answers' 95th percentile latency (None: fewer than TAIL_HISTORY)."""
+        if self._p95 is None and len(self._recent) >= TAIL_HISTORY:
+            ordered = sorted(self._recent)
+            self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return self._p95
+
+    def deadline(self, attempt: int) -> float:
+        """Seconds attempt ``attempt`` (1 for a call's first) may take before it is abandoned."""
+        if self.fixed_s > 0:
+            base = self.fixed_s
+        elif self.local or (p95 := self.p95) is None:
+            return self.timeout_s
+        else:
+            base = max(ATTEMPT_FLOOR_S, ATTEMPT_P95 * p95)
+        return min(self.timeout_s, base * 2.0 ** max(0, attempt - 1))
+
+    def hedge_after(self) -> float | None:
+        """Seconds without an answer after which an attempt is hedged (None: never)."""
+        if self.share <= 0 or (p95 := self.p95) is None:
+            return None
+        return max(HEDGE_FLOOR_S, HEDGE_P95 * p95)
+
+    def sent(self, hedge: bool = False) -> None:
+        """A request left: a first one (not a ``hedge``) earns a share of a hedge."""
+        if self.share > 0 and not hedge:
+            self._saved = min(HEDGE_BURST, self._saved + self.share)
+
+    def may_hedge(self) -> bool:
+        """Spend a saved hedge (False: none is left)."""
+        if self._saved < 1.0:
+            return False
+        self._saved -= 1.0
         return True
 
 
@@ -302,20 +396,32 @@ class Budget:
         tokens = self.usage.total + self._reserved_tokens + usage.total
         return not (lim.max_tokens > 0 and tokens > lim.max_tokens)
 
-    async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
-        """Hold a request's worst case, waiting while requests in flight may free room."""
+    def _worst(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
         completion = UNBOUNDED_COMPLETION if completion_tokens is None else completion_tokens
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion)
-        cost = self._cost(usage)
-        while not self._fits(usage, cost):
+        return Reservation(usage, self._cost(usage))
+
+    def _hold(self, worst: Reservation) -> Reservation:
+        self._reserved_tokens += worst.usage.total
+        self._reserved_cost += worst.cost
+        self._in_flight += 1
+        return worst
+
+    async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
+        """Hold a request's worst case, waiting while requests in flight may free room."""
+        worst = self._worst(prompt_tokens, completion_tokens)
+        while not self._fits(worst.usage, worst.cost):
             if self._in_flight == 0:
-                raise BudgetExceeded(self.reached_message(usage.total, cost))
+                raise BudgetExceeded(self.reached_message(worst.usage.total, worst.cost))
             self._settled.clear()
             await self._settled.wait()
-        self._reserved_tokens += usage.total
-        self._reserved_cost += cost
-        self._in_flight += 1
-        return Reservation(usage, cost)
+        return self._hold(worst)
+
+    def try_reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation | None:
+        """Hold a request's worst case if it fits now, without waiting (None: it does not);
+        a hedge is sent only so, never by waiting for room a first request would take."""
+        worst = self._worst(prompt_tokens, completion_tokens)
+        return self._hold(worst) if self._fits(worst.usage, worst.cost) else None
 
     def settle(self, reservation: Reservation, spent: Usage) -> None:
         """Release a reservation and count what the request really used (synchronous, so it

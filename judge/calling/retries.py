@@ -31,7 +31,8 @@ T = TypeVar("T")
 class CallStats:
     """Counters for progress lines and the summary (mutated only on the event loop)."""
 
-    requests: int = 0  # HTTP calls made to providers (every attempt)
+    requests: int = 0  # HTTP calls made to providers (every attempt, hedges included)
+    hedges: int = 0  # of those, second requests sent for an attempt slow to answer
     successes: int = 0
     cache_hits: int = 0
     retries: int = 0

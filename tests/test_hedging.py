@@ -1,0 +1,182 @@
+"""An attempt's deadline and hedging, against a loopback server whose requests can hang.
+
+After 20 answers the call layer knows the provider's recent p95: an attempt without an answer
+after 2 x that (at least 0.2 s) gets a second, identical request, and the first answer wins; an
+attempt still without one after 4 x that (at least 1 s) is abandoned and retried. Both requests
+of a hedged attempt are counted and paid, a hedge is never sent past the budget, and hedges
+stay a small share of the requests. The server counts every request; a hung request is held
+until the test ends, so an answer that came is proof that it did not wait for the hung one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from judge.calling.limits import Limits, worst_case_prompt_tokens
+from judge.judging.judge import Judge
+from tests.servers import Answer, Item, Recorded, ScriptedServer, hashed_responder
+
+HISTORY = [f"passage {i} about kettles and tea" for i in range(40)]
+MARK = "zebracorn"  # one word: found in a prompt whatever its datamark
+TARGET = f"the {MARK} passage"
+USAGE = (100, 5)  # every answer's (prompt, completion) tokens: exact accounting
+
+
+class Hanging:
+    """Answers every request with :data:`USAGE`; the first request whose prompt ``hangs``
+    holds its handler until :meth:`release` (the test's end), then answers."""
+
+    def __init__(self, hangs: Callable[[Recorded, int], bool]) -> None:
+        self.hangs = hangs
+        self.inner = hashed_responder()
+        self.seen: Counter[str] = Counter()
+        self.arrivals = 0
+        self.hung: list[Recorded] = []
+        self.finished = 0  # hung handlers that got to answer
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Recorded) -> Item:
+        with self._lock:
+            self.arrivals += 1
+            self.seen[request.prompt] += 1
+            hang = self.seen[request.prompt] == 1 and self.hangs(request, self.arrivals)
+            if hang:
+                self.hung.append(request)
+        if hang:
+            self._released.wait(120)
+            with self._lock:
+                self.finished += 1
+        answer = self.inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=USAGE)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Hanging], ScriptedServer]]:
+    """``serve(responder)``: a started server; its hung handlers are released, then it stops."""
+    running: list[tuple[ScriptedServer, Hanging]] = []
+
+    def start(responder: Hanging) -> ScriptedServer:
+        server = ScriptedServer(responder=responder).start()
+        running.append((server, responder))
+        return server
+
+    yield start
+    for server, responder in running:
+        responder.release()
+        server.stop()
+
+
+def _judge(server: ScriptedServer, **limits: float) -> Judge:
+    # timeout_s is far beyond the test's patience: only the derived deadline or a hedge ends
+    # a hung attempt in time.
+    settings = {"timeout_s": 120.0, "max_attempts": 4, "backoff_base_s": 0.01, **limits}
+    return Judge("local", "m", base_url=server.openai_base_url, limits=Limits(**settings))
+
+
+def _target_hangs(request: Recorded, _arrival: int) -> bool:
+    return MARK in request.prompt
+
+
+def _worst_prompt(request: Recorded) -> int:
+    return worst_case_prompt_tokens([str(m["content"]) for m in request.messages])
+
+
+def test_a_hung_request_is_hedged_the_answer_comes_from_the_hedge_and_both_are_paid(
+    serve: Callable[[Hanging], ScriptedServer],
+) -> None:
+    hanging = Hanging(_target_hangs)
+    server = serve(hanging)
+    with _judge(server) as judge:
+        assert all(v.status == "ok" for v in judge.judge("kettles", HISTORY).verdicts)
+        [verdict] = judge.judge("kettles", [TARGET]).verdicts
+        stats, budget = judge.caller.stats, judge.caller.budget
+        answered_while_hung = hanging.finished == 0
+    assert verdict.status == "ok" and verdict.attempts == 1
+    assert answered_while_hung  # the answer came from the second request
+    target = [r for r in server.requests if MARK in r.prompt]
+    assert len(target) == 2 and target[0].body == target[1].body  # an identical second request
+    # Both requests counted: the server saw 42, the stats say 42, one of them a hedge, and no
+    # retry was needed; the first request, given up, counts as a timeout.
+    assert stats.requests == len(server.requests) == len(HISTORY) + 2
+    assert (stats.hedges, stats.retries, dict(stats.errors)) == (1, 0, {"timeout": 1})
+    # Both paid: 41 answers as reported, the abandoned one at its worst-case prompt.
+    answered = len(HISTORY) + 1
+    assert budget.usage.prompt_tokens == answered * USAGE[0] + _worst_prompt(target[0])
+    assert budget.usage.completion_tokens == answered * USAGE[1]
+
+
+def test_without_hedging_a_hung_attempt_is_abandoned_at_its_deadline_and_retried(
+    serve: Callable[[Hanging], ScriptedServer],
+) -> None:
+    hanging = Hanging(_target_hangs)
+    server = serve(hanging)
+    with _judge(server, hedge_share=0.0) as judge:
+        judge.judge("kettles", HISTORY)
+        [verdict] = judge.judge("kettles", [TARGET]).verdicts
+        stats = judge.caller.stats
+        answered_while_hung = hanging.finished == 0
+    assert verdict.status == "ok" and verdict.attempts == 2
+    assert answered_while_hung  # the retry answered; the first request was still hanging
+    assert sum(MARK in r.prompt for r in server.requests) == 2
+    assert (stats.hedges, stats.retries, dict(stats.errors)) == (0, 1, {"timeout": 1})
+    assert stats.requests == len(server.requests)
+
+
+def test_a_hedge_is_not_sent_when_the_budget_has_no_room_for_it(
+    serve: Callable[[Hanging], ScriptedServer],
+) -> None:
+    # The target's worst case, from a request for it that nothing hangs.
+    probe = serve(Hanging(lambda _r, _n: False))
+    with _judge(probe) as judge:
+        judge.judge("kettles", [TARGET])
+    [sent] = probe.requests
+    prompt, completion = _worst_prompt(sent), int(sent.body["max_tokens"])
+    assert completion > 1
+    # Room after the history for the first request, and for its retry once the abandoned one
+    # is settled at its worst-case prompt, but not for a hedge beside the first request.
+    history = len(HISTORY) * sum(USAGE)
+    cap = history + 2 * prompt + completion + completion // 2
+    hanging = Hanging(_target_hangs)
+    server = serve(hanging)
+    with _judge(server, max_tokens=cap) as judge:
+        judge.judge("kettles", HISTORY)
+        [verdict] = judge.judge("kettles", [TARGET]).verdicts
+        stats, budget = judge.caller.stats, judge.caller.budget
+    assert verdict.status == "ok" and verdict.attempts == 2  # retried at the deadline instead
+    assert stats.hedges == 0 and stats.requests == len(server.requests) == len(HISTORY) + 2
+    assert budget.usage.total == history + prompt + sum(USAGE) <= cap
+
+
+def test_hedges_stay_a_small_share_of_the_requests(
+    serve: Callable[[Hanging], ScriptedServer],
+) -> None:
+    """A third of the passages hang on their first request (after the first 40 arrivals, so
+    the deadline is known): hedges are sent, but at most 5% of the requests are hedges; the
+    rest of the hung attempts are retried at their deadline. Nothing is lost."""
+
+    def a_third(request: Recorded, arrival: int) -> bool:
+        return arrival > 40 and sum(request.prompt.encode()) % 3 == 0
+
+    hanging = Hanging(a_third)
+    server = serve(hanging)
+    passages = [f"passage {i} about kettles and tea" for i in range(200)]
+    with _judge(server, concurrency=16, hedge_share=0.05) as judge:
+        verdicts = judge.judge("kettles", passages).verdicts
+        stats = judge.caller.stats
+    assert [v.status for v in verdicts] == ["ok"] * len(passages)
+    assert len(hanging.hung) >= 30
+    assert stats.hedges >= 1
+    first_requests = stats.requests - stats.hedges
+    assert stats.hedges <= 0.05 * first_requests
+    # The server saw each passage once, each retry and each hedge: nothing else was sent.
+    assert len(server.requests) == stats.requests == len(passages) + stats.retries + stats.hedges
