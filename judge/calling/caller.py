@@ -59,6 +59,8 @@ A = TypeVar("A", Completion, RerankResult)
 # a slot, a rate token or a retry's backoff; a hedge's too): a verdict's latency_s. A cell that
 # the call's hedges, run as tasks of their own (with a copy of the context), add to as well.
 _IN_FLIGHT_S: ContextVar[list[float] | None] = ContextVar("judge_in_flight_s", default=None)
+# Seconds between looks at the tail for a request sent before it knew the p95.
+HEDGE_RECHECK_S = 0.5
 # Seconds past timeout_s after which a request the provider did not time out is given up.
 HARD_MARGIN_S = 5.0
 P = TypeVar("P")
@@ -454,12 +456,7 @@ class Caller:
         first = asyncio.ensure_future(request(False, left))
         try:
             await asyncio.wait((first, left), return_when=asyncio.FIRST_COMPLETED)
-            # The request left (a slot may have taken long): the tail as it is now says when
-            # to hedge it, and its hedge time runs from now.
-            after = tail.hedge_after()
-            if not first.done() and after is not None:
-                await asyncio.wait((first,), timeout=after)
-            if after is None or first.done() or self.stopping is not None or not tail.may_hedge():
+            if not await self._slow(first, tail) or not tail.may_hedge():
                 return await first
             hedge = asyncio.ensure_future(request(True, None))
             return await self._race(first, hedge, classify)
@@ -467,6 +464,21 @@ class Caller:
             if not first.done():  # this call was cancelled: so is its request
                 first.cancel()
                 await asyncio.wait((first,))
+
+    async def _slow(self, first: asyncio.Future[Any], tail: Tail) -> bool:
+        """Whether the request ``first`` (just left, or failed before it could) is still
+        without an answer at its hedge time, counted from when it left (a slot may have taken
+        long), by the tail as it is then: one sent before the tail knew the p95 is hedged once
+        it does. False as soon as it ends, or once a signal stops the run."""
+        left = time.perf_counter()
+        while not first.done() and self.stopping is None:
+            after = tail.hedge_after()
+            waited = time.perf_counter() - left
+            if after is not None and waited >= after:
+                return True
+            wait = HEDGE_RECHECK_S if after is None else after - waited
+            await asyncio.wait((first,), timeout=wait)
+        return False
 
     async def _race(
         self,
