@@ -4,10 +4,11 @@ down to about that capacity, no call is lost, and the configured ceiling is neve
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 
-from judge.calling.limits import Limits
+from judge.calling.limits import AdaptiveLimit, Limits
 from judge.judging.judge import Judge
 from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
 
@@ -52,11 +53,14 @@ def test_the_limit_converges_to_the_providers_capacity_and_loses_nothing() -> No
             slot = judge.caller.slots["chat"]
     assert [v.status for v in jq.verdicts] == ["ok"] * len(PASSAGES)
     assert throttling.peak <= 8
-    # Halved after each overloaded round (over 40% 429s), grown one slot per round, never
-    # below an eighth of the ceiling: it ends near the capacity (where 429s fall under 40%;
-    # at most 3x it), far below the start, and the 429s are a small share of the calls.
+    # Halved after each overloaded round (clearly over 40% 429s; a round near the line is
+    # judged over more answers), grown one slot per round, never below an eighth of the
+    # ceiling: it ends near the capacity (at most 3x it), far below the start, and the 429s
+    # are under 60% of the calls. (Waiting for more answers near the line costs about a tenth
+    # more 429s here than judging every round of 32 alone, which halved the limit on chance
+    # shares of 429s that come whatever the load: test_429s_and_faults_... below.)
     assert slot.current <= 24
-    assert throttling.throttled < len(PASSAGES)
+    assert throttling.throttled < 1.5 * len(PASSAGES)
 
 
 def test_an_explicit_ceiling_is_never_passed() -> None:
@@ -143,3 +147,42 @@ def test_429s_that_come_whatever_the_load_do_not_collapse_the_limit() -> None:
             slot = judge.caller.slots["chat"]
     assert all(v.status == "ok" for v in jq.verdicts)
     assert slot.current >= 12, slot.current  # the old controller ended at 1-3
+
+
+def _fed(limit: AdaptiveLimit, throttled: float, faulty: float, n: int, seed: int) -> list[int]:
+    """Feed ``limit`` n outcomes drawn at random: a throttle with probability ``throttled``, a
+    fault (5xx, hang, drop) with ``faulty``, else a 200 ms success; the limit after each."""
+    import random
+
+    rng = random.Random(seed)
+    seen = []
+    for _ in range(n):
+        draw = rng.random()
+        if draw < throttled:
+            limit.throttled()
+        elif draw < throttled + faulty:
+            limit.failed()
+        else:
+            limit.success(0.2)
+        seen.append(limit.current)
+    return seen
+
+
+def test_429s_and_faults_that_come_whatever_the_load_keep_the_limit_high() -> None:
+    """A fifth of the answers 429s and a fifth other faults (the nightly mix) never cut the
+    limit. 30% and 30% (the harsh mix): a round of 32 passes 40% 429s by chance now and then,
+    and it used to halve the limit each time (the old controller spent most of such a run at
+    7 of 32); a share that close to the line is judged over more answers, and the limit spends
+    most of the run at the ceiling."""
+    for seed in range(5):
+        assert min(_fed(AdaptiveLimit(32, start=32), 0.2, 0.2, 3000, seed)) == 32, seed
+        harsh = _fed(AdaptiveLimit(32, start=32), 0.3, 0.3, 3000, seed)
+        assert statistics.median(harsh) >= 28 and statistics.mean(harsh) >= 24, seed
+
+
+def test_faults_alone_never_shrink_the_limit_and_overload_halves_it_at_once() -> None:
+    faulty = AdaptiveLimit(32, start=32)
+    assert min(_fed(faulty, 0.0, 0.6, 2000, 1)) == 32  # 5xx, hung and dropped: faults
+    overloaded = AdaptiveLimit(32, start=32)
+    seen = _fed(overloaded, 0.6, 0.0, 40, 1)  # 60% 429s: overload, judged in the first round
+    assert seen[-1] <= 16

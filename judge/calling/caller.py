@@ -574,6 +574,8 @@ class Caller:
                 self._unconnected(exc)
             if kind == "rate_limit":
                 slot.throttled()
+            elif not unsent:
+                slot.failed()
             raise
         finally:
             self.budget.settle(reservation, spent)

@@ -10,6 +10,7 @@ what was spent and refuses a call the budget no longer allows.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections import deque
@@ -78,23 +79,32 @@ class Limits(Record):
 MIN_ROUND = 32
 # Latency rises by less than this are noise (a busy client, a fast provider), not queueing.
 QUEUEING_S = 0.05
-# More throttles than this share of a round's answers means overload; fewer, faults.
+# More throttles than this share of a round's answers means overload; fewer, faults. A round
+# is a sample: it must pass the share by SHARE_MARGIN standard deviations (about 9 points in a
+# round of 32), else 429s that come whatever the load (a quarter of the answers, say) would
+# pass it by chance every few rounds and halve the limit each time. A round within that of
+# the share is too close to call and goes on, up to MAX_ROUNDS rounds' worth of answers (the
+# margin narrowing as it grows), then counts as no overload.
 THROTTLED_SHARE = 0.4
+SHARE_MARGIN = 1.0
+MAX_ROUNDS = 4
 
 
 class AdaptiveLimit:
     """Calls in flight to one provider, adapted to what it can take (AIMD, judged by rounds).
 
     Starts at ``start`` (at most ``ceiling``). Outcomes are judged a round at a time (as many
-    answers as the limit allows in flight, at least :data:`MIN_ROUND`): a round in which more
-    than :data:`THROTTLED_SHARE` of the answers were throttles (429, or 503 with Retry-After)
-    halves the limit, since the provider is overloaded; a round whose median latency passed
+    answers as the limit allows in flight, at least :data:`MIN_ROUND`; an answer is any attempt
+    that ended, in success or failure): a round in which more than :data:`THROTTLED_SHARE` of
+    the answers were throttles (429, or 503 with Retry-After) halves the limit, since the
+    provider is overloaded (by a margin; a round too close to call goes on:
+    :data:`SHARE_MARGIN`); a round whose median latency passed
     ``slow`` times the lowest seen, and by more than :data:`QUEUEING_S` (queueing at the
     provider), takes a quarter off. A few 429s that come whatever the load, hung requests,
     5xx and dropped connections are faults, not overload: the retry layer deals with them, and the
     limit does not shrink for them. Every success adds ``1 / limit`` (one slot per round of
     calls, as TCP's congestion avoidance does). A round that is mostly throttles (three in
-    four, eight at least) is judged at once: heavy overload is not waited out. The limit
+    four answers, eight at least) is judged at once: heavy overload is not waited out. The limit
     stays in [``floor``, ``ceiling``] (floor: an eighth of the ceiling, at
     least 1): an explicit ``concurrency`` is a hard ceiling. ``adaptive=False`` keeps it at
     the ceiling.
@@ -111,9 +121,11 @@ class AdaptiveLimit:
         self.in_flight = 0
         self.peak = 0
         self.fastest: float | None = None
-        # The round being judged: its successes' latencies and its throttles.
+        # The round being judged: its successes' latencies, its throttles, its other failures.
         self._latencies: list[float] = []
         self._throttles = 0
+        self._faults = 0
+        self._rounds = 1  # rounds' worth of answers the round being judged has grown to
         # Tasks waiting for a slot, first come first served; each is woken only when a slot is
         # its own (one Event for all woke every waiter on every release: O(n^2) at 1,000).
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -178,17 +190,30 @@ class AdaptiveLimit:
             self._throttles += 1
             self._judge_round()
 
+    def failed(self) -> None:
+        """An attempt ended in a fault (5xx, timeout, drop, bad body): not a reason to shrink,
+        but an answer of the round all the same."""
+        if self.adaptive:
+            self._faults += 1
+            self._judge_round()
+
     def _judge_round(self) -> bool:
         """At the end of a round, cut the limit if the round says the provider is overloaded
         (see the class docstring); True when it was cut."""
-        answers = len(self._latencies) + self._throttles
-        heavy = self._throttles >= 8 and self._throttles > 3 * len(self._latencies)
-        if answers < max(MIN_ROUND, self.current) and not heavy:
+        throttles = self._throttles
+        answers = len(self._latencies) + throttles + self._faults
+        heavy = throttles >= 8 and throttles > 3 * (answers - throttles)
+        size = max(MIN_ROUND, self.current)
+        if answers < size * self._rounds and not heavy:
             return False
-        share = self._throttles / answers
+        share = throttles / answers
+        spread = SHARE_MARGIN * math.sqrt(THROTTLED_SHARE * (1 - THROTTLED_SHARE) / answers)
+        if not heavy and abs(share - THROTTLED_SHARE) <= spread and self._rounds < MAX_ROUNDS:
+            self._rounds += 1  # too close to call: the round goes on
+            return False
         median = statistics.median(self._latencies) if self._latencies else None
-        self._latencies, self._throttles = [], 0
-        if share > THROTTLED_SHARE:
+        self._latencies, self._throttles, self._faults, self._rounds = [], 0, 0, 1
+        if heavy or share > THROTTLED_SHARE + spread:
             return self._cut(0.5)
         fastest = self.fastest
         if (
