@@ -13,11 +13,13 @@ answers after twice ``--timeout``. Two mixes are built in (``--mix``):
 ``[run] concurrency`` ``--concurrency`` and every other limit at its default (adaptive
 concurrency, the per-attempt deadline and hedging from the recent p95, 6 attempts), and with
 each of ``--fixed`` fixed concurrencies (adaptive off; deadline and hedging as the defaults),
-in alternation, ``--trials`` times. Printed per setting: median wall seconds; the verdicts per
-status (each passage must have exactly one); the requests the server received against the
-requests judge counted (they must be equal: every request is counted, hedges included), the
-hedges and retries among them; and the limit the controller ended at. Last, the defaults'
-median against the best fixed one's.
+in alternation, ``--trials`` times; with ``--plain``, also each fixed concurrency without the
+deadline and hedging (``attempt_timeout_s = timeout_s``, ``hedge_share = 0``: every attempt
+may take the whole timeout, as before they existed). Printed per setting: median wall seconds;
+the verdicts per status (each passage must have exactly one); the requests the server received
+against the requests judge counted (they must be equal: every request is counted, hedges
+included), the hedges and retries among them; and the limit the controller ended at. Last, the
+defaults' median against the best fixed one's.
 
     python bench/bench_faults.py [--mix nightly|harsh] [--passages 600] [--trials 2]
 """
@@ -118,10 +120,21 @@ class Trial:
     limit: int
 
 
-def trial(server: Server, args: argparse.Namespace, fixed: int | None, tag: str) -> Trial:
-    limits = Limits(
-        concurrency=fixed or args.concurrency, adaptive=fixed is None, timeout_s=args.timeout
-    )
+# A setting: None for the defaults, else (fixed concurrency, with the deadline and hedging).
+Setting = tuple[int, bool] | None
+
+
+def name_of(setting: Setting, args: argparse.Namespace) -> str:
+    if setting is None:
+        return f"defaults (adaptive {args.concurrency})"
+    fixed, tail = setting
+    return f"fixed {fixed}" + ("" if tail else ", plain")
+
+
+def trial(server: Server, args: argparse.Namespace, setting: Setting, tag: str) -> Trial:
+    fixed, tail = setting or (args.concurrency, True)
+    plain = {} if tail else {"attempt_timeout_s": args.timeout, "hedge_share": 0.0}
+    limits = Limits(concurrency=fixed, adaptive=setting is None, timeout_s=args.timeout, **plain)
     asked = queries(args.passages, tag)
     before = server.received()
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,29 +186,25 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--fault-rate", type=float, help="instead of the mix's")
     parser.add_argument("--faults", help="instead of the mix's")
+    parser.add_argument("--plain", action="store_true", help="also without deadline, hedging")
     args = parser.parse_args()
     rate, faults = MIXES[args.mix]
     rate = rate if args.fault_rate is None else args.fault_rate
     faults = args.faults or faults
-    settings: list[int | None] = [None, *(int(c) for c in args.fixed.split(","))]
+    fixed = [int(c) for c in args.fixed.split(",")]
+    settings: list[Setting] = [None, *((c, True) for c in fixed)]
+    settings += [(c, False) for c in fixed] if args.plain else []
     print(
         f"mix {args.mix}: fault rate {rate} over {faults}; latency {args.latency} s, "
         f"timeout_s {args.timeout}, {args.passages} passages"
     )
-    runs: dict[int | None, list[Trial]] = {s: [] for s in settings}
+    runs: dict[Setting, list[Trial]] = {s: [] for s in settings}
     with serve(args, rate, faults) as server:
         for t in range(args.trials):
-            for fixed in settings:
-                runs[fixed].append(trial(server, args, fixed, f"t{t}f{fixed or 0}"))
-    walls = {
-        fixed: report(
-            f"defaults (adaptive {args.concurrency})" if fixed is None else f"fixed {fixed}",
-            got,
-            args.passages,
-        )
-        for fixed, got in runs.items()
-    }
-    best = min((w, f) for f, w in walls.items() if f is not None)
+            for n, setting in enumerate(settings):
+                runs[setting].append(trial(server, args, setting, f"t{t}s{n}"))
+    walls = {s: report(name_of(s, args), got, args.passages) for s, got in runs.items()}
+    best = min((w, name_of(s, args)) for s, w in walls.items() if s is not None)
     print(f"defaults / best fixed ({best[1]}): {walls[None] / best[0]:.2f}x")
 
 
