@@ -144,7 +144,7 @@ def test_a_cascade_run_labelled_mostly_by_the_reranker_says_what_fools_it() -> N
     cascade = judge_health(by("reranker", balanced()), BINARY, "embedded")
     assert cascade.degenerate
     assert cascade.problems[0].startswith("Most labels here come from the embedded reranker")
-    assert "English" in cascade.problems[0] and "sanitiser misses" in cascade.problems[0]
+    assert "English" in cascade.problems[0] and "echoing the query" in cascade.problems[0]
     mostly_llm = judge_health(by("judge", balanced()), BINARY, "embedded")
     assert mostly_llm.problems[0].startswith("The embedded 0.5B LLM judge cannot tell")
 
