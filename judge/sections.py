@@ -134,7 +134,9 @@ class ScaleSection(Record):
 
 class DatasetSection(Record):
     path: str | None = None
-    columns: dict[str, str] = Field(default_factory=dict)
+    # The file's columns onto the dataset fields, or a preset's name ("ragas", "ragas-legacy",
+    # "phoenix", "pyterrier": judge/data/frames.py), checked when the file is read.
+    columns: dict[str, str] | str = Field(default_factory=dict)
     # The scale the rows' human labels use, when it is not the judge's (e.g. 0-3 labels
     # with a yes/no judge: a label counts as relevant at that scale's threshold).
     label_scale: str | None = None

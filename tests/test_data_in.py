@@ -218,6 +218,31 @@ def test_judge_run_reads_a_parquet_dataset_with_columns(
     assert chat_calls(yes_if_pale) == 3
 
 
+def test_a_config_names_a_preset_for_its_dataset_columns(
+    yes_if_pale: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parquet = tmp_path / "eval.parquet"
+    table = {"question": ["why so wan?", "what do dogs eat?"], "contexts": [["pale"], ["kibble"]]}
+    pq.write_table(pa.table(table), parquet)
+    dataset = {"path": str(parquet), "label_scale": "binary", "columns": "ragas-legacy"}
+    config = write_config(
+        tmp_path / "run.toml", yes_if_pale, tmp_path / "c.sqlite", {"dataset": dataset}
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert sorted(v.label for jq in read_run(out) for v in jq.verdicts) == ["no", "yes"]
+    # An unknown preset is one line naming the presets, before any request.
+    dataset["columns"] = "ragas-new"
+    config = write_config(
+        tmp_path / "bad.toml", yes_if_pale, tmp_path / "c.sqlite", {"dataset": dataset}
+    )
+    capsys.readouterr()
+    assert main(["run", str(config), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'ragas-new'" in err and "Traceback" not in err
+    assert chat_calls(yes_if_pale) == 2
+
+
 def test_judge_validate_names_a_parquet_files_missing_column_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

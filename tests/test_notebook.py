@@ -105,7 +105,7 @@ def test_the_notebook_runs_in_a_kernel_against_an_openai_compatible_server(
     assert first[0].startswith("1 ok yes 0.9") and first[1].startswith("2 ok no 0.1")
     # The progress bar reached the cell that called judge_many, on stderr, and nothing else did.
     many = next(c for c in cells if "judge_many(rows)" in c.source)
-    assert re.search(r"judging: 100%.*6/6.*passages 12", outputs(many, "stderr"))
+    assert re.search(r"judging: 100%.*12/12.*passages 12", outputs(many, "stderr"))
     assert not [c for c in cells if c is not many and outputs(c, "stderr")]
     agreement = next(c for c in cells if "agreement" in c.source)
     assert "agreement with the human labels: 1.0" in outputs(agreement, "stdout")

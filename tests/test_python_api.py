@@ -178,7 +178,7 @@ def test_progress_bar_on_stderr_unless_turned_off(
         shown = capsys.readouterr()
         j.judge_many(rows, progress=False)
         quiet = capsys.readouterr()
-    assert "judging: 100%" in shown.err and "3/3" in shown.err and "passages 6" in shown.err
+    assert "judging: 100%" in shown.err and "6/6 [" in shown.err and "passages 6" in shown.err
     assert shown.out == "" and quiet.err == "" and quiet.out == ""
 
 

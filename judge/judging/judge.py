@@ -359,14 +359,21 @@ class Judge:
             await self.prepare(queries, labels)
         out: list[Judged | None] = [None] * len(units)
         stats, counts = self.caller.stats, {"passages": 0, "errors": 0}
+        seen = [0] * len(units)  # passages of each unit the bar counted as their verdicts came
         bar = tqdm(
-            total=len(units),
+            total=sum(len(q.passages) for q, _ in units),
             desc="judging",
-            unit="query",
+            unit="passage",
             file=sys.stderr,
             disable=not progress,
             dynamic_ncols=True,
         )
+
+        def counted(index: int, verdict: Verdict) -> None:
+            """A verdict made inside a unit: the bar moves before the unit ends."""
+            if seen[index] < len(units[index][0].passages):
+                seen[index] += 1
+                bar.update(1)
 
         async def judged_one(index: int, judged: Judged) -> None:
             out[index] = judged
@@ -377,7 +384,7 @@ class Judge:
                 f"failed {counts['errors']}",
                 refresh=False,
             )
-            bar.update(1)
+            bar.update(len(judged[2]) - seen[index])
             if (why := refusal(stats, judged[2])) is not None:
                 raise ProviderError(why, kind="unreachable" if stats.unreachable else "client")
 
@@ -387,6 +394,7 @@ class Judge:
                 self.averdicts,
                 judged_one,
                 workers=self.caller.limits.concurrency * 2,
+                on_verdict=counted,
             )
         finally:
             bar.close()
