@@ -107,7 +107,9 @@ def _hint(fields: Iterable[Any], columns: Mapping[str, str] | str | None) -> str
     """The line naming the preset that reads a failing row of another tool's shape (ragas,
     Phoenix, PyTerrier: data/frames.py), if it is one and neither it nor its renames were
     given."""
-    name = None if isinstance(columns, str) else matching_preset(list(fields))
+    if isinstance(columns, str):
+        return None
+    name = matching_preset(list(fields))
     if name is None or PRESETS[name].columns.items() <= dict(columns or {}).items():
         return None
     return f"hint: these look like {name} rows: pass columns='{name}'"
