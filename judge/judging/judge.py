@@ -351,6 +351,8 @@ class Judge:
         labels: Scale | None,
         columns: Mapping[str, str] | None = None,
     ) -> Judgements:
+        """The unit loop with a tqdm bar; long because the bar, its per-verdict counter and
+        the refusal stop share the loop's state."""
         if repeats < 1:
             raise ConfigError(f"repeats must be at least 1, got {repeats}")
         queries = as_queries(rows, columns=columns)
