@@ -54,7 +54,7 @@ from judge.providers.base import (
 )
 from judge.providers.embedded import e5 as e5_module
 from judge.providers.embedded.minilm import MiniLM
-from judge.providers.embedded.rerank import blas_threads
+from judge.providers.embedded.rerank import blas_threads, refuse_unknown
 from judge.providers.embedded.weights import MINILM, ensure_model, is_verified, model_path
 from judge.schema import Usage
 
@@ -262,14 +262,7 @@ class FusedRerankProvider:
 
 
 def _options(spec: ProviderSpec) -> dict[str, Any]:
-    unknown = sorted(set(spec.options) - _OPTIONS)
-    if unknown or spec.base_url or spec.extra_body:
-        problems = [f"unknown option(s) {', '.join(unknown)}"] if unknown else []
-        problems += ["base_url does not apply (it runs in-process)"] if spec.base_url else []
-        problems += ["extra_body does not apply (nothing is sent)"] if spec.extra_body else []
-        raise ProviderConfigError(
-            f"embedded-fused: {'; '.join(problems)}; options are {', '.join(sorted(_OPTIONS))}"
-        )
+    refuse_unknown(spec, "embedded-fused", _OPTIONS)
     threads = spec.options.get("threads", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
         raise ProviderConfigError(

@@ -283,15 +283,21 @@ class EmbeddedRerankProvider:
             )
 
 
-def _options(spec: ProviderSpec) -> dict[str, Any]:
-    unknown = sorted(set(spec.options) - _OPTIONS)
+def refuse_unknown(spec: ProviderSpec, kind: str, known: frozenset[str]) -> None:
+    """One ProviderConfigError naming every option an in-process reranker ``kind`` does not
+    take, and a base_url or extra_body given to it (nothing is sent anywhere)."""
+    unknown = sorted(set(spec.options) - known)
     if unknown or spec.base_url or spec.extra_body:
         problems = [f"unknown option(s) {', '.join(unknown)}"] if unknown else []
         problems += ["base_url does not apply (it runs in-process)"] if spec.base_url else []
         problems += ["extra_body does not apply (nothing is sent)"] if spec.extra_body else []
         raise ProviderConfigError(
-            f"embedded-rerank: {'; '.join(problems)}; options are {', '.join(sorted(_OPTIONS))}"
+            f"{kind}: {'; '.join(problems)}; options are {', '.join(sorted(known))}"
         )
+
+
+def _options(spec: ProviderSpec) -> dict[str, Any]:
+    refuse_unknown(spec, "embedded-rerank", _OPTIONS)
     checked: dict[str, Any] = {}
     for name, default, low in (("batch_size", BATCH_SIZE, 1), ("threads", 1, 0)):
         value = spec.options.get(name, default)
