@@ -20,6 +20,13 @@ Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tun
 ``held-out``. A held-out form is still not an adaptive attacker.
 
     python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --floors 0 0.35 0.45
+
+``--score-judge``: the same for a judge by score (``[judge] provider = "embedded-fused"``, cut
+0.5, no LLM): an echo-flagged passage is labelled by its masked score (judging/cascade.py), so
+"the cascade's flips" are that judge's own.
+
+    python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --score-judge \
+        --floors 0 0.15
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from judge.providers.base import ProviderSpec
 from judge.schema import JudgedQuery, Passage, Query
 
 HIGH, LOW = 0.6, 0.53
+SCORE_CUT = 0.5  # embedded-fused's calibrated cut (judge.providers.ADAPTERS)
 
 
 def load(path: Path) -> list[dict[str, object]]:
@@ -69,18 +77,26 @@ def queries(rows: list[dict[str, object]], form: object | None) -> list[Query]:
 
 
 def judged(
-    url: str, cache: Path, floor: float | None, qs: list[Query], sanitise: str = "flag"
+    url: str | None, cache: Path, floor: float | None, qs: list[Query], sanitise: str = "flag"
 ) -> dict[str, tuple[float, str, str, tuple[str, ...]]]:
-    """Per passage id: reranker score, label, source, signals."""
-    with Judge(
-        ProviderSpec(kind="openai", base_url=url),
-        "bench-judge",
-        rerank="embedded-rerank",
-        rerank_model="all-MiniLM-L6-v2",
-        cascade=CascadeSection(low=LOW, high=HIGH, echo_floor=floor),
-        sanitise=sanitise,
-        cache=cache,
-    ) as j:
+    """Per passage id: reranker score, label, source, signals (``url`` None: the judge by
+    score, no LLM)."""
+    if url is None:
+        section = CascadeSection(low=SCORE_CUT, high=SCORE_CUT, echo_floor=floor)
+        judge = Judge(
+            "embedded-fused", "minilm-e5", cascade=section, sanitise=sanitise, cache=cache
+        )
+    else:
+        judge = Judge(
+            ProviderSpec(kind="openai", base_url=url),
+            "bench-judge",
+            rerank="embedded-rerank",
+            rerank_model="all-MiniLM-L6-v2",
+            cascade=CascadeSection(low=LOW, high=HIGH, echo_floor=floor),
+            sanitise=sanitise,
+            cache=cache,
+        )
+    with judge as j:
         got: list[JudgedQuery] = list(j.judge_many(qs, progress=False))
     return {
         v.passage_id: ((jq.rerank_scores or {})[v.passage_id], v.label or "", v.source, v.signals)
@@ -94,16 +110,19 @@ def main() -> None:
     parser.add_argument("pairs", type=Path)
     parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
     parser.add_argument("--sanitise", default="flag", choices=("flag", "cut", "off"))
+    parser.add_argument("--score-judge", action="store_true", help="embedded-fused, no LLM")
     args = parser.parse_args()
+    high = SCORE_CUT if args.score_judge else HIGH
     rows = load(args.pairs)
     irrelevant = [r for r in rows if r["label"] == 0]
     relevant = {str(r["doc_id"]) for r in rows if int(r["label"]) >= 2}  # type: ignore[call-overload]
-    with tempfile.TemporaryDirectory(prefix="bench-echo-") as tmp, serve() as url:
+    with tempfile.TemporaryDirectory(prefix="bench-echo-") as tmp, serve() as served:
+        url = None if args.score_judge else served
         cache = Path(tmp) / "cache.sqlite"
         for raw in args.floors:
             floor = None if raw == "none" else float(raw)
             clean_all = judged(url, cache, floor, queries(rows, None), args.sanitise)
-            yes = [pid for pid, (s, _, _, _) in clean_all.items() if s >= HIGH]
+            yes = [pid for pid, (s, _, _, _) in clean_all.items() if s >= high]
             kept = [pid for pid in yes if clean_all[pid][2] == "reranker"]
             precision = sum(pid in relevant for pid in kept) / max(1, len(kept))
             print(
@@ -120,7 +139,7 @@ def main() -> None:
                     for pid, (s0, label0, src0, _) in clean.items():
                         s1, label1, src1, _ = attacked[pid]
                         shifts.append(s1 - s0)
-                        alone += s0 < HIGH <= s1
+                        alone += s0 < high <= s1
                         was_yes = src0 == "reranker" and label0 == "yes"
                         cascade += (not was_yes) and src1 == "reranker" and label1 == "yes"
                         to_llm += src1 == "judge"

@@ -45,7 +45,9 @@ OmittableParam = Literal[
 # offers, in judge.providers.ADAPTERS (keyed by this type; a test holds the two in step). It is
 # written here, in a shared leaf, because the [provider] table (sections.py) names a kind and a
 # leaf imports no stage.
-ProviderKind = Literal["openai", "dashscope", "rerank", "embedded", "embedded-rerank"]
+ProviderKind = Literal[
+    "openai", "dashscope", "rerank", "embedded", "embedded-rerank", "embedded-fused"
+]
 
 # Characters stripped around a label before matching ("Yes.", "**yes**", "「是」").
 _LABEL_STRIP = " \t\r\n.,;:!?。，；：！？\"'`*_()[]{}<>「」『』“”‘’"

@@ -16,6 +16,14 @@ left in place) goes to the LLM, which reads it whole, datamarked; the reranker s
 without that text (:func:`scored_text`), so ``rerank_*`` is not bought by the forms the
 sanitiser knows.
 
+**Judging by score.** A reranker named as the judge itself (``[judge] provider =
+"embedded-fused"``, or any kind that reranks and cannot chat) is a cascade with no LLM: the
+band is empty at the cut (``low == high``; the provider kind's calibrated ``score_cut`` unless
+``[judge.cascade]`` says), and what would have gone to the LLM is decided by score instead: a
+flagged passage by the score of its text without the flagged part, an echo-flagged one by its
+score with the query's words masked (what the passage earns without repeating the query; its
+probability too), with the signal ``echo``. So echo cannot buy a score judge's "yes" either.
+
 A reranker verdict costs no LLM call; its ``probability`` is the reranker score (clipped to
 [0, 1]), so soft metrics and ``rerank_*`` work as with any rerank provider. On a graded scale
 the reranker gives only the two ends: it can tell sure-relevant from sure-irrelevant, not
@@ -213,23 +221,44 @@ def label_problem(
 
 
 def reranker_verdict(
-    passage: Passage, rank: int, score: float, band: Band, scale: Scale, *, cached: bool
+    passage: Passage,
+    rank: int,
+    score: float,
+    band: Band,
+    scale: Scale,
+    *,
+    cached: bool,
+    masked: float | None = None,
 ) -> Verdict:
-    """The verdict of a passage outside the band: the scale's highest or lowest label."""
-    above = band.side(score) == "above"
+    """The verdict of a passage outside the band: the scale's highest or lowest label. A score
+    judge's echo-flagged passage is labelled by ``masked``, its score with the query's words
+    masked (see the module docstring)."""
+    decisive = score if masked is None else masked
+    above = band.side(decisive) == "above"
     label = scale.by_grade(scale.max_grade if above else 0)
-    edge = f">= {band.high:.3f}" if above else f"< {band.low:.3f}"
+    if band.low == band.high:
+        edge = f">= cut {band.high:.3f}" if above else f"< cut {band.low:.3f}"
+    else:
+        edge = f">= {band.high:.3f}" if above else f"< {band.low:.3f}"
+        edge += f" (band [{band.low:.3f}, {band.high:.3f}))"
+    reason = f"reranker score {score:.3f} {edge}"
+    if masked is not None:
+        reason = (
+            f"reranker score {score:.3f}, {masked:.3f} with the query's words masked {edge}: "
+            "its score rested on repeating the query"
+        )
     return ok_verdict(
         scale,
         passage.id,
         rank,
         label.name,
         label.grade,
-        probability=min(max(score, 0.0), 1.0),
-        reason=f"reranker score {score:.3f} {edge} (band [{band.low:.3f}, {band.high:.3f}))",
+        probability=min(max(decisive, 0.0), 1.0),
+        reason=reason,
         attempts=0,
         cached=cached,
         source="reranker",
+        signals=(ECHO,) if masked is not None else (),
     )
 
 
@@ -259,11 +288,18 @@ class Cascade:
     def of(
         cls, section: CascadeSection | None, scale: Scale, caller: Caller, model: str | None
     ) -> Cascade | None:
-        """The cascade a judge's config asks for (None: no cascade); it needs a reranker."""
+        """The cascade a judge's config asks for (None: no cascade); it needs a reranker. With
+        no chat provider it judges by score: its band must be a cut (``low == high``)."""
         if section is None:
             return None
         if caller.reranker is None or model is None:
             raise ConfigError("judge.cascade needs a rerank provider ([rerank] in the config)")
+        if caller.chat is None and (section.low is None or section.low != section.high):
+            raise ConfigError(
+                "judge.cascade: a judge by score (a reranker as [judge] provider) has no LLM for "
+                "a band: give the cut as low = high, or leave [judge.cascade] out for the "
+                "provider's calibrated cut"
+            )
         return cls(section, scale, caller, model)
 
     async def fit(self, queries: Sequence[Query], label_scale: Scale) -> Band:
@@ -314,12 +350,15 @@ class Cascade:
         except ProviderError as exc:
             return _failed(query, exc), None
         # A passage holding text aimed at the judge (judging/sanitise.py flags it) is not the
-        # reranker's to label: its score is of the text without it, the LLM reads it whole.
-        aimed = {p.id for p in query.passages if p.aimed}
+        # reranker's to label: its score is of the text without it, the LLM reads it whole. A
+        # judge by score has no LLM: its score (and an echoed one's masked score) decides.
+        aimed = {p.id for p in query.passages if p.aimed} if self.caller.chat else set()
         to_llm = tuple(
             p
             for p in query.passages
-            if band.side(scores[p.id]) == "band" or p.id in echoed or p.id in aimed
+            if band.side(scores[p.id]) == "band"
+            or (self.caller.chat and p.id in echoed)
+            or p.id in aimed
         )
         asked = await ask(query.model_copy(update={"passages": to_llm})) if to_llm else []
         out: dict[str, Verdict] = {}
@@ -331,18 +370,24 @@ class Cascade:
         for p in query.passages:
             if p.id not in out:
                 out[p.id] = reranker_verdict(
-                    p, ranks[p.id], scores[p.id], band, self.scale, cached=cached
+                    p,
+                    ranks[p.id],
+                    scores[p.id],
+                    band,
+                    self.scale,
+                    cached=cached,
+                    masked=echoed.get(p.id),
                 )
         return [out[p.id] for p in query.passages], scores
 
-    async def _echoed(self, query: Query, scores: Mapping[str, float]) -> set[str]:
+    async def _echoed(self, query: Query, scores: Mapping[str, float]) -> dict[str, float]:
         """The passages above the band whose score falls below ``echo_floor`` once the query's
-        own words are masked out of them (judging/echo.py): one more rerank request, for those
-        passages only, through the Caller."""
+        own words are masked out of them (judging/echo.py), with that masked score: one more
+        rerank request, for those passages only, through the Caller."""
         floor, band = self.section.echo_floor, self.band
         assert band is not None
         above = [p for p in query.passages if band.side(scores[p.id]) == "above"]
         if not floor or not above:  # 0 or None: no echo check
-            return set()
+            return {}
         result = await self.caller.rerank(echo_request(self.model, query, above), 0)
-        return {p.id for p, s in zip(above, result.answer.scores, strict=True) if s < floor}
+        return {p.id: s for p, s in zip(above, result.answer.scores, strict=True) if s < floor}

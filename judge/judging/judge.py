@@ -26,7 +26,7 @@ from judge.aspects import Aspects
 from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Caller
 from judge.calling.limits import Limits
-from judge.config import JudgeSection, RunConfig
+from judge.config import CascadeSection, JudgeSection, RunConfig
 from judge.errors import ConfigError, ProviderError
 from judge.judging.ask import AskContext
 from judge.judging.cascade import Band, Cascade, rerank_scores
@@ -46,7 +46,14 @@ from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.judging.units import Judged, judge_units, refusal
 from judge.metrics.compute import metrics_for_queries
-from judge.providers import make_chat_provider, rerank_provider, resolve_spec
+from judge.providers import (
+    ADAPTERS,
+    judges_by_score,
+    make_chat_provider,
+    make_rerank_provider,
+    rerank_provider,
+    resolve_spec,
+)
 from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
 from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Query, Scale, Usage, Verdict
 
@@ -90,6 +97,31 @@ def _read_knobs(
             f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(f"Judge: {problems}") from None
+
+
+def _score_judge(
+    provider: object, overrides: Mapping[str, Any], settings: JudgeSection, rerank: object
+) -> tuple[RerankProvider, CascadeSection] | None:
+    """A judge by score when ``provider`` names a kind that reranks and cannot chat: its
+    reranker, and the cascade that labels by its score alone (``[judge.cascade]`` when given,
+    else the kind's calibrated cut and echo floor: judging/cascade.py). None otherwise."""
+    if isinstance(provider, str):
+        spec = resolve_spec(provider, overrides)
+    elif isinstance(provider, ProviderSpec):
+        spec = provider
+    else:
+        return None
+    if not judges_by_score(spec):
+        return None
+    adapter = ADAPTERS[spec.kind]
+    if rerank is not None:
+        raise ConfigError(
+            f"judge.provider '{settings.provider}' is a reranker, and judges by score itself: "
+            "drop [rerank] (or name an LLM as [judge] provider to keep the reranker beside it)"
+        )
+    cut = adapter.score_cut
+    section = settings.cascade or CascadeSection(low=cut, high=cut, echo_floor=adapter.echo_floor)
+    return make_rerank_provider(spec), section
 
 
 def _flag_aimed(query: Query, verdicts: Sequence[Verdict]) -> Sequence[Verdict]:
@@ -175,16 +207,22 @@ class Judge:
         self.policy = (
             metrics if isinstance(metrics, MetricPolicy) else MetricPolicy(names=tuple(metrics))
         )
-        chat = self._chat_provider(
-            provider if not isinstance(provider, JudgeSection | str) else settings.provider,
-            overrides,
-        )
-        reranker = rerank_provider(rerank, rerank_model)
+        named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
+        scorer = _score_judge(named, overrides, settings, rerank)
+        chat: ChatProvider | None
+        reranker: RerankProvider | None
+        section: CascadeSection | None
+        if scorer is not None:  # a reranker as the judge: judging by score, no LLM
+            chat, (reranker, section) = None, scorer
+            rerank_model = settings.model
+        else:
+            chat = self._chat_provider(named, overrides)
+            reranker, section = rerank_provider(rerank, rerank_model), settings.cascade
         cache = open_cache(cache) if isinstance(cache, str | Path) else cache
         self._cache, self._chat, self._reranker = cache, chat, reranker
         self.rerank_model = rerank_model
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
-        self.cascade = Cascade.of(settings.cascade, self.scale, self.caller, rerank_model)
+        self.cascade = Cascade.of(section, self.scale, self.caller, rerank_model)
         self._loop = OwnLoop()
         shape = AnswerShape(settings.verdict_first, settings.max_reason_words, settings.reasons)
         self.params = with_schema(settings.params, self.scale, settings.mode, shape)
@@ -497,7 +535,8 @@ class Judge:
         await (self._loop.call(self._aclose()) if self._loop.started else self._aclose())
 
     async def _aclose(self) -> None:
-        await self._chat.aclose()
+        if self._chat is not None:
+            await self._chat.aclose()
         if self._reranker is not None:
             await self._reranker.aclose()
 

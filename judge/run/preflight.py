@@ -27,7 +27,7 @@ from judge.data.nuggets import given_sets
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.judging.cascade import label_problem
 from judge.metrics.facts import parse_metric_name
-from judge.providers import resolve_spec
+from judge.providers import judges_by_score, resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
 
@@ -108,6 +108,30 @@ def _config_problems(config: RunConfig) -> list[str]:
 def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     """A cascade needs a reranker, and a max_error band enough human labels."""
     cascade, where = config.judge.cascade, config.source or "<config>"
+    try:
+        by_score = judges_by_score(resolve_spec(config.judge.provider, config.provider.overrides()))
+    except JudgeError:
+        return []  # an unknown provider is reported with the config problems
+    if by_score:  # a reranker as the judge: no LLM, so no band and no second reranker
+        cut = cascade is None or (cascade.low is not None and cascade.low == cascade.high)
+        return [
+            f"{where}: {problem}"
+            for problem, found in (
+                (
+                    f"judge.provider '{config.judge.provider}' is a reranker, and judges by "
+                    "score itself: drop [rerank] (or name an LLM as [judge] provider to keep "
+                    "the reranker beside it)",
+                    config.rerank is not None,
+                ),
+                (
+                    "judge.cascade: a judge by score (a reranker as [judge] provider) has no "
+                    "LLM for a band: give the cut as low = high, or leave [judge.cascade] out "
+                    "for the provider's calibrated cut",
+                    not cut,
+                ),
+            )
+            if found
+        ]
     if cascade is None:
         return []
     if config.rerank is None:
