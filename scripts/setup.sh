@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install judge with the given extras; fetch the embedded model.
+# Create .venv (if missing) and install judge with the given extras; fetch the embedded models
+# (offline: the reranker's; embedded: the LLM's too).
 # Usage: bash scripts/setup.sh [EXTRAS]   (default extras: embedded)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,6 @@ fi
 PYTHONDONTWRITEBYTECODE= .venv/bin/python -m compileall -q judge >/dev/null
 if [[ "$extras" == *embedded* ]]; then
     .venv/bin/judge model fetch
+elif [[ "$extras" == *offline* ]]; then
+    .venv/bin/judge model fetch --model rerank
 fi

@@ -59,7 +59,10 @@ def test_judge_run_with_the_embedded_judge(tmp_path: Path) -> None:
     out = tmp_path / "run"
     config = tmp_path / "e2e.toml"
     config.write_text(
-        Path("configs/quickstart.toml").read_text(encoding="utf-8")
+        # The cascade's embedded LLM with its band open: the LLM judges every passage.
+        Path("configs/cascade.toml")
+        .read_text(encoding="utf-8")
+        .replace("low = 0.5\nhigh = 0.5", "low = 0.0\nhigh = 1.0")
         + "\n[thresholds]\nmax_unparsed_rate = 1.0\n",
         encoding="utf-8",
     )

