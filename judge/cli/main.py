@@ -405,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     from judge.cli.baseline import add_commands as add_baseline
     from judge.cli.batch import add_commands as add_batch
     from judge.cli.calibrate import add_commands as add_calibrate
+    from judge.cli.explain import add_commands as add_explain
     from judge.cli.ray import add_arguments as add_ray
     from judge.cli.reports import add_commands
 
@@ -413,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch(sub)
     add_calibrate(sub)
     add_baseline(sub)
+    add_explain(sub)
 
     add_commands(sub)
     return p
