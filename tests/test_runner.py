@@ -282,6 +282,9 @@ def test_budget_stops_cleanly_and_the_run_resumes_without_duplicates(
     assert re.search(r"56 calls \(0 already cached\)", printed), printed
     assert re.search(r"prompt \+ ~\d+ completion tokens", printed)
     assert re.search(r"estimated cost \$\d+\.\d{4}", printed)
+    # Hedging may add 5% of the 56 requests, paid: the worst case says so.
+    assert "and 2 slow calls were hedged" in printed
+    assert "hedging: up to 2 more requests" in printed
     assert server.requests == []
 
     # Each call reserves its worst case (~$0.37 here) and really costs ~$0.04: with $1.00
@@ -301,7 +304,8 @@ def test_budget_stops_cleanly_and_the_run_resumes_without_duplicates(
 
     capsys.readouterr()
     assert main(["run", str(config), "--out", str(tmp_path / "again"), "--dry-run"]) == 0
-    assert "56 calls (56 already cached)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "56 calls (56 already cached)" in printed and "hedging" not in printed
     assert len(server.requests) == sum(counting.answered.values())
 
 

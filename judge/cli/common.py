@@ -70,11 +70,18 @@ def print_dry_run(est: Estimate) -> int:
         f"(~{est.tokens_per_passage:.0f} per passage), estimated cost {cost}"
         + (
             f"; verdict calls at most ${est.worst_cost_usd:.4f} if every answer ran to its "
-            "max_tokens (re-asks and retries not counted)"
+            "max_tokens"
+            + (f" and {est.hedge_calls} slow calls were hedged" if est.hedge_calls else "")
+            + " (re-asks and retries not counted)"
             if est.worst_cost_usd is not None
             else ""
         )
     )
+    if est.hedge_calls:
+        print(
+            f"hedging: up to {est.hedge_calls} more requests (a second one for a slow call, "
+            "both paid; [run] hedge_share of the requests sent), always within the budget"
+        )
     if est.batch_cost_usd is not None and est.batch_worst_usd is not None:
         print(
             f"batch mode: estimated cost ${est.batch_cost_usd:.4f} at batch prices"

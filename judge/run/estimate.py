@@ -13,6 +13,10 @@ even the free embedded one): then the LLM figures count exactly those passages. 
 passage whose score is unknown is counted as going to the LLM, and the estimate says it is an
 upper bound. A band from the run's scores (quantiles, max_error) needs every query's scores.
 
+Hedging (``[run] hedge_share``, judge/calling/limits.py) may send a second request for a slow
+one: at most that share of the requests sent, each paid. ``hedge_calls`` is that bound for the
+calls to pay (none for a model on this machine or a batch), and ``worst_cost_usd`` holds them.
+
 The cost through the provider's Batch API (``--batch``) is given too, at ``Price.batch()``, with
 the worst case a batch's budget must hold before it is submitted (judge/calling/batch.py).
 
@@ -61,6 +65,9 @@ class Estimate(Record):
     # The first-round verdict calls with every answer running to its max_tokens (what the
     # budget reserves per call); re-asks, retries and the dimensions' calls not counted.
     worst_cost_usd: float | None = None
+    # Hedged requests the run may add at most (``hedge_share`` of the calls to pay, rounded
+    # down), counted in worst_cost_usd as calls of the average worst case.
+    hedge_calls: int = 0
     tokens_per_passage: float
     # A judge cascade: its rerank requests (one per query, whatever the repeats), those already
     # cached, the passages the reranker labels (per repeat, as far as known), and whether the
@@ -133,6 +140,13 @@ def estimate(
     price = config.price()
     usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
     cost = price.cost(usage) if price is not None else None
+    hedges = 0 if config.run.batch else int(judge.caller.tails["chat"].share * (calls - cached))
+    hedged = worst  # what a real-time run may pay, its hedges as the average call's worst
+    if hedges:
+        hedged = worst + Usage(
+            prompt_tokens=worst.prompt_tokens * hedges // (calls - cached),
+            completion_tokens=worst.completion_tokens * hedges // (calls - cached),
+        )
     return Estimate(
         units=units,
         calls=calls,
@@ -140,7 +154,8 @@ def estimate(
         prompt_tokens=prompt,
         completion_tokens=completion,
         cost_usd=cost,
-        worst_cost_usd=price.cost(worst) if price is not None else None,
+        worst_cost_usd=price.cost(hedged) if price is not None else None,
+        hedge_calls=hedges,
         tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
         reranker_passages=decided,
         **extra.fields(),
