@@ -4,8 +4,10 @@ when asked, the threshold checks."""
 
 from __future__ import annotations
 
+import html
 import json
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from judge.config import load_config
 from judge.metrics.compute import metrics_for_queries
 from judge.report.document import write_reports
 from judge.report.summary import build_summary, load_summary, write_summary
-from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
+from judge.schema import JudgedQuery, Passage, Query, Scale, Usage, Verdict
 from tests.servers import ScriptedServer, label_responder
 
 BINARY = Scale.binary()
@@ -115,38 +117,158 @@ def test_a_balanced_judge_is_healthy() -> None:
     assert p.p10 is not None and p.p90 is not None and p.p90 - p.p10 > 0.5
 
 
-def test_a_judge_measured_too_weak_is_unreliable_whatever_its_verdicts_look_like() -> None:
-    """The embedded 0.5B LLM failed the quality bench on TREC passages: a run with it says so
-    plainly even when its labels happen to vary, and another provider on the same verdicts
-    stays healthy."""
-    embedded = judge_health(balanced(), BINARY, "embedded")
-    assert embedded.degenerate
-    assert embedded.problems[0].startswith("The embedded 0.5B LLM judge cannot tell")
-    assert "AUC" in embedded.problems[0] and "rerank_*" in embedded.problems[0]
-    assert not judge_health(balanced(), BINARY, "openai").degenerate
-
-
-def test_a_cascade_run_labelled_mostly_by_the_reranker_says_what_fools_it() -> None:
-    """When most labels of an embedded run came from the cascade's reranker, the warning is
-    about the reranker (English only, fooled by query stuffing), not only the LLM."""
-
-    def by(source: str, rows: list[JudgedQuery]) -> list[JudgedQuery]:
-        out = []
-        for i, jq in enumerate(rows):
-            mine = i % 4 != 0 if source == "reranker" else i % 4 == 0
-            verdicts = tuple(
-                v.model_copy(update={"source": "reranker" if mine else "judge"})
-                for v in jq.verdicts
+def cascade_run(
+    n_queries: int = 40, *, llm_every: int = 0, language: str = "en", prefix: str = "q"
+) -> list[JudgedQuery]:
+    """A reranker's run of 5 passages a query (scores 0.1 0.3 0.5 0.7 0.9, cut at 0.6: 40%
+    "yes"); with ``llm_every`` n, the 0.5 passage of every n-th query went to the LLM (a paid
+    call), which said "yes" to it in every other such query."""
+    out = []
+    for q in range(n_queries):
+        jq = judged(f"{prefix}{q}", [0, 0, 0, 1, 1], probs=[0.1, 0.3, 0.5, 0.7, 0.9])
+        if language == "zh":
+            passages = tuple(
+                p.model_copy(update={"text": "北京的天气怎么样"}) for p in jq.query.passages
             )
-            out.append(jq.model_copy(update={"verdicts": verdicts}))
-        return out
+            jq = jq.model_copy(update={"query": jq.query.model_copy(update={"passages": passages})})
+        asked = bool(llm_every) and q % llm_every == 0
+        verdicts = []
+        for v in jq.verdicts:
+            if asked and v.rank == 3:
+                yes = q % (2 * llm_every) == 0
+                update: dict[str, Any] = {
+                    "source": "judge",
+                    "usage": Usage(prompt_tokens=90, completion_tokens=3),
+                    "grade": int(yes),
+                    "label": "yes" if yes else "no",
+                    "relevant": yes,
+                }
+            else:
+                update = {"source": "reranker"}
+            verdicts.append(v.model_copy(update=update))
+        scores = {v.passage_id: v.probability or 0.0 for v in verdicts}
+        out.append(jq.model_copy(update={"verdicts": tuple(verdicts), "rerank_scores": scores}))
+    return out
 
-    cascade = judge_health(by("reranker", balanced()), BINARY, "embedded")
-    assert cascade.degenerate
-    assert cascade.problems[0].startswith("Most labels here come from the embedded reranker")
-    assert "English" in cascade.problems[0] and "echoing the query" in cascade.problems[0]
-    mostly_llm = judge_health(by("judge", balanced()), BINARY, "embedded")
-    assert mostly_llm.problems[0].startswith("The embedded 0.5B LLM judge cannot tell")
+
+def test_a_reranker_only_run_with_40_percent_yes_is_not_unreliable() -> None:
+    """A judge by score that says "yes" to 40% of passages is a measured judge, not a degenerate
+    one, and nothing mentions an LLM that was never asked, whatever the config's LLM is."""
+    for llm in (None, "embedded"):
+        health = judge_health(
+            cascade_run(),
+            BINARY,
+            llm=llm,
+            language="en",
+            served=("en", "zh"),
+            served_by="the judge (embedded-fused)",
+        )
+        assert health.known and not health.degenerate and health.problems == ()
+        assert health.sources == {"reranker": 200, "llm": 0} and health.band is None
+        assert (
+            health.findings[0]
+            == "200 of 200 labels came from the reranker's score; no LLM was asked."
+        )
+        assert health.caveats == ()
+        assert not any("LLM judge" in line or "0.5B" in line for line in health.said())
+        assert health.findings[-1] == (
+            "Language: 0 of 200 passages detected as Chinese (0%), the rest taken as English; "
+            '[judge] language "en"; the judge (embedded-fused) serves English and Chinese.'
+        )
+
+
+def test_a_cascade_says_what_the_llm_decided_and_how_it_follows_the_reranker() -> None:
+    """LLM verdicts exist: their share, their agreement with the reranker's score on the band
+    as a figure, and the embedded LLM's dev-set caveat, which never makes the judge unreliable."""
+    rows = cascade_run(llm_every=1)  # every query's 0.5 passage went to the LLM
+    health = judge_health(
+        rows, BINARY, llm="embedded", served=("en",), served_by="the reranker (embedded-rerank)"
+    )
+    assert not health.degenerate and health.sources == {"reranker": 160, "llm": 40}
+    assert health.findings[0] == (
+        "Labels: 160 of 200 (80%) from the reranker's score, 40 (20%) from the LLM judge on "
+        "the band."
+    )
+    # Every band passage scores 0.5: the LLM's yes and no cannot follow the score (AUC 0.5).
+    assert health.band is not None and (health.band.n, health.band.relevant) == (40, 20)
+    assert health.band.auc == pytest.approx(0.5)
+    assert health.findings[1].startswith(
+        "On the band the LLM's labels follow the reranker's score at AUC 0.50 over 40 passages"
+    )
+    (caveat,) = health.caveats
+    assert caveat.startswith("The embedded 0.5B LLM decided 40 of 200 labels here (20%);")
+    assert "AUC about 0.6" in caveat and "bench/bench_quality.py" in caveat
+    # Another LLM: no caveat; too few band passages: said, with no figure.
+    few = judge_health(cascade_run(llm_every=4), BINARY, llm="openai")
+    assert few.caveats == () and few.band is not None and few.band.auc is None
+    assert few.findings[1].startswith(
+        "Too few band passages with a label each way (10, 5 called relevant)"
+    )
+
+
+def with_labels(rows: list[JudgedQuery], truth: Any) -> list[JudgedQuery]:
+    """``rows`` with human labels ``truth(judge grade)`` on every passage."""
+    out = []
+    for jq in rows:
+        labels = {v.passage_id: truth(v.grade) for v in jq.verdicts}
+        out.append(jq.model_copy(update={"query": jq.query.model_copy(update={"labels": labels})}))
+    return out
+
+
+def test_a_judge_that_disagrees_with_the_human_labels_is_unreliable_with_the_figure() -> None:
+    wrong = judge_health(with_labels(balanced(), lambda g: 1 - g), BINARY)
+    assert wrong.degenerate and wrong.human is not None
+    (problem,) = wrong.problems
+    assert problem.startswith(
+        "The judge disagrees with the human labels: on 160 human-labelled passages (80 relevant), "
+        "relevance kappa -1.00 and AUC of P(relevant) "
+    )
+    assert "under the bars (kappa 0.2, AUC 0.6): the metrics are not informative." in problem
+    # Right labels but P(relevant) unrelated to them (balanced's probabilities cycle): the
+    # soft metrics read those, so an AUC under the bar is enough.
+    shuffled = judge_health(with_labels(balanced(), lambda g: g), BINARY)
+    assert (
+        shuffled.degenerate
+        and "relevance kappa 1.00 and AUC of P(relevant) 0." in (shuffled.problems[0])
+    )
+    tracking = [judged(f"q{q}", [0, 1, 0, 1], probs=[0.2, 0.8, 0.3, 0.7]) for q in range(40)]
+    right = judge_health(with_labels(tracking, lambda g: g), BINARY)
+    assert not right.degenerate and right.human is not None and right.human.kappa == 1.0
+    assert right.findings[0].startswith(
+        "The judge agrees with the human labels: on 160 human-labelled passages (80 relevant), "
+        "relevance kappa 1.00 and AUC of P(relevant) 1.00 (bars: kappa 0.2, AUC 0.6)."
+    )
+    # Ten labelled queries of one passage each are too few to tell: a note, not a verdict.
+    few = with_labels(balanced(), lambda g: 1 - g)[:3] + balanced()[3:]
+    told = judge_health(few, BINARY)
+    assert not told.degenerate and told.notes[0].startswith(
+        "12 judged passages carry human labels (6 relevant): too few"
+    )
+
+
+def test_a_language_the_model_does_not_serve_is_said_and_most_of_it_is_unreliable() -> None:
+    chinese = cascade_run(language="zh")
+    english_only = judge_health(
+        chinese, BINARY, language="en", served=("en",), served_by="the reranker (embedded-rerank)"
+    )
+    assert english_only.degenerate
+    assert english_only.problems == (
+        "200 of the 200 passages (100%) are Chinese, which the reranker (embedded-rerank) does "
+        "not serve (it serves English): the metrics are not informative. Use a judge that "
+        "serves Chinese.",
+    )
+    both = judge_health(
+        chinese, BINARY, language="zh", served=("en", "zh"), served_by="the judge (embedded-fused)"
+    )
+    assert not both.degenerate
+    assert "200 of 200 passages detected as Chinese (100%)" in both.findings[-1]
+    unknown = judge_health(chinese, BINARY, language="zh")
+    assert not unknown.degenerate and "serves" not in unknown.findings[-1]
+    # A few Chinese passages among English ones: a note for them, not an unreliable judge.
+    mixed = cascade_run(36) + cascade_run(4, language="zh", prefix="zh")
+    some = judge_health(mixed, BINARY, served=("en",), served_by="the reranker (embedded-rerank)")
+    assert not some.degenerate
+    assert any(n.startswith("20 of the 200 passages (10%) are Chinese") for n in some.notes)
 
 
 def test_flat_probabilities_are_flagged_even_when_labels_vary() -> None:
@@ -349,10 +471,125 @@ def test_judge_run_warns_on_stderr_and_fails_when_asked(
         config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
         assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert "judge: WARNING: the judge is degenerate" in err
+    assert "judge: WARNING: JUDGE UNRELIABLE, these metrics are not informative:" in err
     assert "gave 'yes' to 24 of 24 ok verdicts (100.0%" in err
     assert "threshold breached: degenerate judge" in err
     lines = (tmp_path / "out" / "report.md").read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith("# JUDGE UNRELIABLE")
     breach = "- breached: degenerate judge: fail_on_degenerate_judge is set, so a degenerate "
     assert f"{breach}judge fails the run" in lines
+
+
+# --- one record, said the same way everywhere ----------------------------------------------
+
+
+def _said_everywhere(out: Path, console: str) -> dict[str, Any]:
+    """summary.json's health; each of its sentences is in the console, report.md and the HTML."""
+    data: dict[str, Any] = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    health = data["health"]
+    sentences = health["problems"] + health["findings"] + health["caveats"] + health["notes"]
+    md = (out / "report.md").read_text(encoding="utf-8")
+    page = html.unescape((out / "report.html").read_text(encoding="utf-8"))
+    for sentence in sentences:
+        assert sentence in console and sentence in md and sentence in page, sentence
+    return health
+
+
+def test_a_judge_disagreeing_with_the_runs_human_labels_is_said_alike_everywhere(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An LLM judge saying "yes" exactly where the human labels say "no" (scores 0.05 and 0.35
+    are labelled 0, the rest 1): JUDGE UNRELIABLE from this run's labels, with the figure."""
+    from judge.cli.main import main
+    from tests.test_cascade import write_config
+
+    def backwards(request: Any) -> str:
+        return "yes" if "score=0.05" in request.prompt or "score=0.35" in request.prompt else "no"
+
+    server = make_server(responder=label_responder(backwards))
+    config = write_config(tmp_path, server, None, n_queries=5, labels=[0, 0, 1, 1, 1], rerank=False)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0  # a warning, not a failure
+    console = capsys.readouterr()
+    health = _said_everywhere(out, console.out + console.err)
+    assert health["degenerate"] is True
+    assert health["human"]["n"] == 25 and health["human"]["relevant"] == 15
+    # Never agreeing, expected agreement (10*15 + 15*10) / 25**2 = 0.48: kappa -0.48/0.52.
+    assert health["problems"][0].startswith(
+        "The judge disagrees with the human labels: on 25 human-labelled passages (15 relevant), "
+        "relevance kappa -0.92 and AUC of P(relevant) 0.00, under the bars"
+    )
+    lines = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# JUDGE UNRELIABLE")
+    data = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert data["outcome"]["status"] == "JUDGE UNRELIABLE"
+    assert f"judge unreliable: {health['problems'][0]}" in data["outcome"]["reasons"]
+
+
+def test_a_cascade_run_names_the_llm_it_asked_and_its_agreement_alike_everywhere(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The reranker labels 0.05 and 0.9, the LLM the band [0.3, 0.7): 40% of labels from the
+    reranker; the LLM says "yes" from 0.5 up, so on the band it follows the score (AUC 1)."""
+    from judge.cli.main import main
+    from tests.test_cascade import BAND, text_scorer, write_config
+
+    def by_score(request: Any) -> str:
+        return "no" if "score=0.35" in request.prompt else "yes"
+
+    server = make_server(responder=label_responder(by_score), scorer=text_scorer)
+    config = write_config(tmp_path, server, BAND, n_queries=8)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    console = capsys.readouterr()
+    health = _said_everywhere(out, console.out + console.err)
+    assert health["degenerate"] is False and health["sources"] == {"reranker": 16, "llm": 24}
+    assert health["findings"][:2] == [
+        "Labels: 16 of 40 (40%) from the reranker's score, 24 (60%) from the LLM judge on the "
+        "band.",
+        "On the band the LLM's labels follow the reranker's score at AUC 1.00 over 24 passages "
+        "(16 called relevant; 0.5 is no relation to the score).",
+    ]
+    assert health["caveats"] == []  # an LLM other than the embedded one: nothing recited
+    assert "judge health: Labels: 16 of 40 (40%)" in console.out
+
+
+def test_a_reranker_as_the_judge_never_mentions_an_llm(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from judge.cli.main import main
+    from tests.test_cascade import text_scorer
+    from tests.test_score_judge import _config
+
+    server = make_server(scorer=text_scorer)
+    judge = {"provider": "rerank", "model": "rerank-test"}
+    config = _config(tmp_path, judge, f'[provider]\nbase_url = "{server.url}"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    console = capsys.readouterr()
+    health = _said_everywhere(out, console.out + console.err)
+    assert health["degenerate"] is False and health["sources"] == {"reranker": 15, "llm": 0}
+    assert health["findings"][0] == (
+        "15 of 15 labels came from the reranker's score; no LLM was asked."
+    )
+    assert not any("LLM judge" in s for s in health["findings"] + health["notes"])
+    assert "JUDGE UNRELIABLE" not in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_a_summary_whose_health_predates_the_measured_sentences_still_loads(
+    tmp_path: Path,
+) -> None:
+    config = load_config(None, {"metrics.names": ["ap"]})
+    data = build_summary(config, all_yes(), n_boot=20).model_dump(mode="json")
+    for field in ("findings", "caveats", "sources", "human", "band", "language"):
+        del data["health"][field]
+    (tmp_path / "older.json").write_text(json.dumps(data), encoding="utf-8")
+    health = load_summary(tmp_path / "older.json").health
+    assert health.known and health.degenerate and health.findings == () and health.sources == {}
+    assert health.said() == health.problems + health.notes

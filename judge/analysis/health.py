@@ -1,67 +1,104 @@
-"""The judge's health: does it tell passages apart at all? (DESIGN rule 10.)
+"""The judge's health: does this run show that its labels tell passages apart? (DESIGN rule 10.)
 
-A judge that gives one label to nearly every passage makes every metric meaningless: all
-engines score the same, near the best or the worst, whatever they returned. So do
-probabilities of relevance that barely move. :func:`judge_health` measures, per engine and
-over all engines, over the ``ok`` verdicts of every repeat (``unparsed`` and ``error`` are
-not labels and are left out):
+Measured from the run, never recited: :func:`judge_health` reads the ``ok`` verdicts of every
+repeat (``unparsed`` and ``error`` are not labels and are left out) and says what they show, in
+sentences written once here and shown as they are by the console, the report and summary.json.
+
+**Label distribution and probability spread** (per engine and over all engines):
 
 - the label distribution: count and share of each label of the scale, and the share of the
   most common one;
-- the spread of ``Verdict.probability`` (P(relevant), from logprobs) where present: how many
-  verdicts carry one, mean, standard deviation (ddof=0), 10th / 90th percentiles, distinct
-  values after rounding to 0.01, and ``peak_share``, the largest share of them that fits in
-  one window ``FLAT_WIDTH`` wide.
+- the spread of ``Verdict.probability`` (P(relevant), from logprobs or a reranker's score)
+  where present: how many verdicts carry one, mean, standard deviation (ddof=0), 10th / 90th
+  percentiles, distinct values after rounding to 0.01, and ``peak_share``, the largest share of
+  them that fits in one window ``FLAT_WIDTH`` wide.
 
-The rule, applied to the verdicts of all engines together:
+Rules, applied to the verdicts of all engines together:
 
 - **one label dominates**: with at least ``MIN_VERDICTS`` (20) ok verdicts, one label takes
-  ``DOMINANT_SHARE`` (95%) or more of them. Below 20 there are too few to tell: a note says
-  so, and the judge is not called degenerate.
+  ``DOMINANT_SHARE`` (95%) or more of them. Below 20 there are too few to tell: a note says so.
 - **probabilities too flat to rank**: with at least 20 verdicts carrying a probability, their
-  standard deviation is below ``FLAT_STD`` (0.05: nearly all of them within about +-0.1 of
-  their mean, a spread no larger than the noise between repeats), or ``DOMINANT_SHARE`` of
-  them lie within ``FLAT_WIDTH`` (0.05) of each other (ties with a few outliers). The second
-  test is the label rule applied to probabilities; a 10th-90th percentile range would be
-  stricter than the label rule (a judge saying "yes" at 0.99 to 92% of passages and "no" to
-  the rest would be flagged by probabilities but not by labels), so the percentiles are
-  reported, not tested. Both constants are absolute on [0, 1].
+  standard deviation is below ``FLAT_STD`` (0.05), or ``DOMINANT_SHARE`` of them lie within
+  ``FLAT_WIDTH`` (0.05) of each other (ties with a few outliers). The 10th-90th percentiles
+  are reported, not tested (they would be stricter than the label rule).
+- **disagrees with human labels**: with at least ``MIN_LABELLED`` (20) human-labelled ok
+  verdicts, ``MIN_EACH`` (5) or more of them relevant and as many not, a relevance kappa under
+  ``KAPPA_BAR`` (0.2), or an AUC of P(relevant) under ``AUC_BAR`` (0.6) over at least 20 that
+  carry one. Agreement at or above both bars is said too, with its figures.
+- **a language its model does not serve**: when the caller knows which languages the model
+  that decided most labels serves (``served``, from the provider registry), and most of the
+  run's distinct passages are in another (Chinese told by the fused reranker's own test,
+  ``language_of``). A smaller share (``SOME_SHARE``, 5%, or more) is a note.
 
-Either makes :attr:`JudgeHealth.degenerate` true, with one plain-English reason each in
-``problems``. An engine that alone meets the rule while the pooled verdicts do not gets a
-note (that engine's metrics are saturated; the judge may simply be right about it), not a
-degenerate judge. Pure functions; no I/O.
+Any of these makes :attr:`JudgeHealth.degenerate` true ("the metrics are not informative"),
+one sentence each in ``problems``. An engine that alone meets a distribution rule while the
+pooled verdicts do not gets a note, not a degenerate judge.
+
+**Said, not judged** (``findings``): which language the run judged; in a cascade (verdicts with
+source ``reranker``), the share of labels each source gave, and on the band the LLM's agreement
+with the reranker: the AUC of the reranker's score (``JudgedQuery.rerank_scores``) against the
+LLM's label over at least ``MIN_BAND`` band passages. The LLM is mentioned only when it gave
+verdicts (source ``judge`` with a paid or cached call). ``caveats`` hold what was measured
+elsewhere (the embedded 0.5B LLM on the dev set), only when that judge decided labels here;
+they never make a judge unreliable. Pure functions; no I/O.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from pydantic import Field
 
+from judge.analysis.agreement import AgreementStats, human_agreement
+from judge.analysis.reliability import roc_auc
+from judge.providers.embedded.fused import language_of
 from judge.schema import JudgedQuery, Record, Scale, Verdict
 
 __all__ = [
+    "AUC_BAR",
     "DOMINANT_SHARE",
     "FLAT_STD",
     "FLAT_WIDTH",
+    "KAPPA_BAR",
+    "MIN_BAND",
+    "MIN_EACH",
+    "MIN_LABELLED",
     "MIN_VERDICTS",
+    "BandCheck",
     "HealthStats",
+    "HumanCheck",
     "JudgeHealth",
     "LabelCount",
+    "LanguageCheck",
     "ProbabilitySpread",
     "judge_health",
     "spread",
 ]
 
-log = logging.getLogger(__name__)
-
 MIN_VERDICTS = 20
 DOMINANT_SHARE = 0.95
 FLAT_STD = 0.05
 FLAT_WIDTH = 0.05
+# Agreement with human labels: enough labelled pairs, both kinds, and the bars under which a
+# judge's labels say little (the issue's anchors: a useful small judge reaches AUC 0.65-0.75,
+# kappa 0.25-0.45; a judge at chance, AUC 0.5 and kappa 0).
+MIN_LABELLED = 20
+MIN_EACH = 5
+AUC_BAR = 0.6
+KAPPA_BAR = 0.2
+# The LLM on the cascade's band against the reranker's score: passages needed to say a figure.
+MIN_BAND = 20
+# A share of passages in a language the model does not serve worth a note (most: a problem).
+SOME_SHARE = 0.05
+LANGUAGES = {"en": "English", "zh": "Chinese"}
+
+# Measured elsewhere: said only when the embedded LLM decided labels in the run.
+EMBEDDED_LLM_CAVEAT = (
+    "on human-labelled TREC DL 2019 dev passages it ranked them near chance (AUC about 0.6; "
+    "bench/bench_quality.py), so read its labels as a first look, not numbers to publish"
+)
 
 
 class LabelCount(Record):
@@ -98,13 +135,48 @@ class HealthStats(Record):
     notes: tuple[str, ...]
 
 
-class JudgeHealth(Record):
-    """Whether the judge tells passages apart (the rule: this module's docstring).
+class HumanCheck(Record):
+    """The judge against the run's human labels (ok verdicts of every repeat): labelled pairs,
+    how many humans call relevant, relevance kappa, and the AUC of P(relevant) over the
+    ``n_with_probability`` that carry one."""
 
-    ``degenerate`` means the metrics are not informative, for the reasons in ``problems``
-    (over all engines); ``notes`` hold what is worth saying but is no failure (too few
-    verdicts to tell, one engine saturated). ``known`` is False for summaries written before
-    health was recorded.
+    n: int
+    relevant: int
+    kappa: float | None
+    auc: float | None
+    n_with_probability: int
+
+
+class BandCheck(Record):
+    """The LLM's verdicts on a cascade's band against the reranker's score of the same
+    passages: how many, how many the LLM called relevant, and the AUC of the score against
+    the LLM's label (0.5: the LLM's labels are unrelated to the score)."""
+
+    n: int
+    relevant: int
+    auc: float | None
+
+
+class LanguageCheck(Record):
+    """The language the run judged: ``[judge] language``, the distinct passages and how many
+    were detected as Chinese, and the languages the deciding model serves (None: not known)."""
+
+    language: str | None
+    passages: int
+    chinese: int
+    served: tuple[str, ...] | None
+    served_by: str | None = None
+
+
+class JudgeHealth(Record):
+    """What the run shows about its judge (the rules: this module's docstring).
+
+    ``degenerate`` means this run's evidence says the metrics are not informative, for the
+    reasons in ``problems``; ``findings`` are measured and worth saying (agreement, sources,
+    language); ``caveats`` were measured elsewhere and apply to this run's judge; ``notes``
+    hold what is no failure (too few to tell, one engine saturated). :meth:`said` is every
+    sentence in that order. ``known`` is False for summaries written before health was
+    recorded; the fields after ``engines`` are empty in summaries written before they were.
     """
 
     known: bool
@@ -113,6 +185,18 @@ class JudgeHealth(Record):
     notes: tuple[str, ...]
     overall: HealthStats
     engines: dict[str, HealthStats]
+    findings: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
+    # ok verdicts by who decided them: "reranker" (a cascade's or a judge by score), "llm" (an
+    # LLM verdict with a paid or cached call).
+    sources: dict[str, int] = Field(default_factory=dict)
+    human: HumanCheck | None = None
+    band: BandCheck | None = None
+    language: LanguageCheck | None = None
+
+    def said(self) -> tuple[str, ...]:
+        """Every sentence, problems first: what the console, report and summary.json say."""
+        return self.problems + self.findings + self.caveats + self.notes
 
     @classmethod
     def unknown(cls) -> JudgeHealth:
@@ -135,30 +219,6 @@ class JudgeHealth(Record):
             ),
             engines={},
         )
-
-
-# Judges measured too weak to be informative, whatever their labels look like on a run: the
-# health check marks them unreliable with this reason (figures: README, bench_quality.py).
-KNOWN_WEAK: dict[str, str] = {
-    "embedded": (
-        "The embedded 0.5B LLM judge cannot tell relevant from irrelevant passages: on human-"
-        "labelled TREC DL passages its P(relevant) ranked them barely above chance (AUC about "
-        "0.6, kappa near 0 even at a calibrated cut), short of the AUC 0.65 and kappa 0.25 a "
-        "useful judge needs. Use it to try the tool; for numbers, use a capable model "
-        "(provider openai, dashscope or local) or the embedded reranker's rerank_* metrics."
-    ),
-    # A cascade run whose labels came mostly from the embedded reranker (verdict source).
-    "embedded-cascade": (
-        "Most labels here come from the embedded reranker of the judge cascade, the rest from "
-        "the embedded 0.5B LLM. On human-labelled TREC DL passages the cascade ranks them "
-        "usefully (AUC about 0.68, kappa about 0.31 at a calibrated cut), but only in English "
-        "and on a sample of 80 pairs. A passage the reranker likes only for the query's own "
-        "words goes to the LLM (the echo check), but the reranker's scores (rerank_*) can "
-        "still be raised by echoing the query. "
-        "Use it to try the tool; for numbers you publish, use a capable model (provider "
-        "openai, dashscope or local)."
-    ),
-}
 
 
 def _advice(scale: Scale) -> str:
@@ -266,16 +326,182 @@ def _ok(results: Iterable[JudgedQuery]) -> list[Verdict]:
     return [v for jq in results for v in jq.verdicts if v.status == "ok"]
 
 
-def judge_health(
-    results: Sequence[JudgedQuery], scale: Scale, provider: str | None = None
-) -> JudgeHealth:
-    """The judge's health over ``results`` (every repeat), per engine and over all engines;
-    a ``provider`` in :data:`KNOWN_WEAK` is unreliable whatever its verdicts look like."""
-    overall = _stats(ok := _ok(results), scale, None)
-    engines = {
-        engine: _stats(_ok(jq for jq in results if jq.query.engine == engine), scale, engine)
-        for engine in sorted({jq.query.engine for jq in results})
+def _asked_llm(verdict: Verdict) -> bool:
+    """An LLM verdict that came from a call, paid now or earlier (a cached answer)."""
+    return verdict.source == "judge" and (verdict.cached or verdict.usage.total > 0)
+
+
+def _sources(ok: Sequence[Verdict]) -> dict[str, int]:
+    """Ok verdicts by who decided them: the reranker, or an LLM that was asked."""
+    return {
+        "reranker": sum(v.source == "reranker" for v in ok),
+        "llm": sum(_asked_llm(v) for v in ok),
     }
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "0%"
+
+
+def _relevant(scale: Scale, grade: int | None) -> bool:
+    return grade is not None and grade >= scale.threshold
+
+
+def _human(results: Sequence[JudgedQuery], scale: Scale) -> HumanCheck | None:
+    """The judge's ok verdicts against the human labels of their passages, if any."""
+    agreement = human_agreement(results, scale)
+    if agreement is None or not agreement.per_judgement.n:
+        return None
+    stats: AgreementStats = agreement.per_judgement
+    grades = sorted(label.grade for label in scale.labels)
+    relevant = sum(
+        sum(row) for g, row in zip(grades, stats.confusion, strict=True) if g >= scale.threshold
+    )
+    return HumanCheck(
+        n=stats.n,
+        relevant=relevant,
+        kappa=stats.relevance_kappa,
+        auc=stats.auc if stats.n_with_probability >= MIN_LABELLED else None,
+        n_with_probability=stats.n_with_probability,
+    )
+
+
+def _human_sentences(check: HumanCheck, scale: Scale) -> tuple[list[str], list[str], list[str]]:
+    """(problems, findings, notes) the human labels give: one sentence in one of them."""
+    n, rel = check.n, check.relevant
+    if n < MIN_LABELLED or rel < MIN_EACH or n - rel < MIN_EACH:
+        return (
+            [],
+            [],
+            [
+                f"{n} judged passages carry human labels ({rel} relevant): too few to measure the "
+                f"judge against them (at least {MIN_LABELLED}, {MIN_EACH} of them relevant and "
+                f"{MIN_EACH} not)."
+            ],
+        )
+    figures = [f"relevance kappa {check.kappa:.2f}" if check.kappa is not None else None]
+    figures.append(f"AUC of P(relevant) {check.auc:.2f}" if check.auc is not None else None)
+    said = " and ".join(f for f in figures if f)
+    if not said:
+        return [], [], [f"On {n} human-labelled passages the judge's agreement is undefined."]
+    low = (check.kappa is not None and check.kappa < KAPPA_BAR) or (
+        check.auc is not None and check.auc < AUC_BAR
+    )
+    where = f"on {n} human-labelled passages ({rel} relevant)"
+    bars = f"kappa {KAPPA_BAR}, AUC {AUC_BAR}"
+    if low:
+        problem = (
+            f"The judge disagrees with the human labels: {where}, {said}, under the bars "
+            f"({bars}): the metrics are not informative. {_advice(scale)}"
+        )
+        return [problem], [], []
+    return [], [f"The judge agrees with the human labels: {where}, {said} (bars: {bars})."], []
+
+
+def _band(results: Sequence[JudgedQuery], scale: Scale) -> BandCheck | None:
+    """The LLM's labels on the band against the reranker's score of the same passages."""
+    scores, labels = [], []
+    for jq in results:
+        for v in jq.verdicts:
+            if v.status == "ok" and _asked_llm(v) and jq.rerank_scores:
+                score = jq.rerank_scores.get(v.passage_id)
+                if score is not None:
+                    scores.append(score)
+                    labels.append(_relevant(scale, v.grade))
+    if not scores:
+        return None
+    auc = roc_auc(scores, labels) if len(scores) >= MIN_BAND else None
+    return BandCheck(n=len(scores), relevant=sum(labels), auc=auc)
+
+
+def _sources_sentences(ok: int, sources: dict[str, int], band: BandCheck | None) -> list[str]:
+    """Who decided the labels of a run with reranker verdicts, and the LLM on the band."""
+    scorer, llm = sources["reranker"], sources["llm"]
+    if not scorer:
+        return []
+    if not llm:
+        return [f"{scorer} of {ok} labels came from the reranker's score; no LLM was asked."]
+    out = [
+        f"Labels: {scorer} of {ok} ({_share(scorer, ok)}) from the reranker's score, {llm} "
+        f"({_share(llm, ok)}) from the LLM judge on the band."
+    ]
+    if band is not None and band.auc is not None:
+        out.append(
+            f"On the band the LLM's labels follow the reranker's score at AUC {band.auc:.2f} "
+            f"over {band.n} passages ({band.relevant} called relevant; 0.5 is no relation to "
+            "the score)."
+        )
+    elif band is not None:
+        out.append(
+            f"Too few band passages with a label each way ({band.n}, {band.relevant} called "
+            f"relevant) to measure the LLM against the reranker's score (at least {MIN_BAND})."
+        )
+    return out
+
+
+def _language(
+    results: Sequence[JudgedQuery],
+    language: str | None,
+    served: tuple[str, ...] | None,
+    served_by: str | None,
+) -> LanguageCheck | None:
+    """The run's distinct passages, how many are Chinese, and what the model serves."""
+    seen: dict[tuple[str, str], str] = {}
+    for jq in results:
+        for p in jq.query.passages:
+            key = (jq.query.query_id, p.id)
+            if key not in seen:
+                seen[key] = language_of(jq.query.query, p.text)
+    if not seen:
+        return None
+    chinese = sum(found == "zh" for found in seen.values())
+    return LanguageCheck(
+        language=language, passages=len(seen), chinese=chinese, served=served, served_by=served_by
+    )
+
+
+def _names(codes: Iterable[str]) -> str:
+    return " and ".join(LANGUAGES.get(c, c) for c in codes)
+
+
+def _language_sentences(check: LanguageCheck, llm: int) -> tuple[list[str], list[str], list[str]]:
+    """(problems, findings, notes) about the language judged and whether the model serves it."""
+    n, zh = check.passages, check.chinese
+    counts = {"zh": zh, "en": n - zh}
+    main = "zh" if zh * 2 > n else "en"
+    set_to = f'; [judge] language "{check.language}"' if check.language else ""
+    who = check.served_by or "the judge's model"
+    serves = f"; {who} serves {_names(check.served)}" if check.served else ""
+    findings = [
+        f"Language: {zh} of {n} passages detected as Chinese ({_share(zh, n)}), the rest taken "
+        f"as English{set_to}{serves}."
+    ]
+    problems: list[str] = []
+    notes: list[str] = []
+    for code, count in counts.items():
+        if check.served is None or code in check.served or not count:
+            continue
+        name = LANGUAGES[code]
+        if code == main:
+            problems.append(
+                f"{count} of the {n} passages ({_share(count, n)}) are {name}, which {who} does "
+                f"not serve (it serves {_names(check.served)}): the metrics are not informative. "
+                f"Use a judge that serves {name}."
+            )
+        elif count >= SOME_SHARE * n:
+            notes.append(
+                f"{count} of the {n} passages ({_share(count, n)}) are {name}, which {who} does "
+                "not serve: its labels on them are not informative."
+            )
+    if llm and check.language in LANGUAGES and check.language != main:
+        notes.append(
+            f'[judge] language is "{check.language}" but most passages are '
+            f"{LANGUAGES[main]}: the LLM was asked in {LANGUAGES[check.language]}."
+        )
+    return problems, findings, notes
+
+
+def _distribution_notes(overall: HealthStats, engines: dict[str, HealthStats]) -> list[str]:
     notes = list(overall.notes)
     if not overall.degenerate:
         # One engine saturated: the judge may be right about it; worth saying, not failing.
@@ -284,25 +510,75 @@ def judge_health(
             for stats in engines.values()
             for problem in stats.problems
         ]
-    if provider == "embedded" and sum(v.source == "reranker" for v in ok) * 2 > len(ok):
-        provider = "embedded-cascade"
-    weak = (KNOWN_WEAK[provider],) if provider in KNOWN_WEAK else ()
+    return notes
+
+
+def _caveats(llm: str | None, decided: int, ok: int) -> list[str]:
+    """What was measured elsewhere about the LLM judge, when it decided labels here."""
+    if llm != "embedded" or not decided:
+        return []
+    return [
+        f"The embedded 0.5B LLM decided {decided} of {ok} labels here ({_share(decided, ok)}); "
+        f"{EMBEDDED_LLM_CAVEAT}."
+    ]
+
+
+def judge_health(
+    results: Sequence[JudgedQuery],
+    scale: Scale,
+    *,
+    llm: str | None = None,
+    language: str | None = None,
+    served: tuple[str, ...] | None = None,
+    served_by: str | None = None,
+) -> JudgeHealth:
+    """What ``results`` (every repeat) show about the judge, per engine and over all engines.
+
+    ``llm``: the provider kind of the LLM judge, if any (its dev-set caveat, if one is known,
+    is said when it decided labels). ``language``: ``[judge] language``. ``served``: the
+    languages the model that decided most labels serves (None: not known, nothing is said),
+    named ``served_by`` in the sentences.
+    """
+    overall = _stats(ok := _ok(results), scale, None)
+    engines = {
+        engine: _stats(_ok(jq for jq in results if jq.query.engine == engine), scale, engine)
+        for engine in sorted({jq.query.engine for jq in results})
+    }
     if not ok:  # nothing answered: nothing to tell the judge's health by
+        note = "unknown: no verdict was answered (every one unparsed or an error)"
         return JudgeHealth(
             known=False,
             degenerate=False,
             problems=(),
-            notes=("unknown: no verdict was answered (every one unparsed or an error)",),
+            notes=(note,),
             overall=overall,
             engines=engines,
         )
-    if overall.degenerate or weak:
-        log.debug("unreliable judge: %s", " ".join(weak + overall.problems))
+    sources = _sources(ok)
+    problems, notes = list(overall.problems), _distribution_notes(overall, engines)
+    findings: list[str] = []
+    human = _human(results, scale)
+    if human is not None:
+        more = _human_sentences(human, scale)
+        problems, findings, notes = problems + more[0], findings + more[1], notes + more[2]
+    band = _band(results, scale) if sources["reranker"] else None
+    findings += _sources_sentences(len(ok), sources, band)
+    checked = _language(results, language, served, served_by)
+    if checked is not None:
+        more = _language_sentences(checked, sources["llm"])
+        problems, findings, notes = problems + more[0], findings + more[1], notes + more[2]
+    caveats = _caveats(llm, sources["llm"], len(ok))
     return JudgeHealth(
         known=True,
-        degenerate=overall.degenerate or bool(weak),
-        problems=weak + overall.problems,
+        degenerate=bool(problems),
+        problems=tuple(problems),
         notes=tuple(notes),
         overall=overall,
         engines=engines,
+        findings=tuple(findings),
+        caveats=tuple(caveats),
+        sources=sources,
+        human=human,
+        band=band,
+        language=checked,
     )

@@ -142,13 +142,16 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         )
     for line in c.flag_lines():
         print(f"flagged: {line}")
-    if summary.health.degenerate:  # DESIGN rule 10: said where nobody can miss it
+    health = summary.health
+    if health.degenerate:  # DESIGN rule 10: said where nobody can miss it
         print(
-            "judge: WARNING: the judge is degenerate; these metrics are not informative:",
+            "judge: WARNING: JUDGE UNRELIABLE, these metrics are not informative:",
             file=sys.stderr,
         )
-        for problem in summary.health.problems:
+        for problem in health.problems:
             print(f"judge:   {problem}", file=sys.stderr)
+    for line in health.findings + health.caveats + health.notes:  # summary.json's own words
+        print(f"judge health: {line}")
     for line in summary.verdict:  # last: which engine is better, and how far to trust it
         print(line)
     _step_summary(summary)

@@ -111,7 +111,8 @@ def _health(summary: Summary, results: Sequence[JudgedQuery]) -> hc.JudgeHealth:
 
 
 def _health_section(health: hc.JudgeHealth) -> Section:
-    """Label distribution and P(relevant) spread, per engine and over all engines."""
+    """What the run shows about its judge (its sentences), then the label distribution and
+    P(relevant) spread, per engine and over all engines."""
     groups = {**health.engines, "all engines": health.overall}
     names = [c.label for c in health.overall.labels]
     labels = [
@@ -123,19 +124,25 @@ def _health_section(health: hc.JudgeHealth) -> Section:
         [e, x.n, x.mean, x.std, x.p10, x.p90, x.distinct, x.peak_share] for e, x in p.items()
     ]
     head = ["engine", "with P(relevant)", "mean", "std", "p10", "p90", "distinct (0.01)", "peak"]
-    status = Text("Degenerate: the metrics are not informative (see the top).", "bad")
     blocks: list[Text | Table | Chart] = [
-        status if health.degenerate else Text("Not degenerate.", "ok"),
-        *(Text(note) for note in health.notes),
+        Text("Unreliable: the metrics are not informative (see the top).", "bad")
+        if health.degenerate
+        else Text("Not degenerate.", "ok"),
+        # The sentences summary.json and the console carry, as they are (analysis/health.py).
+        *(Text(problem, "bad") for problem in health.problems),
+        *(Text(line) for line in health.findings),
+        *(Text(line, "muted") for line in health.caveats + health.notes),
         Table(["engine", "ok verdicts", *names, "most common"], labels, frozenset({1})),
         Table(head, spreads, frozenset(range(1, len(head))))
         if health.overall.probability.n
         else Text("No verdict carries P(relevant) (that needs logprobs).", "muted"),
         Text(
-            f"Degenerate: one label on {hc.DOMINANT_SHARE:.0%} or more of at least "
+            f"Unreliable: one label on {hc.DOMINANT_SHARE:.0%} or more of at least "
             f"{hc.MIN_VERDICTS} ok verdicts, or at least {hc.MIN_VERDICTS} P(relevant) with a "
             f"std under {hc.FLAT_STD} or {hc.DOMINANT_SHARE:.0%} of them within "
-            f"{hc.FLAT_WIDTH} of each other (peak).",
+            f"{hc.FLAT_WIDTH} of each other (peak); with at least {hc.MIN_LABELLED} human labels "
+            f"({hc.MIN_EACH} each way), relevance kappa under {hc.KAPPA_BAR} or AUC under "
+            f"{hc.AUC_BAR}; most passages in a language the model does not serve.",
             "muted",
         ),
     ]

@@ -71,9 +71,11 @@ class JudgedRun(Judgements):
         health = self.summary.health
         if not health.known:
             return [f"judge health: {'; '.join(health.notes) or 'unknown'}"]
+        # A caption: the verdict on the judge and its caveats; the rest is in summary.json.
+        caveats = [f"judge health caveat: {c}" for c in health.caveats]
         if health.degenerate:
-            return [f"judge health: unreliable: {' '.join(health.problems)}"]
-        return ["judge health: ok"]
+            return [f"judge health: unreliable: {' '.join(health.problems)}", *caveats]
+        return ["judge health: ok", *caveats]
 
     def compare(self, baseline: str | None = None, metrics: Sequence[str] | None = None) -> Any:
         """:func:`compare_engines` of this run: what ``judge compare RUN --json`` says."""

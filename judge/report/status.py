@@ -4,8 +4,10 @@ The status is the first that applies of:
 
 - ``INCOMPLETE``: the run stopped before every (query, repeat) was judged; its numbers cover
   part of the queries, and a rerun resumes;
-- ``JUDGE UNRELIABLE``: the judge is degenerate (:mod:`judge.analysis.health`), so no metric
-  says anything about the engines, breached or not;
+- ``JUDGE UNRELIABLE``: this run's evidence says the judge's labels are not informative (one
+  label for nearly everything, flat probabilities, disagreement with the run's human labels,
+  a language its model does not serve: :mod:`judge.analysis.health`), so no metric says
+  anything about the engines, breached or not;
 - ``FAILED``: a threshold check was breached (``judge run`` exits 1);
 - ``PASSED``: none of these.
 
@@ -61,6 +63,7 @@ def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
             f"{run.planned} query-repeats ran{failed})"
         )
     reasons += [f"judge unreliable: {p}" for p in health.problems]
+    reasons += [f"judge caveat: {c}" for c in health.caveats]  # measured elsewhere: no status
     if not health.known and summary.counts.verdicts:
         reasons += [f"judge health {n}" for n in health.notes[:1]]
     breaches = summary.thresholds.breaches

@@ -12,8 +12,9 @@ makes ``judge run`` exit 1.
 ``SCHEMA_VERSION`` is bumped whenever a field changes meaning or moves (2: "gain" /
 "unjudged_policy" became ``policy``); version 1 still loads (:func:`_from_v1`), so old files
 kept as baselines still work. A field added since is filled when missing: ``health`` (added
-within version 2) loads as unknown, ``queries`` (per query and engine,
-:mod:`judge.report.queries`) as none, ``label_scale`` as None.
+within version 2) loads as unknown, and its sentences and figures added since (``findings``,
+``caveats``, ``sources``, ``human``, ``band``, ``language``) as none; ``queries`` (per query
+and engine, :mod:`judge.report.queries`) as none, ``label_scale`` as None.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from judge.analysis.stability import (
     stability_report,
 )
 from judge.config import RunConfig
-from judge.errors import InputError
+from judge.errors import InputError, JudgeError
 from judge.metrics.facts import family_of, lower_is_better, needs_judge
+from judge.providers import ADAPTERS, judges_by_score, resolve_spec
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
 from judge.run.runner import RunOutcome
 from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Record, Scale, Usage
@@ -353,7 +355,7 @@ def build_summary(
         run=run,
         engines=_engines(results, names, report, config, rows),
         stability=report,
-        health=judge_health(results, config.scale(), config.judge.provider),
+        health=run_health(results, config),
         thresholds=ThresholdResult.of(()),
         corrected=_corrected(results, names, config),
         cascade=cascade_summary(results, config),
@@ -362,6 +364,31 @@ def build_summary(
         label_scale=None if labels == config.scale() else labels,
     )
     return summary.model_copy(update={"thresholds": check_thresholds(config, summary)})
+
+
+def run_health(results: Sequence[JudgedQuery], config: RunConfig) -> JudgeHealth:
+    """The judge's health (judge.analysis.health) with what the config tells it: the LLM
+    judge's kind, ``[judge] language``, and the languages the model that decides most labels
+    serves (the reranker of a cascade or a judge by score, else the judge; its registry
+    entry's ``languages``). A provider that does not resolve leaves them unknown."""
+    judge = config.judge
+    try:
+        spec = resolve_spec(judge.provider, config.provider.overrides())
+        scorer = spec if judges_by_score(spec) else None
+        if scorer is None and judge.cascade is not None and config.rerank is not None:
+            scorer = resolve_spec(config.rerank.provider, config.rerank.overrides())
+    except JudgeError:
+        return judge_health(results, config.scale(), language=judge.language)
+    decider = scorer or spec
+    role = "the reranker" if scorer is not None and scorer is not spec else "the judge"
+    return judge_health(
+        results,
+        config.scale(),
+        llm=None if scorer is spec else spec.kind,
+        language=judge.language,
+        served=ADAPTERS[decider.kind].languages,
+        served_by=f"{role} ({decider.kind})",
+    )
 
 
 def _corrected(
