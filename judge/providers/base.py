@@ -281,10 +281,12 @@ def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecisio
 
 
 # Errors raised before a connection existed, by (module prefix, class name): httpx's and
-# httpcore's (openai is built on httpx2), aiohttp's (DashScope). Named, not imported, so
-# checking one needs no SDK.
+# httpcore's (openai is built on httpx2), aiohttp's (DashScope), judge's lean HTTP client's
+# (providers/lean_http.py). Named, not imported, so checking one needs no SDK.
 _UNSENT = frozenset(
     {
+        ("judge", "ConnectError"),
+        ("judge", "ConnectTimeout"),
         ("httpx", "ConnectError"),
         ("httpx", "ConnectTimeout"),
         ("httpx", "PoolTimeout"),

@@ -1,32 +1,40 @@
-"""OpenAI chat completions through the ``openai`` SDK: OpenAI, DashScope compatible mode, vLLM,
-Ollama, llama.cpp server, LM Studio — any endpoint is only a ``base_url``.
+"""OpenAI chat completions: OpenAI, DashScope compatible mode, vLLM, Ollama, llama.cpp server,
+LM Studio — any endpoint is only a ``base_url``.
 
-The SDK's own retries are off (``max_retries=0``): the runner is the one retry authority,
-so a complete() is exactly one HTTP request. Features an endpoint lacks are left out of the
-request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather than failing it.
+A chat completion goes out through a lean HTTP/1.1 client (judge/providers/lean_http.py): the
+same JSON body, the same bytes on the wire as the ``openai`` SDK sends, answers and errors read
+the same way, at a fraction of the SDK's CPU per call, and the SDK not even imported. The SDK
+itself is used instead for ``[provider] options = {client = "sdk"}``, for an injected
+``http_client``, and whenever an ``*_PROXY`` variable is set (the SDK's httpx honours them;
+the lean client does not). Either way the SDK's own retries are off: the runner is the one
+retry authority, so a complete() is exactly one HTTP request. Features an endpoint lacks are
+left out of the request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather
+than failing it.
 
-The SDK is imported, and its client made, on the first request: importing ``openai`` takes
+The SDK is imported, and its client made, on its first use: importing ``openai`` takes
 longer than a fully cached run of a hundred queries, which never sends one. The API key is
 read when the provider is made, so a missing one still stops a run before anything else.
 
-The Batch API (``judge run --batch``) is wire here too: a batch input line is the body
-:meth:`OpenAICompatProvider.complete` would send; files are uploaded, batches created, read and
-cancelled through the SDK, and output lines read back into Completions (:func:`read_batch_lines`).
-What to batch, and when, is decided above (judge/run/batch.py).
+The Batch API (``judge run --batch``) is wire here too, through the SDK: a batch input line is
+the body :meth:`OpenAICompatProvider.complete` would send; files are uploaded, batches created,
+read and cancelled through the SDK, and output lines read back into Completions
+(:func:`read_batch_lines`). What to batch, and when, is decided above (judge/run/batch.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from judge.errors import ResponseError
+from judge.errors import ProviderConfigError, ResponseError
 from judge.providers.base import (
     ChatRequest,
     Completion,
     ErrorTable,
     ProviderSpec,
+    ProviderStatusError,
     RetryDecision,
     classify_by_type,
     parse_retry_after,
@@ -34,7 +42,9 @@ from judge.providers.base import (
     sampling_fields,
     status_decision,
 )
+from judge.providers.lean_http import LeanClient, Response
 from judge.schema import Record
+from judge.version import __version__
 
 if TYPE_CHECKING:
     import httpx2
@@ -181,11 +191,66 @@ def _completion(data: Any, model: str) -> Completion:
         raise ResponseError(f"malformed chat completion from the server: {exc}") from exc
 
 
+# The variables the SDK's httpx reads a proxy from; with one set, calls go through the SDK.
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
+CLIENTS = ("lean", "sdk")
+
+
+def _proxied() -> bool:
+    return any(os.environ.get(n) or os.environ.get(n.upper()) for n in _PROXY_VARIABLES)
+
+
+def _lean_headers(api_key: str) -> dict[str, str]:
+    """What the SDK sends on every chat request besides its telemetry (``x-stainless-*``):
+    the key, JSON both ways, the encodings it accepts, and the organization and project it
+    reads from the environment."""
+    headers = {
+        "Accept": "application/json",
+        "Content-Type": "application/json",
+        "Accept-Encoding": "gzip, deflate",
+        "User-Agent": f"judge/{__version__}",
+        "Authorization": f"Bearer {api_key}",
+    }
+    for header, variable in (
+        ("OpenAI-Organization", "OPENAI_ORG_ID"),
+        ("OpenAI-Project", "OPENAI_PROJECT_ID"),
+    ):
+        if value := os.environ.get(variable):
+            headers[header] = value
+    return headers
+
+
+def _status_error(response: Response) -> ProviderStatusError:
+    """An error status as the SDK reads it: the body's error message, Retry-After (seconds or
+    an HTTP date) else retry-after-ms, and the request id."""
+    headers = response.headers
+    retry_after = parse_retry_after(headers.get("retry-after"))
+    millis = parse_retry_after(headers.get("retry-after-ms"))
+    if retry_after is None and millis is not None:
+        retry_after = millis / 1000
+    message = response.content.decode("utf-8", "replace").strip()[:500]
+    try:
+        error = json.loads(response.content).get("error")
+        found = error.get("message") if isinstance(error, dict) else error
+        message = str(found) if found else message
+    except (AttributeError, ValueError):
+        pass
+    return ProviderStatusError(
+        message or "no message",
+        status=response.status,
+        retry_after=retry_after,
+        request_id=headers.get("x-request-id"),
+    )
+
+
 class OpenAICompatProvider:
     """A ChatProvider for any OpenAI-compatible ``/chat/completions`` endpoint.
 
-    ``http_client`` (an ``httpx2.AsyncClient``, as openai 3.x is built on httpx2) is an
-    injection seam; a client passed in is not closed by :meth:`aclose`.
+    ``spec.options["client"]``: ``"lean"`` (the default) sends chat completions through
+    judge's own HTTP client; ``"sdk"`` through the ``openai`` SDK (the reference: the same
+    requests, answers and error kinds, more CPU per call). ``http_client`` (an
+    ``httpx2.AsyncClient``, as openai 3.x is built on httpx2) is an injection seam that implies
+    the SDK; a client passed in is not closed by :meth:`aclose`.
     """
 
     def __init__(
@@ -198,6 +263,13 @@ class OpenAICompatProvider:
         self._api_key = read_api_key(spec)
         self._identity = f"openai:{self._base_url}{spec.body_fingerprint()}"  # once: every key
         self._sdk: Any = None  # openai.AsyncOpenAI, made on the first request
+        client = spec.options.get("client", "lean")
+        if client not in CLIENTS:
+            raise ProviderConfigError(
+                f"provider option client = {client!r}: use one of {', '.join(CLIENTS)}"
+            )
+        lean = client == "lean" and http_client is None and not _proxied()
+        self._lean = LeanClient(self._base_url, _lean_headers(self._api_key)) if lean else None
 
     @property
     def _client(self) -> Any:
@@ -218,6 +290,11 @@ class OpenAICompatProvider:
         local presets' neutral sampling, a config's ``extra_body``): they change the answer."""
         return self._identity
 
+    @property
+    def client(self) -> str:
+        """Which HTTP client sends chat completions: "lean" or "sdk"."""
+        return "sdk" if self._lean is None else "lean"
+
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON fields besides model and messages that ``request`` sends to this endpoint."""
         return sampling_fields(request.params, self._spec)
@@ -230,6 +307,13 @@ class OpenAICompatProvider:
     async def complete(self, request: ChatRequest, *, timeout: float | None) -> Completion:
         """One chat completion: one HTTP request, no retries; errors go to :meth:`classify`."""
         body = self.body(request)
+        if self._lean is not None:
+            # Serialised as the SDK serialises a body: the same bytes on the wire.
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            response = await self._lean.post("/chat/completions", data.encode(), timeout=timeout)
+            if response.status >= 400:
+                raise _status_error(response)
+            return to_completion(response.content, request.model)
         # The SDK's documented way to POST a body we built ourselves: the same request as
         # chat.completions.create, without re-walking every field through its type
         # transforms, and the raw answer back (its error statuses still raised by the SDK).
@@ -296,6 +380,8 @@ class OpenAICompatProvider:
     def classify(self, exc: BaseException) -> RetryDecision:
         """Retry rate limits (honouring Retry-After), 5xx/408/409, timeouts, dropped
         connections and bodies that are not a chat completion; never other 4xx."""
+        if self._sdk is None:  # the SDK never made a request: no SDK error to look for
+            return classify_by_type(exc)
         import openai
 
         if isinstance(exc, openai.APIStatusError):
@@ -308,5 +394,7 @@ class OpenAICompatProvider:
         return classify_by_type(exc, _errors())
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         if self._owns_client and self._sdk is not None:
             await self._sdk.close()
