@@ -379,20 +379,25 @@ def _human_sentences(check: HumanCheck, scale: Scale) -> tuple[list[str], list[s
                 f"{MIN_EACH} not)."
             ],
         )
-    figures = [f"relevance kappa {check.kappa:.2f}" if check.kappa is not None else None]
-    figures.append(f"AUC of P(relevant) {check.auc:.2f}" if check.auc is not None else None)
+    k, auc = check.kappa, check.auc
+    k_low, auc_low = k is not None and k < KAPPA_BAR, auc is not None and auc < AUC_BAR
+    figures = [
+        f"relevance kappa {k:.2f}" + (f" (under {KAPPA_BAR})" if k_low else "")
+        if k is not None
+        else None,
+        f"AUC of P(relevant) {auc:.2f}" + (f" (under {AUC_BAR})" if auc_low else "")
+        if auc is not None
+        else None,
+    ]
     said = " and ".join(f for f in figures if f)
     if not said:
         return [], [], [f"On {n} human-labelled passages the judge's agreement is undefined."]
-    low = (check.kappa is not None and check.kappa < KAPPA_BAR) or (
-        check.auc is not None and check.auc < AUC_BAR
-    )
     where = f"on {n} human-labelled passages ({rel} relevant)"
     bars = f"kappa {KAPPA_BAR}, AUC {AUC_BAR}"
-    if low:
+    if k_low or auc_low:
         problem = (
-            f"The judge disagrees with the human labels: {where}, {said}, under the bars "
-            f"({bars}): the metrics are not informative. {_advice(scale)}"
+            f"The judge disagrees with the human labels: {where}, {said}: the metrics are not "
+            f"informative. {_advice(scale)}"
         )
         return [problem], [], []
     return [], [f"The judge agrees with the human labels: {where}, {said} (bars: {bars})."], []
