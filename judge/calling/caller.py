@@ -25,7 +25,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from judge.calling.cache import Cache, Reading, Stored
@@ -90,6 +90,9 @@ class Prompt:
 
     digest: str
     render: Callable[[], ChatRequest]
+    # The rendered request's cache key by (provider identity, repeat): a call looks it up
+    # before asking and stores under it after, and hashing a request costs more than a lookup.
+    keys: dict[tuple[str, int], str] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
     def request(self) -> ChatRequest:
@@ -130,6 +133,9 @@ class _NoHedge(Exception):
     """A hedge not sent: the budget has no room for it now."""
 
 
+# Keys :meth:`Caller.cached` remembers as just missed, at most (a bound, never reached by
+# a run that asks what it looked up).
+MISSED_MAX = 100_000
 # Attempts in a row that make no connection, before any success, after which a provider is
 # unreachable: a closed port or a wrong host fails fast instead of through every retry.
 UNREACHABLE_ATTEMPTS = 8
@@ -198,6 +204,9 @@ class Caller:
         self._rpm = RateLimiter(self.limits.requests_per_minute)
         self._tpm = RateLimiter(self.limits.tokens_per_minute)
         self._inflight: dict[str, asyncio.Future[Any]] = {}  # by key: chat and rerank keys differ
+        # Prompts' keys that :meth:`cached` just found nothing under: the complete() that
+        # follows asks without looking again (once; a put under the key forgets it).
+        self._missed: set[str] = set()
 
     def key(self, request: ChatRequest | Prompt, repeat: int) -> str:
         """The cache key of ``request`` for repeat ``repeat`` to the chat provider (a prompt's:
@@ -207,6 +216,14 @@ class Caller:
             blob = f"{identity}\x00{request.digest}\x00{repeat}".encode()
             return hashlib.sha256(blob).hexdigest()
         return request_key(identity, request, repeat)
+
+    def _stored_key(self, prompt: Prompt, repeat: int) -> str:
+        """The key the answer to ``prompt`` is stored under: its rendered request's, once."""
+        identity = self.chat.identity if self.chat is not None else ""
+        found = prompt.keys.get((identity, repeat))
+        if found is None:
+            found = prompt.keys[identity, repeat] = self.key(prompt.request, repeat)
+        return found
 
     async def complete(
         self,
@@ -232,11 +249,17 @@ class Caller:
         async def fetch() -> ChatAnswer[P]:
             if not isinstance(request, Prompt):
                 return await self._complete_uncached(provider, request, key, parse)
-            rendered = request.request
-            stored = self.key(rendered, repeat)
-            return await self._complete_uncached(provider, rendered, stored, parse, alias=key)
+            stored = self._stored_key(request, repeat)
+            return await self._complete_uncached(
+                provider, request.request, stored, parse, alias=key
+            )
 
-        cached = functools.partial(self._cached, key, request, repeat, parse)
+        def cached() -> ChatAnswer[P] | None:
+            if key in self._missed:  # looked up by cached() just now: nothing there
+                self._missed.discard(key)
+                return None
+            return self._cached(key, request, repeat, parse)
+
         with spans().call("chat", provider.identity, request) as span:
             got = await self._once(key, cached, fetch, share)
             span.answered(got.call, request)
@@ -263,6 +286,8 @@ class Caller:
             else:
                 hit = self._cached(key, request, repeat, parse)
             self.stats.cache_hits += count and hit is not None
+            if hit is None and key not in self._inflight and len(self._missed) < MISSED_MAX:
+                self._missed.add(key)
             hits.append(hit)
         return hits
 
@@ -320,7 +345,7 @@ class Caller:
         (then named by the digest too); read from its reading when the parser's tag matches."""
         found = self.cache.get_stored(key, Completion, alias=isinstance(request, Prompt))
         if found is None and isinstance(request, Prompt):
-            found = self.cache.get_stored(self.key(request.request, repeat), Completion)
+            found = self.cache.get_stored(self._stored_key(request, repeat), Completion)
             if found is not None:
                 self.cache.add_alias(key, found.key)
         if found is None:
@@ -381,6 +406,9 @@ class Caller:
             self.cache.put(
                 key, answer, kind="chat", model=request.model, reading=reading, alias=alias
             )
+            self._missed.discard(key)
+            if alias is not None:
+                self._missed.discard(alias)
         return result
 
     async def rerank(self, request: RerankRequest, repeat: int = 0) -> CallResult[RerankResult]:
@@ -520,8 +548,8 @@ class Caller:
             return
         if isinstance(exc, TimeoutError):
             kind = "timeout"
-        elif isinstance(exc, ProviderError):
-            kind = exc.kind
+        elif isinstance(exc, ProviderError) and exc.kind in ("unreachable", "interrupted"):
+            kind = exc.kind  # the caller's own refusals; a provider's errors are classified
         else:
             kind = classify(exc).kind
         self.stats.errors[kind] += 1
