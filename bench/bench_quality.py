@@ -232,7 +232,13 @@ def _labelled(results: Sequence[JudgedQuery]) -> list[tuple[Verdict, int]]:
 def label_figures(results: Sequence[JudgedQuery], scale: Scale) -> dict[str, Any]:
     verdicts = [v for jq in results for v in jq.verdicts]
     said = Counter(v.label for v in verdicts if v.status == "ok")
-    health = judge_health(results, scale)
+    # The labels' distribution and spread; agreement with the 0-3 gold labels is this bench's
+    # own (agreement_figures), so the health check is not handed them on the judge's scale.
+    unlabelled = [
+        jq.model_copy(update={"query": jq.query.model_copy(update={"labels": None})})
+        for jq in results
+    ]
+    health = judge_health(unlabelled, scale)
     by_gold: dict[int, list[float]] = defaultdict(list)
     for v, gold in _labelled(results):
         if v.status == "ok" and v.probability is not None:

@@ -226,7 +226,9 @@ def test_run_exits_1_naming_each_breached_threshold(
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 1
     outcome = json.loads((out / "summary.json").read_text(encoding="utf-8"))["outcome"]
-    assert (outcome["status"], outcome["exit_code"]) == ("FAILED", 1)
+    # The hashed judge disagrees with the sample's human labels (kappa -0.20): unreliable,
+    # and the breaches still exit 1.
+    assert (outcome["status"], outcome["exit_code"]) == ("JUDGE UNRELIABLE", 1)
     captured = capsys.readouterr()
     assert "judged 78 passages of 14 queries x 1 repeat(s): 78 ok" in captured.out
     assert re.search(r"^  bm25: relevancy_mean \d\.\d{4}", captured.out, re.M)

@@ -15,6 +15,7 @@ test should not fail a developer's run for want of a browser; CI's machine has o
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -41,16 +42,40 @@ chromium = test_report.chromium  # the session fixture, shared
 browse, console_messages = test_report.browse, test_report.console_messages
 
 # The frame colour of each status (judge/report/blocks.py) and the table header's background.
-FRAME = {"PASSED": (27, 110, 47), "FAILED": (179, 38, 30), "JUDGE UNRELIABLE": (179, 38, 30)}
+FRAME = {
+    "PASSED": (27, 110, 47),
+    "FAILED": (179, 38, 30),
+    "JUDGE UNRELIABLE": (179, 38, 30),
+}
 TABLE_HEAD = (238, 241, 244)
 FIRST_SCREEN = (1280, 800)
 
 
-def write_toml(path: Path, server: ScriptedServer, cache: Path, body: str) -> Path:
-    """A config for ``server`` on the sample dataset (graded human labels) plus ``body``."""
+def unlabelled(path: Path) -> Path:
+    """The sample without its human labels: a scripted judge that answers by a prompt's hash
+    disagrees with them, which the health check rightly calls unreliable."""
+    rows = [
+        json.loads(line)
+        for line in SAMPLE.read_text(encoding="utf-8").splitlines()
+        if line
+    ]
+    path.write_text(
+        "".join(
+            json.dumps({k: v for k, v in row.items() if k != "labels"}) + "\n"
+            for row in rows
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def write_toml(
+    path: Path, server: ScriptedServer, cache: Path, body: str, dataset: Path = SAMPLE
+) -> Path:
+    """A config for ``server`` on ``dataset`` (the sample: graded human labels) plus ``body``."""
     path.write_text(
         f'[provider]\nbase_url = "{server.openai_base_url}"\n'
-        f'[dataset]\npath = "{SAMPLE}"\nlabel_scale = "graded"\n'
+        f'[dataset]\npath = "{dataset}"\nlabel_scale = "graded"\n'
         f'[run]\ncache = "{cache}"\ntimeout_s = 5.0\nbackoff_base_s = 0.01\nconcurrency = 4\n'
         f'history = "{path.parent / "history.sqlite"}"\n' + body,
         encoding="utf-8",
@@ -59,12 +84,19 @@ def write_toml(path: Path, server: ScriptedServer, cache: Path, body: str) -> Pa
 
 
 def judge_run(
-    tmp: Path, name: str, responder: Responder, body: str, *extra: str
+    tmp: Path,
+    name: str,
+    responder: Responder,
+    body: str,
+    *extra: str,
+    dataset: Path = SAMPLE,
 ) -> tuple[int, Path]:
     """``judge run`` of the config ``body`` against a server answering with ``responder``."""
     out = tmp / name
     with ScriptedServer(responder=responder) as server:
-        config = write_toml(tmp / f"{tmp.name}.toml", server, tmp / f"{name}.sqlite", body)
+        config = write_toml(
+            tmp / f"{tmp.name}.toml", server, tmp / f"{name}.sqlite", body, dataset
+        )
         code = main(["run", str(config), "--out", str(out), *extra])
     return code, out
 
@@ -118,7 +150,9 @@ def stricter(request: Recorded) -> str:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, Path]]]:
+def reports(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[int, Path]]]:
     """The exit code and run directory of each of the three runs."""
     tmp = tmp_path_factory.mktemp("screens")
     with pytest.MonkeyPatch.context() as mp:
@@ -131,23 +165,41 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
         quick.mkdir()
         yes = label_responder(lambda request: "yes")
         runs = {
-            "quickstart": judge_run(quick, "run", yes, QUICKSTART, "--sample", "3", "--seed", "1")
+            "quickstart": judge_run(
+                quick, "run", yes, QUICKSTART, "--sample", "3", "--seed", "1"
+            )
         }
         two = tmp / "compare"
         two.mkdir()
         graded = hashed_responder(GRADED_LABELS)
-        runs["two engines"] = judge_run(two, "run", graded, TWO_ENGINES, "--repeats", "2")
+        bare = unlabelled(tmp / "sample.jsonl")
+        runs["two engines"] = judge_run(
+            two, "run", graded, TWO_ENGINES, "--repeats", "2", dataset=bare
+        )
         night = tmp / "nightly"
         night.mkdir()
         body = NIGHTLY.replace("BASELINE", str(night / "baseline" / "summary.json"))
-        first = judge_run(night, "night1", hashed_responder(), body, "--first-night")
+        first = judge_run(
+            night, "night1", hashed_responder(), body, "--first-night", dataset=bare
+        )
         assert first[0] == 0
         assert (
-            main(["baseline", "set", str(first[1]), "--config", str(night / "nightly.toml")]) == 0
+            main(
+                [
+                    "baseline",
+                    "set",
+                    str(first[1]),
+                    "--config",
+                    str(night / "nightly.toml"),
+                ]
+            )
+            == 0
         )
         # The second night's judge takes back a third of the first night's yes answers (and
         # gives no new one), so precision@5 can only fall: a drop, whatever the prompts say.
-        runs["nightly"] = judge_run(night, "night2", label_responder(stricter), body)
+        runs["nightly"] = judge_run(
+            night, "night2", label_responder(stricter), body, dataset=bare
+        )
     yield runs
 
 
@@ -188,7 +240,11 @@ def test_the_first_screen_says_how_the_run_went(
     shot = tmp_path / "first-screen.png"
     width, height = FIRST_SCREEN
     done = browse(
-        chromium, page, tmp_path, f"--screenshot={shot}", f"--window-size={width},{height}"
+        chromium,
+        page,
+        tmp_path,
+        f"--screenshot={shot}",
+        f"--window-size={width},{height}",
     )
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     pixels = image.imread(str(shot))
@@ -205,7 +261,9 @@ def test_the_first_screen_says_how_the_run_went(
         stem = name.replace(" ", "-")
         shutil.copy(shot, target / f"{stem}-first-screen.png")
         full = target / f"{stem}-full.png"
-        browse(chromium, page, tmp_path, f"--screenshot={full}", "--window-size=1280,9000")
+        browse(
+            chromium, page, tmp_path, f"--screenshot={full}", "--window-size=1280,9000"
+        )
 
 
 def test_the_three_reports_say_what_matters_to_their_reader(
@@ -215,20 +273,31 @@ def test_the_three_reports_say_what_matters_to_their_reader(
     lines = quick.splitlines()
     # The verdict on the engines first, then how far to trust it, then the status's reasons.
     assert lines[2].startswith("**no query differs between dense and bm25 on ndcg")
-    assert lines[3].startswith("Trust: judge health UNRELIABLE (The judge gave 'yes' to")
+    assert lines[3].startswith(
+        "Trust: judge health UNRELIABLE (The judge gave 'yes' to"
+    )
     assert next(x for x in lines if x.startswith("- ")).startswith(
         "- judge unreliable: The judge gave 'yes' to"
     )
     assert "Stability across repeats" not in quick  # one repeat: nothing to say
     # Every query scores 1 (and every P(relevant) is 0.9): nothing to draw, and it says so.
-    assert "Not drawn: every query scores the same on each metric (relevancy_mean 1.0000" in quick
+    assert (
+        "Not drawn: every query scores the same on each metric (relevancy_mean 1.0000"
+        in quick
+    )
     assert "precision@5 1.0000)" in quick  # the first six metrics are drawn, or named
     two = (reports["two engines"][1] / "report.md").read_text(encoding="utf-8")
     assert "## Engines compared, paired (baseline bm25)" in two
     assert "## Stability across repeats" in two
     nightly = (reports["nightly"][1] / "report.md").read_text(encoding="utf-8")
-    breaches = [line for line in nightly.splitlines()[:16] if line.startswith("- breached: drop")]
-    assert breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
+    breaches = [
+        line
+        for line in nightly.splitlines()[:16]
+        if line.startswith("- breached: drop")
+    ]
+    assert (
+        breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
+    )
     assert "## History (last 2 runs)" in nightly
     # Tonight against the baseline: the paired difference per engine on the primary metric,
     # and the queries that fell most on it.
