@@ -64,7 +64,9 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     assert verdict[-1].startswith("Trust: judge health ")
     assert "0 unparsed and 0 error of 108 verdicts" in verdict[-1]
     stdout = capsys.readouterr().out.strip().splitlines()
-    assert stdout[-len(verdict) :] == verdict  # the console's last lines
+    # The console says it first, right under the line that says what was judged.
+    first = next(i for i, line in enumerate(stdout) if line.startswith("judged "))
+    assert stdout[first + 1 : first + 1 + len(verdict)] == verdict
     report = (out / "report.md").read_text(encoding="utf-8").splitlines()
     assert report[2].startswith("**good beats bad on ndcg@10: +")
     page = (out / "report.html").read_text(encoding="utf-8")

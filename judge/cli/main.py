@@ -127,6 +127,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         f"{c.ok} ok, {c.unparsed} unparsed, {c.error} error; "
         f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
     )
+    for line in summary.verdict:  # first: which engine is better, and how far to trust it
+        print(line)
     for engine, data in summary.engines.items():
         shown = ", ".join(
             f"{name} {m.mean:.4f}" if m.mean is not None else f"{name} —"
@@ -152,8 +154,6 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             print(f"judge:   {problem}", file=sys.stderr)
     for line in health.findings + health.caveats + health.notes:  # summary.json's own words
         print(f"judge health: {line}")
-    for line in summary.verdict:  # last: which engine is better, and how far to trust it
-        print(line)
     _step_summary(summary)
 
 
