@@ -212,6 +212,30 @@ def test_sigterm_stops_gracefully_with_a_summary_marked_incomplete(
     assert len(verdict_labels(out)) == 120
 
 
+def test_an_unreachable_provider_leaves_no_sentence_about_the_engines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
+) -> None:
+    """Two engines and no verdict at all: the first line says nothing was judged, not that the
+    engines share no query where a metric is defined."""
+    server = make_server()
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    server.stop()
+    rows = [
+        json.loads(line)
+        for line in write_dataset(tmp_path / "one.jsonl", 4, 3).read_text().splitlines()
+    ]
+    both = [*rows, *({**r, "engine": "dense"} for r in rows)]
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in both), encoding="utf-8")
+    out = tmp_path / "o"
+    assert main(["run", str(config), str(dataset), "--out", str(out), "--no-charts"]) == 3
+    printed = capsys.readouterr().out.splitlines()
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    said = "no verdict on the engines: none of the 24 passages was judged (24 error, 0 unparsed)"
+    assert summary["verdict"][0] == said
+    assert printed[printed.index(said) - 1].startswith("judged 24 passages")
+
+
 def test_an_unreachable_provider_stops_after_a_few_attempts_saying_where_and_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
 ) -> None:

@@ -75,6 +75,12 @@ def finish_run(
     summary = build_summary(config, results, run=outcome)
     comparison = run_comparison(summary, results)
     said = verdict_lines(comparison, summary.policy.primary) if comparison else []
+    c = summary.counts
+    if said and not c.ok:  # nothing was judged: no sentence about the engines' metrics
+        said = [
+            f"no verdict on the engines: none of the {c.verdicts} passages was judged "
+            f"({c.error} error, {c.unparsed} unparsed)"
+        ]
     summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     write_summary(out_dir / SUMMARY_FILE, summary)
