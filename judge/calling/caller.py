@@ -283,8 +283,8 @@ class Caller:
                 hit = None
             elif stored is not None:
                 hit = self._read(stored, parse)
-            else:
-                hit = self._cached(key, request, repeat, parse)
+            else:  # not under its digest (looked up just now): under its rendered request?
+                hit = self._cached(key, request, repeat, parse, digest_missed=True)
             self.stats.cache_hits += count and hit is not None
             if hit is None and key not in self._inflight and len(self._missed) < MISSED_MAX:
                 self._missed.add(key)
@@ -340,10 +340,15 @@ class Caller:
         request: ChatRequest | Prompt,
         repeat: int,
         parse: Callable[[Completion], P] | Reader[P],
+        *,
+        digest_missed: bool = False,
     ) -> ChatAnswer[P] | None:
-        """The cached answer: a prompt's by its digest, else by its rendered request's key
-        (then named by the digest too); read from its reading when the parser's tag matches."""
-        found = self.cache.get_stored(key, Completion, alias=isinstance(request, Prompt))
+        """The cached answer: a prompt's by its digest (unless ``digest_missed``: known to
+        name no usable answer), else by its rendered request's key (then named by the digest
+        too); read from its reading when the parser's tag matches."""
+        found = None
+        if not digest_missed:
+            found = self.cache.get_stored(key, Completion, alias=isinstance(request, Prompt))
         if found is None and isinstance(request, Prompt):
             found = self.cache.get_stored(self._stored_key(request, repeat), Completion)
             if found is not None:
