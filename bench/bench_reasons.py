@@ -61,7 +61,8 @@ STANCES: tuple[Stance, ...] = ("relevant", "not_relevant", "instructions", "uncl
 #
 # A reason's stance, by three ordered lists of cues (first match wins):
 #   1. instructions: the reason talks about instructions, commands, prompts, untrusted or
-#      low-quality text, the datamark: the judge's injection defence, not the passage's topic;
+#      low-quality text: the judge's injection defence, not the passage's topic (the datamark
+#      "^" is no cue: a reason quoting the passage copies its marks);
 #   2. not_relevant: a negation of answering or relevance ("does not provide", "irrelevant",
 #      "没有提到", "无关"), or an answer that is only about something else ("only mentions");
 #   3. relevant: a claim the passage answers, explains, gives or mentions something, or is
@@ -72,7 +73,7 @@ STANCES: tuple[Stance, ...] = ("relevant", "not_relevant", "instructions", "uncl
 
 _EN_INSTR = re.compile(
     r"\b(instruct\w*|command\w*|directive\w*|prompt\w*|untrusted|low[- ]quality|"
-    r"inject\w*|jailbreak\w*|ignore[sd]?|datamark\w*|\^)\b|\^"
+    r"inject\w*|jailbreak\w*|ignore[sd]?|datamark\w*)\b"
 )
 _EN_NEG = re.compile(
     r"\b(not|no|never|nothing|neither|nor|none|irrelevant|unrelated|lacks?|lacking|fails?|"
@@ -84,7 +85,7 @@ _EN_POS = re.compile(
     r"contains?|discuss\w*|includes?|relevant|related|helps?|addresses|covers?|shows?|"
     r"details?|specif\w*|directly|information|identif\w*|tells?|says?)\b"
 )
-_ZH_INSTR = re.compile(r"指令|命令|指示|提示词|下达|质量低|低质量|不可信|忽略|注入|\^")
+_ZH_INSTR = re.compile(r"指令|命令|指示|提示词|下达|质量低|低质量|不可信|忽略|注入")
 _ZH_NEG = re.compile(
     r"没有|没提|并未|未提|未涉及|未说明|未给出|未回答|未包含|不是|无关|不相关|不能|无法|不涉及|"
     r"不包含|不包括|不提供|不回答|不符|缺乏|缺少|只提到|仅提到|只是|而非|而不是|不够"
@@ -211,27 +212,11 @@ def agreement(rows: list[dict], labels_path: Path) -> None:
             print(f"  hand {h:<13} reader {m:<13} {reason!r}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("config", type=Path)
-    ap.add_argument("--en", type=Path, default=EN_PAIRS, help="English labelled pairs")
-    ap.add_argument("--zh", type=Path, default=ZH_PAIRS, help="Chinese labelled pairs")
-    ap.add_argument("--en-pairs", type=int, default=30)
-    ap.add_argument("--zh-pairs", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument(
-        "--variant", nargs="+", action="append", metavar=("NAME", "KEY=VALUE"), required=True
-    )
-    ap.add_argument("--cache", type=Path)
-    ap.add_argument("--dump", type=Path, help="every pair's reason and stance, JSONL")
-    ap.add_argument("--labels", type=Path, help="hand-labelled stances, JSONL")
-    args = ap.parse_args()
+def judge_all(args: argparse.Namespace) -> tuple[list[dict], dict[tuple[str, str], float]]:
+    """Every variant's rows, judged (or read from ``--cache``), and seconds per passage."""
     samples = {
         "en": stratified_sample(read_pairs(args.en), args.en_pairs, args.seed),
         "zh": stratified_sample(read_pairs(args.zh), args.zh_pairs, args.seed),
-    }
-    samples = {
-        lang: pairs for lang, pairs in samples.items() if pairs and args.__dict__[f"{lang}_pairs"]
     }
     rows: list[dict] = []
     speed: dict[tuple[str, str], float] = {}
@@ -239,32 +224,72 @@ def main() -> None:
         cache = args.cache or Path(tmp) / "cache.sqlite"
         for name, *sets in args.variant:
             for lang, pairs in samples.items():
+                if not pairs:
+                    continue
                 print(f"variant {name} ({lang}): {' '.join(sets)}", file=sys.stderr, flush=True)
                 verdicts, s = asyncio.run(judge_variant(args.config, sets, cache, pairs, lang))
                 rows += rows_of(name, lang, pairs, verdicts)
                 speed[(name, lang)] = s
-    if args.dump:
-        with args.dump.open("w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return rows, speed
+
+
+def print_table(rows: list[dict], speed: dict[tuple[str, str], float]) -> None:
     head = ("n", "ok", "yes->neg", "no->pos", "instr", "unclear", "cut", "auc")
     print(
         f"\n{'variant':<16}{'lang':<5}{'split':<9}"
         + "".join(f"{h:>13}" for h in head)
         + "  s/passage"
     )
-    for name, *_ in args.variant:
-        for lang in samples:
-            for split in ("tune", "held-out", "all"):
-                part = [
-                    r
-                    for r in rows
-                    if r["variant"] == name and r["lang"] == lang and split in ("all", r["split"])
-                ]
-                f = figures(part)
-                cells = "".join(f"{f[h]!s:>13}" for h in head)
-                sec = speed[(name, lang)] if split == "all" else float("nan")
-                tail = f"  {sec:.1f}" if sec == sec else ""
-                print(f"{name:<16}{lang:<5}{split:<9}{cells}{tail}")
+    for name, lang in dict.fromkeys((r["variant"], r["lang"]) for r in rows):
+        for split in ("tune", "held-out", "all"):
+            part = [
+                r
+                for r in rows
+                if r["variant"] == name and r["lang"] == lang and split in ("all", r["split"])
+            ]
+            f = figures(part)
+            cells = "".join(f"{f[h]!s:>13}" for h in head)
+            sec = speed.get((name, lang), float("nan")) if split == "all" else float("nan")
+            tail = f"  {sec:.1f}" if sec == sec else ""
+            print(f"{name:<16}{lang:<5}{split:<9}{cells}{tail}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("config", type=Path, nargs="?")
+    ap.add_argument("--en", type=Path, default=EN_PAIRS, help="English labelled pairs")
+    ap.add_argument("--zh", type=Path, default=ZH_PAIRS, help="Chinese labelled pairs")
+    ap.add_argument("--en-pairs", type=int, default=30)
+    ap.add_argument("--zh-pairs", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--variant", nargs="+", action="append", metavar=("NAME", "KEY=VALUE"))
+    ap.add_argument("--cache", type=Path)
+    ap.add_argument("--dump", type=Path, help="every pair's reason and stance, JSONL")
+    ap.add_argument(
+        "--from-dump",
+        type=Path,
+        action="append",
+        help="judge nothing: the rows of earlier --dump files, stances read again",
+    )
+    ap.add_argument("--labels", type=Path, help="hand-labelled stances, JSONL")
+    args = ap.parse_args()
+    if args.from_dump:
+        rows = [
+            {**row, "stance": stance(row["reason"])}
+            for path in args.from_dump
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+            for row in [json.loads(line)]
+        ]
+        speed: dict[tuple[str, str], float] = {}
+    elif args.config is None or not args.variant:
+        ap.error("give a config and at least one --variant (or --from-dump)")
+    else:
+        rows, speed = judge_all(args)
+    if args.dump:
+        with args.dump.open("w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    print_table(rows, speed)
     if args.labels:
         agreement(rows, args.labels)
     stances = {s: sum(r["stance"] == s for r in rows) for s in STANCES}
