@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -188,15 +190,19 @@ class RawServer:
     """Answers each request on a connection with the next canned bytes; counts connections.
     ``close_after``: hang up after each answer (a server that keeps nothing alive)."""
 
-    def __init__(self, answers: list[bytes], close_after: bool = False) -> None:
+    def __init__(
+        self, answers: list[bytes], close_after: bool = False, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.answers = list(answers)
+        self.tls = tls
         self.close_after = close_after
         self.connections = 0
         self.heads: list[bytes] = []
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen()
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._sock.getsockname()[1]}/v1"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -206,6 +212,12 @@ class RawServer:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except OSError:  # a client that does not trust the certificate hangs up
+                    conn.close()
+                    continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -235,8 +247,10 @@ class RawServer:
 def raw() -> Iterator[Callable[..., RawServer]]:
     made: list[RawServer] = []
 
-    def make(answers: list[bytes], close_after: bool = False) -> RawServer:
-        made.append(RawServer(answers, close_after))
+    def make(
+        answers: list[bytes], close_after: bool = False, tls: ssl.SSLContext | None = None
+    ) -> RawServer:
+        made.append(RawServer(answers, close_after, tls))
         return made[-1]
 
     yield make
@@ -312,3 +326,31 @@ def test_a_pool_of_connections_serves_concurrent_posts(server: ScriptedServer) -
 
     assert run(go()) == [200] * 20
     assert len(server.requests) == 20
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_is_trusted_as_the_sdk_trusts_it(
+    raw: Callable[..., RawServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    made += ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(["openssl", *made], check=True, capture_output=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    plain = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    untrusted = raw([plain], tls=tls)
+    for client in CLIENTS:  # a certificate nobody vouches for: refused by both, not sent
+        spec = resolve_spec("local", {"base_url": untrusted.url, "options": {"client": client}})
+        provider = make_chat_provider(spec)
+        with pytest.raises(Exception) as caught:
+            complete(provider, CHAT)
+        assert provider.classify(caught.value).kind == "connection", client
+        assert never_sent(caught.value), client
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now trusted, by both
+    answers = {}
+    for client in CLIENTS:
+        server = raw([plain], tls=tls)
+        spec = resolve_spec("local", {"base_url": server.url, "options": {"client": client}})
+        answers[client] = complete(make_chat_provider(spec), CHAT)
+    assert answers["lean"] == answers["sdk"] and answers["lean"][0].usage.prompt_tokens == 7

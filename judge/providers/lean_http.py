@@ -215,10 +215,12 @@ def _cut(head: tuple[int, dict[str, str], int] | None) -> str:
 
 
 def _ssl_context() -> ssl.SSLContext:
-    """Verified TLS against certifi's roots (as the SDK's httpx), http/1.1 by ALPN."""
-    import certifi
+    """Verified TLS trusting what the SDK trusts (its transport's own default context:
+    SSL_CERT_FILE / SSL_CERT_DIR, else the system's roots), http/1.1 by ALPN. The
+    transport is imported for an https endpoint only, once."""
+    import httpcore2
 
-    context = ssl.create_default_context(cafile=certifi.where())
+    context = httpcore2.default_ssl_context()
     context.set_alpn_protocols(["http/1.1"])
     return context
 

@@ -382,7 +382,7 @@ class OpenAICompatProvider:
     def classify(self, exc: BaseException) -> RetryDecision:
         """Retry rate limits (honouring Retry-After), 5xx/408/409, timeouts, dropped
         connections and bodies that are not a chat completion; never other 4xx."""
-        if self._sdk is None:  # the SDK never made a request: no SDK error to look for
+        if self._lean is not None and self._sdk is None:  # no SDK made a request: no SDK error
             return classify_by_type(exc)
         import openai
 
