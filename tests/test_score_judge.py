@@ -230,3 +230,20 @@ def test_the_quickstart_config_judges_the_sample_by_score(tmp_path: Path) -> Non
     labels = {v.label for v in verdicts}
     assert labels == {"yes", "no"}  # it tells passages apart on the sample
     assert summary(out)["counts"]["ok"] == len(verdicts)
+
+
+def test_judge_render_shows_what_a_score_judge_reads(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(scorer=text_scorer)
+    extra = f'[provider]\nbase_url = "{server.url}"\n[judge.cascade]\nlow = 0.5\nhigh = 0.5\n'
+    config = _config(tmp_path, {"provider": "rerank", "model": "rerank-test"}, extra)
+    assert main(["render", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "a judge by score: 1 rerank request to rerank (no LLM)" in printed
+    assert "the echo check, floor 0.45" in printed  # the cascade section's default floor
+    assert "--- query ---\nquestion number 0" in printed
+    assert printed.count("--- document q0-p") == 5 and "--- system ---" not in printed
+    assert server.requests == []

@@ -33,9 +33,10 @@ from judge.errors import ConfigError, JudgeError
 from judge.version import __version__
 
 if TYPE_CHECKING:
+    from judge.judging.judge import Judge
     from judge.report.summary import Summary
     from judge.run.runner import RunOutcome
-    from judge.schema import JudgedQuery
+    from judge.schema import JudgedQuery, Query
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     query = queries[args.query]
     with planning_only():  # nothing is sent: no API key needed to see the prompts
         judge = Judge.from_config(config)
+    if judge.caller.chat is None:  # a judge by score: what its reranker reads
+        return _render_scored(judge, query, args.query)
     requests = judge.first_requests(query)
     shown = requests if args.all else requests[:1]
     print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")
@@ -289,6 +292,29 @@ def cmd_render(args: argparse.Namespace) -> int:
             f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; "
             "--all shows them)"
         )
+    return EXIT_OK
+
+
+def _render_scored(judge: Judge, query: Query, index: int) -> int:
+    """``judge render`` for a judge by score: the one rerank request, documents as scored."""
+    from judge.judging.cascade import rerank_request
+
+    assert judge.rerank_model is not None
+    request = rerank_request(judge.rerank_model, judge.fit(query))
+    floor = judge.cascade.section.echo_floor if judge.cascade is not None else None
+    echo = (
+        "; a passage scored at or above the cut is scored again with the query's words masked "
+        f"(the echo check, floor {floor})"
+        if floor
+        else ""
+    )
+    print(
+        f"# query {index}: {query.query_id} / {query.engine} — a judge by score: 1 rerank "
+        f"request to {judge.settings.provider} (no LLM){echo}"
+    )
+    print(f"\n--- query ---\n{request.query}")
+    for passage, text in zip(query.passages, request.documents, strict=True):
+        print(f"\n--- document {passage.id} ---\n{text}")
     return EXIT_OK
 
 
