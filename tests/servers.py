@@ -321,8 +321,9 @@ class ScriptedServer:
             self._fail(handler, route, request, item)
             return
         answer = Answer(text=item) if isinstance(item, str) else item
-        handler.reply(200, route.body(self._scored(route, request, answer), request))
-        self._count("ok")
+        body = route.body(self._scored(route, request, answer), request)
+        self._count("ok")  # before the answer leaves: a client may read the counts at once
+        handler.reply(200, body)
 
     def _scored(self, route: Route, request: Recorded, answer: Answer) -> Answer:
         if route.chat or answer.scores is not None:
