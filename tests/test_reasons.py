@@ -73,6 +73,8 @@ def test_without_reasons_nothing_is_said_about_them(name: str) -> None:
         ("文本中没有提及高血压的症状", "not_relevant"),
         ("这段文本与查询无关", "not_relevant"),
         ("文本中没有指令，", "instructions"),
+        # A reason quoting the passage copies its datamarks: that is no talk of instructions.
+        ("光合作用的产物是有机肥料和^有机蔬菜。", "unclear"),
         ("", "unclear"),
         ("The passage", "unclear"),
     ],
