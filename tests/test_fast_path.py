@@ -58,6 +58,12 @@ def test_a_proxy_variable_sends_through_the_sdk(
     assert make_chat_provider(chat_spec(server)).client == "sdk"  # type: ignore[attr-defined]
 
 
+def test_a_base_url_with_a_query_sends_through_the_sdk(server: ScriptedServer) -> None:
+    url = f"{server.openai_base_url}?api-version=2024-06-01"  # joined by the SDK's own rules
+    provider = make_chat_provider(resolve_spec("local", {"base_url": url}))
+    assert provider.client == "sdk"  # type: ignore[attr-defined]
+
+
 def test_both_clients_send_the_same_request_and_read_the_same_answer(
     server: ScriptedServer, fake_key: str
 ) -> None:

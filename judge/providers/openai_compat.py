@@ -5,11 +5,11 @@ A chat completion goes out through a lean HTTP/1.1 client (judge/providers/lean_
 same JSON body, the same bytes on the wire as the ``openai`` SDK sends, answers and errors read
 the same way, at a fraction of the SDK's CPU per call, and the SDK not even imported. The SDK
 itself is used instead for ``[provider] options = {client = "sdk"}``, for an injected
-``http_client``, and whenever an ``*_PROXY`` variable is set (the SDK's httpx honours them;
-the lean client does not). Either way the SDK's own retries are off: the runner is the one
-retry authority, so a complete() is exactly one HTTP request. Features an endpoint lacks are
-left out of the request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather
-than failing it.
+``http_client``, for a base URL with a query, fragment or user in it, and whenever an
+``*_PROXY`` variable is set (the SDK's httpx honours them; the lean client does not).
+Either way the SDK's own retries are off: the runner is the one retry authority, so a
+complete() is exactly one HTTP request. Features an endpoint lacks are left out of the
+request (``supports_json_mode`` / ``supports_logprobs`` in the spec) rather than failing it.
 
 The SDK is imported, and its client made, on its first use: importing ``openai`` takes
 longer than a fully cached run of a hundred queries, which never sends one. The API key is
@@ -27,6 +27,7 @@ import json
 import os
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 from pydantic_core import from_json
 
@@ -198,8 +199,13 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 CLIENTS = ("lean", "sdk")
 
 
-def _proxied() -> bool:
-    return any(os.environ.get(n) or os.environ.get(n.upper()) for n in _PROXY_VARIABLES)
+def _lean_fits(base_url: str) -> bool:
+    """Whether the lean client sends to ``base_url`` what the SDK would: no proxy variable set
+    (the SDK's httpx honours them), and a plain URL (no query, fragment or user in it)."""
+    if any(os.environ.get(n) or os.environ.get(n.upper()) for n in _PROXY_VARIABLES):
+        return False
+    parts = urlsplit(base_url)
+    return not (parts.query or parts.fragment or parts.username)
 
 
 def _lean_headers(api_key: str) -> dict[str, str]:
@@ -270,7 +276,7 @@ class OpenAICompatProvider:
             raise ProviderConfigError(
                 f"provider option client = {client!r}: use one of {', '.join(CLIENTS)}"
             )
-        lean = client == "lean" and http_client is None and not _proxied()
+        lean = client == "lean" and http_client is None and _lean_fits(self._base_url)
         self._lean = LeanClient(self._base_url, _lean_headers(self._api_key)) if lean else None
 
     @property
