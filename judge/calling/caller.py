@@ -165,6 +165,12 @@ def _root_cause(exc: BaseException) -> str:
     return " ".join(text.split())[:200]
 
 
+def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
+    """Resolve ``waiter`` unless it already is (a done callback, a timer)."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _local(provider: ChatProvider | RerankProvider | None) -> bool:
     """Whether ``provider`` is a model on this machine (the embedded judge or reranker)."""
     return provider is not None and provider.identity.startswith("embedded")
@@ -487,8 +493,9 @@ class Caller:
             return await request(False, None)
         left: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         first = asyncio.ensure_future(request(False, left))
+        first.add_done_callback(functools.partial(_wake, left))  # failed before it left
         try:
-            await asyncio.wait((first, left), return_when=asyncio.FIRST_COMPLETED)
+            await left  # one future, not asyncio.wait's set of two: this runs for every call
             if not await self._slow(first, tail) or not tail.may_hedge():
                 return await first
             hedge = asyncio.ensure_future(request(True, None))
@@ -503,14 +510,23 @@ class Caller:
         without an answer at its hedge time, counted from when it left (a slot may have taken
         long), by the tail as it is then: one sent before the tail knew the p95 is hedged once
         it does. False as soon as it ends, or once a signal stops the run."""
-        left = time.perf_counter()
+        left, loop = time.perf_counter(), asyncio.get_running_loop()
         while not first.done() and self.stopping is None:
             after = tail.hedge_after()
             waited = time.perf_counter() - left
             if after is not None and waited >= after:
                 return True
-            wait = HEDGE_RECHECK_S if after is None else after - waited
-            await asyncio.wait((first,), timeout=wait)
+            # Until it ends or the wait is over: a future and a timer, what asyncio.wait
+            # would make, without its sets (this runs for every call).
+            ready: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(_wake, ready)
+            timer = loop.call_later(HEDGE_RECHECK_S if after is None else after - waited, wake)
+            first.add_done_callback(wake)
+            try:
+                await ready
+            finally:
+                timer.cancel()
+                first.remove_done_callback(wake)
         return False
 
     async def _race(
@@ -591,7 +607,7 @@ class Caller:
         sent = time.perf_counter()
         self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
         self.stats.hedges += hedge
-        if left is not None:
+        if left is not None and not left.done():  # (done: its watcher was cancelled)
             left.set_result(None)
         try:
             async with asyncio.timeout(self._deadline(tail, attempt)):
