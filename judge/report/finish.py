@@ -25,6 +25,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from judge.analysis.compare import Comparison
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, load_results, write_qrels
 from judge.report.compared import verdict_lines
@@ -52,6 +53,19 @@ _REPORTS = ("report.md", "report.html")
 HISTORY_SHOWN = 10
 
 
+def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
+    """Which engine is better, a sentence per pair; one saying nothing was judged when no
+    verdict was answered (not that the engines share no query where the metric is defined)."""
+    said = verdict_lines(comparison, summary.policy.primary) if comparison else []
+    c = summary.counts
+    if said and not c.ok:
+        return [
+            f"no verdict on the engines: none of the {c.verdicts} passages was judged "
+            f"({c.error} error, {c.unparsed} unparsed)"
+        ]
+    return said
+
+
 def finish_run(
     config: RunConfig,
     out_dir: Path,
@@ -74,13 +88,7 @@ def finish_run(
     results = results or load_results(out_dir)
     summary = build_summary(config, results, run=outcome)
     comparison = run_comparison(summary, results)
-    said = verdict_lines(comparison, summary.policy.primary) if comparison else []
-    c = summary.counts
-    if said and not c.ok:  # nothing was judged: no sentence about the engines' metrics
-        said = [
-            f"no verdict on the engines: none of the {c.verdicts} passages was judged "
-            f"({c.error} error, {c.unparsed} unparsed)"
-        ]
+    said = _verdict(summary, comparison)
     summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     write_summary(out_dir / SUMMARY_FILE, summary)
