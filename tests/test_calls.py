@@ -274,7 +274,7 @@ def test_a_request_that_never_connected_is_neither_counted_as_sent_nor_charged(
             **{
                 "provider.base_url": f"http://127.0.0.1:{port}/v1",
                 "run.max_attempts": 2,
-                "run.max_cost": 1.0,
+                "run.max_cost": 10.0,
                 'prices."judge-test"': {"prompt": 1000.0, "completion": 1000.0},
             },
         )

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,14 +39,20 @@ QUERIES = [
 
 
 def llama_servers() -> list[int]:
+    """The llama.cpp servers this test process started (its children): another process on
+    the machine may start and stop its own at any time."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
+                status = (entry / "status").read_text()
             except OSError:
                 continue
-            if b"llama_cpp" in cmdline and b"server" in cmdline:
+            parent = next(
+                (line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), ""
+            )
+            if b"llama_cpp" in cmdline and b"server" in cmdline and parent == str(os.getpid()):
                 found.append(int(entry.name))
     return found
 
