@@ -246,7 +246,9 @@ class ProviderStatusError(ProviderError):
         self.retry_after = retry_after
         self.request_id = request_id
         suffix = f" (request_id {request_id})" if request_id else ""
-        super().__init__(f"HTTP {status}: {message}{suffix}")
+        # Its kind is its status's, wherever it surfaces (a span, a hedge race's loser).
+        kind = status_decision(status, retry_after).kind
+        super().__init__(f"HTTP {status}: {message}{suffix}", kind=kind)
 
 
 def status_decision(status: int, retry_after: float | None = None) -> RetryDecision:
