@@ -295,7 +295,8 @@ def test_a_killed_worker_loses_nothing_and_its_rerun_pays_only_calls_in_flight(
         tmp_path / "run.toml",
         server,
         tmp_path / "cache.sqlite",
-        {"run": {"concurrency": 2 * per_shard, "adaptive_concurrency": False}},
+        # No hedging: every request paid twice must be the killed worker's call in flight.
+        {"run": {"concurrency": 2 * per_shard, "adaptive_concurrency": False, "hedge_share": 0.0}},
     )
     out = tmp_path / "out"
     args = ["run", str(config), str(dataset), "--out", str(out), "--ray", "--shards", "2"]
