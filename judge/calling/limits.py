@@ -459,7 +459,9 @@ class Budget:
 
     def spend(self, usage: Usage) -> None:
         self.usage = self.usage + usage
-        self.cost += self._cost(usage)
+        # The price is linear in tokens: the cost of everything spent, not a running float sum,
+        # so the same answers cost the same to the last bit in whatever order they came.
+        self.cost = self._cost(self.usage)
 
     def reached_message(self, next_tokens: int = 0, next_cost: float = 0.0) -> str:
         lim = self.limits
