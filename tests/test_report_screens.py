@@ -54,16 +54,9 @@ FIRST_SCREEN = (1280, 800)
 def unlabelled(path: Path) -> Path:
     """The sample without its human labels: a scripted judge that answers by a prompt's hash
     disagrees with them, which the health check rightly calls unreliable."""
-    rows = [
-        json.loads(line)
-        for line in SAMPLE.read_text(encoding="utf-8").splitlines()
-        if line
-    ]
+    rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line]
     path.write_text(
-        "".join(
-            json.dumps({k: v for k, v in row.items() if k != "labels"}) + "\n"
-            for row in rows
-        ),
+        "".join(json.dumps({k: v for k, v in row.items() if k != "labels"}) + "\n" for row in rows),
         encoding="utf-8",
     )
     return path
@@ -94,9 +87,7 @@ def judge_run(
     """``judge run`` of the config ``body`` against a server answering with ``responder``."""
     out = tmp / name
     with ScriptedServer(responder=responder) as server:
-        config = write_toml(
-            tmp / f"{tmp.name}.toml", server, tmp / f"{name}.sqlite", body, dataset
-        )
+        config = write_toml(tmp / f"{tmp.name}.toml", server, tmp / f"{name}.sqlite", body, dataset)
         code = main(["run", str(config), "--out", str(out), *extra])
     return code, out
 
@@ -165,9 +156,7 @@ def reports(
         quick.mkdir()
         yes = label_responder(lambda request: "yes")
         runs = {
-            "quickstart": judge_run(
-                quick, "run", yes, QUICKSTART, "--sample", "3", "--seed", "1"
-            )
+            "quickstart": judge_run(quick, "run", yes, QUICKSTART, "--sample", "3", "--seed", "1")
         }
         two = tmp / "compare"
         two.mkdir()
@@ -179,9 +168,7 @@ def reports(
         night = tmp / "nightly"
         night.mkdir()
         body = NIGHTLY.replace("BASELINE", str(night / "baseline" / "summary.json"))
-        first = judge_run(
-            night, "night1", hashed_responder(), body, "--first-night", dataset=bare
-        )
+        first = judge_run(night, "night1", hashed_responder(), body, "--first-night", dataset=bare)
         assert first[0] == 0
         assert (
             main(
@@ -197,9 +184,7 @@ def reports(
         )
         # The second night's judge takes back a third of the first night's yes answers (and
         # gives no new one), so precision@5 can only fall: a drop, whatever the prompts say.
-        runs["nightly"] = judge_run(
-            night, "night2", label_responder(stricter), body, dataset=bare
-        )
+        runs["nightly"] = judge_run(night, "night2", label_responder(stricter), body, dataset=bare)
     yield runs
 
 
@@ -261,9 +246,7 @@ def test_the_first_screen_says_how_the_run_went(
         stem = name.replace(" ", "-")
         shutil.copy(shot, target / f"{stem}-first-screen.png")
         full = target / f"{stem}-full.png"
-        browse(
-            chromium, page, tmp_path, f"--screenshot={full}", "--window-size=1280,9000"
-        )
+        browse(chromium, page, tmp_path, f"--screenshot={full}", "--window-size=1280,9000")
 
 
 def test_the_three_reports_say_what_matters_to_their_reader(
@@ -273,31 +256,20 @@ def test_the_three_reports_say_what_matters_to_their_reader(
     lines = quick.splitlines()
     # The verdict on the engines first, then how far to trust it, then the status's reasons.
     assert lines[2].startswith("**no query differs between dense and bm25 on ndcg")
-    assert lines[3].startswith(
-        "Trust: judge health UNRELIABLE (The judge gave 'yes' to"
-    )
+    assert lines[3].startswith("Trust: judge health UNRELIABLE (The judge gave 'yes' to")
     assert next(x for x in lines if x.startswith("- ")).startswith(
         "- judge unreliable: The judge gave 'yes' to"
     )
     assert "Stability across repeats" not in quick  # one repeat: nothing to say
     # Every query scores 1 (and every P(relevant) is 0.9): nothing to draw, and it says so.
-    assert (
-        "Not drawn: every query scores the same on each metric (relevancy_mean 1.0000"
-        in quick
-    )
+    assert "Not drawn: every query scores the same on each metric (relevancy_mean 1.0000" in quick
     assert "precision@5 1.0000)" in quick  # the first six metrics are drawn, or named
     two = (reports["two engines"][1] / "report.md").read_text(encoding="utf-8")
     assert "## Engines compared, paired (baseline bm25)" in two
     assert "## Stability across repeats" in two
     nightly = (reports["nightly"][1] / "report.md").read_text(encoding="utf-8")
-    breaches = [
-        line
-        for line in nightly.splitlines()[:16]
-        if line.startswith("- breached: drop")
-    ]
-    assert (
-        breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
-    )
+    breaches = [line for line in nightly.splitlines()[:16] if line.startswith("- breached: drop")]
+    assert breaches and "fell" in breaches[0] and "at most 0.0300 allowed" in breaches[0]
     assert "## History (last 2 runs)" in nightly
     # Tonight against the baseline: the paired difference per engine on the primary metric,
     # and the queries that fell most on it.
