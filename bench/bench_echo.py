@@ -27,6 +27,8 @@ Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tun
 
     python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --score-judge \
         --floors 0 0.15
+
+``--splits``: which splits of forms to attack with (default all: tune, held-out, fresh).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def main() -> None:
     parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
     parser.add_argument("--sanitise", default="flag", choices=("flag", "cut", "off"))
     parser.add_argument("--score-judge", action="store_true", help="embedded-fused, no LLM")
+    parser.add_argument("--splits", nargs="+", default=["tune", "held-out", "fresh"])
     args = parser.parse_args()
     high = SCORE_CUT if args.score_judge else HIGH
     rows = load(args.pairs)
@@ -132,7 +135,7 @@ def main() -> None:
                 f"precision of the reranker's yes kept {precision:.2f}"
             )
             clean = judged(url, cache, floor, queries(irrelevant, None), args.sanitise)
-            for split in ("tune", "held-out"):
+            for split in args.splits:
                 for form in [f for f in FORMS if f.split == split]:
                     attacked = judged(url, cache, floor, queries(irrelevant, form), args.sanitise)
                     shifts, alone, cascade, to_llm = [], 0, 0, 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,11 @@ from judge.config import CascadeSection
 from judge.data.datasets import read_results
 from judge.data.results import RESULTS_FILE
 from judge.errors import ConfigError
+from judge.judging.echo import restatements
 from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec
+from judge.providers.embedded.fused import minilm_cosines
+from judge.providers.embedded.weights import MINILM, model_path
 from judge.schema import JudgedQuery, Passage, Query
 from tests.servers import SERVER_ERROR, ScriptedServer, keyword_responder
 from tests.test_budget import EACH, PRICE, Metered
@@ -533,8 +537,9 @@ def test_echo_floor_none_leaves_the_reranker_to_decide(
 def test_the_embedded_reranker_sees_through_sprinkled_query_words(
     make_server: Callable[..., ScriptedServer],
 ) -> None:
-    """MiniLM scores an off-topic passage with the query's words sprinkled through it above the
-    band; with the query's words masked it scores low, so the LLM decides, flagged echo. An
+    """MiniLM alone scores an off-topic passage with the query's words sprinkled through it
+    above the band. Those words together restate the query (judging/echo.py), so the cascade's
+    score counts them at half weight: below the band's top, it is not the reranker's "yes". An
     on-topic passage keeps the reranker's label."""
     require_minilm()
     server = make_server(responder=keyword_responder({}, "no"))
@@ -545,14 +550,17 @@ def test_the_embedded_reranker_sees_through_sprinkled_query_words(
         "The boiling museum point opens water at sea nine level and boiling closes point at "
         "water five, sea except level on public holidays."
     )
+    answer = (
+        "At sea level water boils at 100 degrees Celsius (212 degrees Fahrenheit); "
+        "the boiling point drops as altitude rises and air pressure falls."
+    )
+    raw, _ = minilm_cosines(model_path(MINILM).parent, 1)(query, [sprinkled], threading.Event())
+    assert raw[0] >= 0.6  # what the echo alone buys MiniLM
+    assert restatements(sprinkled, query) and not restatements(answer, query)
     passages = [
         Passage(id="echo", text=sprinkled),
         Passage(id="clean", text=off_topic),
-        Passage(
-            id="answer",
-            text="At sea level water boils at 100 degrees Celsius (212 degrees Fahrenheit); "
-            "the boiling point drops as altitude rises and air pressure falls.",
-        ),
+        Passage(id="answer", text=answer),
     ]
     with Judge(
         ProviderSpec(kind="openai", base_url=server.openai_base_url),
@@ -564,8 +572,8 @@ def test_the_embedded_reranker_sees_through_sprinkled_query_words(
         jq = j.judge(query, passages)
     by_id = {v.passage_id: v for v in jq.verdicts}
     scores = jq.rerank_scores or {}
-    assert scores["echo"] >= 0.6 > scores["clean"]  # the echo alone buys the reranker's "yes"
-    assert (by_id["echo"].source, by_id["echo"].signals) == ("judge", ("echo",))
+    assert scores["echo"] < 0.6 <= scores["answer"]
+    assert (by_id["echo"].source, by_id["echo"].label) != ("reranker", "yes")
     assert (by_id["answer"].source, by_id["answer"].label) == ("reranker", "yes")
     assert by_id["clean"].source == "reranker" and by_id["clean"].label == "no"
 

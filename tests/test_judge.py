@@ -273,7 +273,12 @@ def test_rerank_relevancy_from_a_rerank_provider() -> None:
     assert mean == pytest.approx((0.8 + 0.2 + 0.8) / 3)
     rerank_bodies = [r.body for r in srv.requests if r.path.endswith("/rerank")]
     assert rerank_bodies[0]["model"] == "rerank-x"
-    assert rerank_bodies[0]["documents"] == PASSAGES
+    # Each passage as given, then the one restating the query without its restatement: the
+    # two scores are weighed (judging/echo.py).
+    assert rerank_bodies[0]["documents"] == [
+        *PASSAGES,
+        "Pale gums and tiredness are the classic .",
+    ]
 
 
 def test_rerank_relevancy_from_the_judges_own_probability() -> None:

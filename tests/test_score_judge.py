@@ -59,7 +59,7 @@ def test_a_reranker_as_the_judge_labels_by_its_cut_and_never_chats(
 ) -> None:
     server = make_server(scorer=worded_scorer)
     passages = [
-        Passage(id="a", text="rust ownership explained in five words score=0.9"),
+        Passage(id="a", text="ownership explained in five plain words score=0.9"),
         Passage(id="b", text="rust borrow rules are strict score=0.49"),
         Passage(id="c", text="rust and its many crates score=0.5"),
     ]
@@ -84,8 +84,11 @@ def test_an_echoed_passage_is_labelled_by_what_it_earns_without_the_query_words(
         # Its score rests on the query's words: masked, three words are left: 0.9 / 5 = 0.18,
         # under the floor.
         Passage(id="echo", text="Bananas are yellow. score=0.9 ownership ownership rust"),
-        # Its own words hold it: masked, five are left, and 0.8.
-        Passage(id="own", text="rust ownership frees memory when the owner leaves score=0.8"),
+        # Its own words hold it: masked, nine are left, and 0.8 (the query's words apart: no
+        # restatement either).
+        Passage(
+            id="own", text="the owner frees its memory when it leaves scope, in rust score=0.8"
+        ),
     ]
     section = CascadeSection(low=0.5, high=0.5, echo_floor=0.45)
     with _judge(server, cascade=section) as j:
@@ -97,6 +100,37 @@ def test_an_echoed_passage_is_labelled_by_what_it_earns_without_the_query_words(
     assert (own.label, own.signals) == ("yes", ())
     assert jq.rerank_scores == pytest.approx({"echo": 0.9, "own": 0.8})
     assert calls(server, RERANK) == 2 and calls(server, CHAT) == 0
+
+
+def test_a_passage_restating_the_query_scores_its_restatement_at_half_weight(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    """The query's words together (a restatement) lift a reranker's score whatever the passage
+    says: the judge scores the passage with and without them in one request and keeps half
+    of what they add (judging/echo.py), so the restated off-topic passage falls below the cut
+    and the answer that names the query's words apart keeps its score."""
+    server = make_server(scorer=worded_scorer)
+    passages = [
+        # Without "rust ownership memory" four words are left: 0.8 / 5 = 0.16; half of the
+        # restatement's 0.64 back: 0.48, under the cut.
+        Passage(id="restated", text="bananas from the rust ownership memory club score=0.8"),
+        # The query's words apart, not together: scored as it is.
+        Passage(
+            id="answer",
+            text="in rust each value has an owner and its memory is freed with it, which is "
+            "what ownership means score=0.8",
+        ),
+    ]
+    with _judge(server) as j:
+        jq = j.judge("rust ownership memory", passages)
+    restated, answer = jq.verdicts
+    assert jq.rerank_scores == pytest.approx({"restated": 0.48, "answer": 0.8})
+    assert (restated.label, answer.label) == ("no", "yes")
+    assert "restates the query" in (restated.reason or "")
+    assert "restates" not in (answer.reason or "")
+    (request,) = [r.body for r in server.requests if r.path == RERANK]
+    assert request["documents"] == [p.text for p in passages] + ["bananas from the club score=0.8"]
+    assert calls(server, CHAT) == 0
 
 
 def test_text_aimed_at_the_judge_is_left_out_of_the_score_and_flagged(

@@ -298,6 +298,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 def _render_scored(judge: Judge, query: Query, index: int) -> int:
     """``judge render`` for a judge by score: the one rerank request, documents as scored."""
     from judge.judging.cascade import rerank_request
+    from judge.judging.echo import RESTATED_WEIGHT, without_restatements
+
+    def restates(text: str) -> bool:
+        return without_restatements(text, query.query) is not None
 
     assert judge.rerank_model is not None
     request = rerank_request(judge.rerank_model, judge.fit(query))
@@ -313,8 +317,15 @@ def _render_scored(judge: Judge, query: Query, index: int) -> int:
         f"request to {judge.settings.provider} (no LLM){echo}"
     )
     print(f"\n--- query ---\n{request.query}")
-    for passage, text in zip(query.passages, request.documents, strict=True):
+    n = len(query.passages)
+    for passage, text in zip(query.passages, request.documents[:n], strict=True):
         print(f"\n--- document {passage.id} ---\n{text}")
+    restating = [p for p, t in zip(query.passages, request.documents, strict=False) if restates(t)]
+    for passage, text in zip(restating, request.documents[n:], strict=True):
+        print(
+            f"\n--- document {passage.id} without its restatement of the query (the two scores "
+            f"weighed {RESTATED_WEIGHT}:{1 - RESTATED_WEIGHT}) ---\n{text}"
+        )
     return EXIT_OK
 
 

@@ -64,7 +64,7 @@ import numpy as np
 from judge.calling.caller import Caller
 from judge.config import CascadeSection
 from judge.errors import ConfigError, InputError, ProviderError
-from judge.judging.echo import ECHO, mask_query
+from judge.judging.echo import ECHO, RESTATED_WEIGHT, mask_query, without_restatements
 from judge.judging.sanitise import strip_aimed
 from judge.judging.verdicts import ok_verdict
 from judge.providers.base import RerankRequest
@@ -110,8 +110,12 @@ def scored_text(passage: Passage, query: str) -> str:
 
 
 def rerank_request(model: str, query: Query) -> RerankRequest:
-    """The one rerank request that scores every passage of ``query``."""
-    documents = tuple(scored_text(p, query.query) for p in query.passages)
+    """The one rerank request that scores every passage of ``query``: each as scored, then,
+    for each one that restates the query, the same without its restatements (judging/echo.py;
+    :func:`rerank_scores` weighs the two)."""
+    scored = [scored_text(p, query.query) for p in query.passages]
+    bare = [without_restatements(text, query.query) for text in scored]
+    documents = (*scored, *(text for text in bare if text is not None))
     return RerankRequest(model=model, query=query.query, documents=documents, top_n=len(documents))
 
 
@@ -124,9 +128,18 @@ def echo_request(model: str, query: Query, passages: Sequence[Passage]) -> Reran
 async def rerank_scores(
     caller: Caller, model: str, query: Query, repeat: int
 ) -> tuple[dict[str, float], bool]:
-    """Score per passage id, and whether the answer came from the cache."""
-    result = await caller.rerank(rerank_request(model, query), repeat)
-    scores = dict(zip((p.id for p in query.passages), result.answer.scores, strict=True))
+    """Score per passage id, and whether the answer came from the cache. A passage that
+    restates the query scores ``without + RESTATED_WEIGHT * (with - without)``."""
+    request = rerank_request(model, query)
+    result = await caller.rerank(request, repeat)
+    n = len(query.passages)
+    got, extra = result.answer.scores[:n], iter(result.answer.scores[n:])
+    scores = {}
+    for p, text, score in zip(query.passages, request.documents[:n], got, strict=True):
+        if without_restatements(text, query.query) is not None:
+            bare = next(extra)
+            score = bare + RESTATED_WEIGHT * (score - bare)
+        scores[p.id] = score
     return scores, result.cached
 
 
@@ -229,10 +242,12 @@ def reranker_verdict(
     *,
     cached: bool,
     masked: float | None = None,
+    restated: bool = False,
 ) -> Verdict:
     """The verdict of a passage outside the band: the scale's highest or lowest label. A score
     judge's echo-flagged passage is labelled by ``masked``, its score with the query's words
-    masked (see the module docstring)."""
+    masked (see the module docstring). ``restated``: the passage restates the query (its
+    score weighs that part at half, judging/echo.py), said in the reason."""
     decisive = score if masked is None else masked
     above = band.side(decisive) == "above"
     label = scale.by_grade(scale.max_grade if above else 0)
@@ -247,6 +262,8 @@ def reranker_verdict(
             f"reranker score {score:.3f}, {masked:.3f} with the query's words masked {edge}: "
             "its score rested on repeating the query"
         )
+    if restated:
+        reason += "; it restates the query, which counts at half weight"
     return ok_verdict(
         scale,
         passage.id,
@@ -377,6 +394,8 @@ class Cascade:
                     self.scale,
                     cached=cached,
                     masked=echoed.get(p.id),
+                    restated=without_restatements(scored_text(p, query.query), query.query)
+                    is not None,
                 )
         return [out[p.id] for p in query.passages], scores
 
