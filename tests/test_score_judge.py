@@ -281,3 +281,32 @@ def test_judge_render_shows_what_a_score_judge_reads(
     assert "--- query ---\nquestion number 0" in printed
     assert printed.count("--- document q0-p") == 5 and "--- system ---" not in printed
     assert server.requests == []
+
+
+def test_judge_render_shows_a_restating_passage_also_as_scored_without_its_restatement(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(scorer=text_scorer)
+    extra = f'[provider]\nbase_url = "{server.url}"\n[judge.cascade]\nlow = 0.5\nhigh = 0.5\n'
+    config = _config(tmp_path, {"provider": "rerank", "model": "rerank-test"}, extra)
+    row = {
+        "query_id": "q",
+        "query": "rust ownership memory",
+        "passages": [
+            {"id": "said", "text": "We sell bananas at the rust ownership memory club."},
+            {"id": "plain", "text": "Bananas are yellow."},
+        ],
+    }
+    dataset = tmp_path / "restating.jsonl"
+    dataset.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    assert main(["render", str(config), str(dataset)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("--- document ") == 3
+    assert "--- document said ---\nWe sell bananas at the rust ownership memory club." in printed
+    assert (
+        "--- document said without its restatement of the query (the two scores weighed "
+        "0.5:0.5) ---\nWe sell bananas at the club."
+    ) in printed
+    assert server.requests == []
