@@ -130,6 +130,8 @@ ENGLISH = {"minilm": "en", "minilm+e5": "en+e5"}
 def language_of(query: str, passage: str) -> str:
     """``zh`` when the query or the passage is mostly Han characters, else ``en``."""
     for text in (query, passage):
+        if text.isascii():  # no Han character (a run's health reads every passage's language)
+            continue
         letters = len(_LETTER.findall(text))
         if letters and len(_HAN.findall(text)) / letters >= HAN_SHARE:
             return "zh"
