@@ -95,7 +95,8 @@ def restatements(text: str, query: str) -> list[tuple[int, int]]:
     """The spans of ``text`` (start, end offsets) that restate the query: runs of its topic words
     (a word starting with one counts), each within :data:`GAP` other words of the next, that hold
     at least three quarters of its distinct topic words (two at least). None for a query with
-    fewer than two Latin-script topic words."""
+    fewer than two Latin-script topic words: one word cannot be told from a passage naming its
+    subject."""
     terms = [t for t in query_terms(query) if not _CJK.match(t)]
     if len(terms) < 2:
         return []
