@@ -266,14 +266,19 @@ def test_the_quickstart_config_judges_the_sample_by_score(tmp_path: Path) -> Non
     assert summary(out)["counts"]["ok"] == len(verdicts)
 
 
+def _render_config(server: ScriptedServer, tmp_path: Path) -> Path:
+    """A judge by score at the cut 0.5 on ``server``'s reranker (never called by a render)."""
+    extra = f'[provider]\nbase_url = "{server.url}"\n[judge.cascade]\nlow = 0.5\nhigh = 0.5\n'
+    return _config(tmp_path, {"provider": "rerank", "model": "rerank-test"}, extra)
+
+
 def test_judge_render_shows_what_a_score_judge_reads(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     server = make_server(scorer=text_scorer)
-    extra = f'[provider]\nbase_url = "{server.url}"\n[judge.cascade]\nlow = 0.5\nhigh = 0.5\n'
-    config = _config(tmp_path, {"provider": "rerank", "model": "rerank-test"}, extra)
+    config = _render_config(server, tmp_path)
     assert main(["render", str(config)]) == 0
     printed = capsys.readouterr().out
     assert "a judge by score: 1 rerank request to rerank (no LLM)" in printed
@@ -289,8 +294,7 @@ def test_judge_render_shows_a_restating_passage_also_as_scored_without_its_resta
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     server = make_server(scorer=text_scorer)
-    extra = f'[provider]\nbase_url = "{server.url}"\n[judge.cascade]\nlow = 0.5\nhigh = 0.5\n'
-    config = _config(tmp_path, {"provider": "rerank", "model": "rerank-test"}, extra)
+    config = _render_config(server, tmp_path)
     row = {
         "query_id": "q",
         "query": "rust ownership memory",

@@ -297,14 +297,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _render_scored(judge: Judge, query: Query, index: int) -> int:
     """``judge render`` for a judge by score: the one rerank request, documents as scored."""
-    from judge.judging.cascade import rerank_request
-    from judge.judging.echo import RESTATED_WEIGHT, without_restatements
-
-    def restates(text: str) -> bool:
-        return without_restatements(text, query.query) is not None
+    from judge.judging.cascade import rerank_request, scored_documents
+    from judge.judging.echo import RESTATED_WEIGHT
 
     assert judge.rerank_model is not None
-    request = rerank_request(judge.rerank_model, judge.fit(query))
+    fitted = judge.fit(query)
+    documents = scored_documents(fitted)
+    request = rerank_request(judge.rerank_model, fitted, documents)
     floor = judge.cascade.section.echo_floor if judge.cascade is not None else None
     echo = (
         "; a passage scored at or above the cut is scored again with the query's words masked "
@@ -317,15 +316,14 @@ def _render_scored(judge: Judge, query: Query, index: int) -> int:
         f"request to {judge.settings.provider} (no LLM){echo}"
     )
     print(f"\n--- query ---\n{request.query}")
-    n = len(query.passages)
-    for passage, text in zip(query.passages, request.documents[:n], strict=True):
+    for passage, (text, _) in zip(fitted.passages, documents, strict=True):
         print(f"\n--- document {passage.id} ---\n{text}")
-    restating = [p for p, t in zip(query.passages, request.documents, strict=False) if restates(t)]
-    for passage, text in zip(restating, request.documents[n:], strict=True):
-        print(
-            f"\n--- document {passage.id} without its restatement of the query (the two scores "
-            f"weighed {RESTATED_WEIGHT}:{1 - RESTATED_WEIGHT}) ---\n{text}"
-        )
+    for passage, (_, bare) in zip(fitted.passages, documents, strict=True):
+        if bare is not None:
+            print(
+                f"\n--- document {passage.id} without its restatement of the query (the two "
+                f"scores weighed {RESTATED_WEIGHT}:{1 - RESTATED_WEIGHT}) ---\n{bare}"
+            )
     return EXIT_OK
 
 

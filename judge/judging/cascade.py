@@ -80,6 +80,7 @@ __all__ = [
     "label_problem",
     "rerank_request",
     "rerank_scores",
+    "scored_documents",
 ]
 
 # Labelled passages a max_error band needs (as judge calibrate), some relevant and some not.
@@ -109,14 +110,23 @@ def scored_text(passage: Passage, query: str) -> str:
     return strip_aimed(passage.text, query)[0] if passage.aimed else passage.text
 
 
-def rerank_request(model: str, query: Query) -> RerankRequest:
-    """The one rerank request that scores every passage of ``query``: each as scored, then,
-    for each one that restates the query, the same without its restatements (judging/echo.py;
-    :func:`rerank_scores` weighs the two)."""
+def scored_documents(query: Query) -> list[tuple[str, str | None]]:
+    """Per passage of ``query``: its text as a reranker scores it (:func:`scored_text`), and
+    the same without its restatements of the query (judging/echo.py; None: it has none)."""
     scored = [scored_text(p, query.query) for p in query.passages]
-    bare = [without_restatements(text, query.query) for text in scored]
-    documents = (*scored, *(text for text in bare if text is not None))
-    return RerankRequest(model=model, query=query.query, documents=documents, top_n=len(documents))
+    return [(text, without_restatements(text, query.query)) for text in scored]
+
+
+def rerank_request(
+    model: str, query: Query, documents: Sequence[tuple[str, str | None]] | None = None
+) -> RerankRequest:
+    """The one rerank request that scores every passage of ``query``: each as scored, then,
+    for each one that restates the query, the same without its restatements
+    (:func:`rerank_scores` weighs the two). ``documents``: :func:`scored_documents`, if
+    already made."""
+    pairs = scored_documents(query) if documents is None else documents
+    texts = (*(text for text, _ in pairs), *(bare for _, bare in pairs if bare is not None))
+    return RerankRequest(model=model, query=query.query, documents=texts, top_n=len(texts))
 
 
 def echo_request(model: str, query: Query, passages: Sequence[Passage]) -> RerankRequest:
@@ -130,17 +140,28 @@ async def rerank_scores(
 ) -> tuple[dict[str, float], bool]:
     """Score per passage id, and whether the answer came from the cache. A passage that
     restates the query scores ``without + RESTATED_WEIGHT * (with - without)``."""
-    request = rerank_request(model, query)
-    result = await caller.rerank(request, repeat)
+    scores, cached, _ = await _weighed_scores(caller, model, query, repeat)
+    return scores, cached
+
+
+async def _weighed_scores(
+    caller: Caller, model: str, query: Query, repeat: int
+) -> tuple[dict[str, float], bool, set[str]]:
+    """:func:`rerank_scores`, and the ids of the passages that restate the query."""
+    documents = scored_documents(query)
+    result = await caller.rerank(rerank_request(model, query, documents), repeat)
     n = len(query.passages)
-    got, extra = result.answer.scores[:n], iter(result.answer.scores[n:])
-    scores = {}
-    for p, text, score in zip(query.passages, request.documents[:n], got, strict=True):
-        if without_restatements(text, query.query) is not None:
-            bare = next(extra)
-            score = bare + RESTATED_WEIGHT * (score - bare)
+    extra = iter(result.answer.scores[n:])
+    scores, restated = {}, set()
+    for p, (_, bare), score in zip(
+        query.passages, documents, result.answer.scores[:n], strict=True
+    ):
+        if bare is not None:
+            without = next(extra)
+            score = without + RESTATED_WEIGHT * (score - without)
+            restated.add(p.id)
         scores[p.id] = score
-    return scores, result.cached
+    return scores, result.cached, restated
 
 
 def fixed_band(section: CascadeSection) -> Band | None:
@@ -357,7 +378,7 @@ class Cascade:
         if not query.passages:
             return [], None
         try:
-            scores, cached = await rerank_scores(self.caller, self.model, query, 0)
+            scores, cached, restated = await _weighed_scores(self.caller, self.model, query, 0)
         except ProviderError as exc:
             return _failed(query, exc), None
         ranks = {p.id: rank for rank, p in enumerate(query.passages, start=1)}
@@ -394,8 +415,7 @@ class Cascade:
                     self.scale,
                     cached=cached,
                     masked=echoed.get(p.id),
-                    restated=without_restatements(scored_text(p, query.query), query.query)
-                    is not None,
+                    restated=p.id in restated,
                 )
         return [out[p.id] for p in query.passages], scores
 
