@@ -43,6 +43,7 @@ from judge.analysis.reliability import roc_auc
 COMPUTED = {
     "minilm": ("minilm",),
     "e5": ("e5",),
+    "cross": ("cross",),
     "lexical": ("bm25", "overlap"),
     "ql": ("ql", "ql_pmi"),
 }
@@ -53,6 +54,7 @@ def compute(pairs: Sequence[sig.Pair], args: argparse.Namespace) -> dict[str, di
     makers = {
         "minilm": lambda ps: {"minilm": sig.minilm(ps, args.threads)},
         "e5": lambda ps: {"e5": sig.e5(ps, args.threads)},
+        "cross": lambda ps: {"cross": sig.cross(ps, args.threads)},
         "lexical": lambda ps: dict(zip(("bm25", "overlap"), sig.lexical(ps), strict=True)),
     }
     tag = args.ql_tag

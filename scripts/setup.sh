@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install judge with the given extras; fetch the embedded models
-# (offline: the reranker's; embedded: the LLM's too).
+# (offline: the reranker's bi-encoder and cross-encoder; embedded: the LLM's too).
 # Usage: bash scripts/setup.sh [EXTRAS]   (default extras: embedded)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +19,5 @@ if [[ "$extras" == *embedded* ]]; then
     .venv/bin/judge model fetch
 elif [[ "$extras" == *offline* ]]; then
     .venv/bin/judge model fetch --model rerank
+    .venv/bin/judge model fetch --model cross
 fi

@@ -48,6 +48,7 @@ from judge.providers.embedded.rerank import (
     scores_from_cosines,
 )
 from judge.providers.embedded.weights import (
+    CROSS,
     MINILM,
     MODEL,
     ModelSpec,
@@ -189,14 +190,17 @@ def test_a_bad_folder_raises_and_leaves_nothing(
     assert list((tmp_path / "models").iterdir()) == []
 
 
-def test_model_path_prints_both_models_or_the_one_asked_for(
+def test_model_path_prints_every_model_or_the_one_asked_for(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["model", "path"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         str(model_path(MODEL)),
         str(model_path(MINILM).parent),
+        str(model_path(CROSS).parent),
     ]
+    assert main(["model", "path", "--model", "cross"]) == 0
+    assert capsys.readouterr().out.splitlines() == [str(model_path(CROSS).parent)]
     assert main(["model", "path", "--model", "rerank"]) == 0
     assert capsys.readouterr().out.splitlines() == [str(model_path(MINILM).parent)]
     assert main(["model", "path", "--model", "llm"]) == 0

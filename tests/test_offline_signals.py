@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
+import json
 import math
 import threading
 from collections.abc import Sequence
@@ -19,9 +21,10 @@ import numpy as np
 import pytest
 
 from judge.errors import ModelError, ProviderConfigError
-from judge.providers.base import ProviderSpec, RerankRequest
+from judge.providers.base import ProviderSpec, RerankRequest, request_key
 from judge.providers.embedded import e5 as e5_module
 from judge.providers.embedded.fused import (
+    ENGLISH,
     FUSIONS,
     Cosines,
     FusedRerankProvider,
@@ -129,6 +132,54 @@ def test_english_by_default_loads_minilm_only_and_minilm_e5_on_request() -> None
         assert loads == wanted
 
 
+def test_masked_text_is_read_for_its_content_never_by_the_cross_encoder() -> None:
+    """The echo check's request (query words masked) is scored by each language's content
+    fusion: the cross-encoder, which needs the query's words, is never asked."""
+    minilm = {"left of the passage": 0.45}
+    e5 = {"长城总长度": 0.9}
+    loads: list[str] = []
+
+    def loader(name: str, table: dict[str, float]) -> Cosines:
+        loads.append(name)
+        return _fixed(table, [])
+
+    provider = FusedRerankProvider(
+        {
+            "cross": lambda: pytest.fail("the cross-encoder loaded for masked text"),
+            "minilm": lambda: loader("minilm", minilm),
+            "e5": lambda: loader("e5", e5),
+        },
+        identity="test",
+        english=ENGLISH["cross"],
+    )
+    request = RerankRequest(
+        model="embedded-fused",
+        query="how long is it",
+        documents=("left of the passage", "长城总长度"),
+        masked=True,
+    )
+    scores = asyncio.run(provider.rerank(request, timeout=30)).scores
+
+    want = []
+    for key, x in (("en:content", 0.45), ("zh:content", 0.9)):
+        f = FUSIONS[key]
+        want.append(_sigmoid(f.intercept + f.weights[0] * (x - f.mean[0]) / f.sd[0]))
+    assert scores == pytest.approx(tuple(want))
+    assert sorted(loads) == ["e5", "minilm"]
+
+
+def test_a_masked_request_is_keyed_apart_and_an_unmasked_one_as_before() -> None:
+    fields = {"model": "m", "query": "q", "documents": ("d",), "top_n": 1}
+    plain = RerankRequest(**fields)  # type: ignore[arg-type]
+    payload = {"identity": "id", "request": {**fields, "documents": ["d"]}, "repeat": 0}
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+    assert request_key("id", plain, 0) == hashlib.sha256(blob.encode()).hexdigest()
+    assert request_key("id", plain.model_copy(update={"masked": True}), 0) != request_key(
+        "id", plain, 0
+    )
+
+
 def test_language_option_forces_one_model() -> None:
     calls: list[int] = []
     e5 = {"Relevant passage.": 0.9}
@@ -149,7 +200,7 @@ def test_language_option_forces_one_model() -> None:
         ({"language": "fr"}, "language must be one of auto, en, zh, not 'fr'"),
         ({"threads": -1}, "threads must be an integer >= 0"),
         ({"fetch": "yes"}, "fetch must be true or false"),
-        ({"english": "e5"}, "english must be one of minilm, minilm+e5, not 'e5'"),
+        ({"english": "e5"}, "english must be one of cross, minilm, minilm+e5, not 'e5'"),
     ],
 )
 def test_bad_options_are_one_line(options: dict[str, object], message: str) -> None:

@@ -70,8 +70,8 @@ def _check_cache(path: Path) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    """``judge model fetch|path [--model llm|rerank|all]``: one path per model on stdout (the
-    LLM's GGUF file, then the reranker's folder), progress on stderr."""
+    """``judge model fetch|path [--model llm|rerank|cross|all]``: one path per model on stdout
+    (the LLM's GGUF file, then the reranker's folders), progress on stderr."""
     from judge.providers.embedded.weights import MODELS, ensure_model, model_path
 
     names = list(MODELS) if args.model == "all" else [args.model]
@@ -105,9 +105,10 @@ def add_commands(
     md.add_argument("action", choices=["fetch", "path"])
     md.add_argument(
         "--model",
-        choices=["llm", "rerank", "all"],
+        choices=["llm", "rerank", "cross", "all"],
         default="all",
         help="llm: the embedded judge's GGUF file; rerank: the embedded reranker's "
-        "all-MiniLM-L6-v2 folder; all (default): both, one path per line",
+        "all-MiniLM-L6-v2 folder; cross: its cross-encoder's folder (ms-marco-MiniLM-L-12-v2); "
+        "all (default): every one, one path per line",
     )
     md.set_defaults(func=cmd_model)

@@ -132,7 +132,9 @@ def rerank_request(
 def echo_request(model: str, query: Query, passages: Sequence[Passage]) -> RerankRequest:
     """The rerank request of the echo check: ``passages`` with the query's words masked."""
     masked = tuple(mask_query(scored_text(p, query.query), query.query) for p in passages)
-    return RerankRequest(model=model, query=query.query, documents=masked, top_n=len(masked))
+    return RerankRequest(
+        model=model, query=query.query, documents=masked, top_n=len(masked), masked=True
+    )
 
 
 async def rerank_scores(

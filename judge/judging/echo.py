@@ -49,7 +49,9 @@ _FUNCTION_WORDS = (
     "those with by from as at about not no yes there their they he she his her we our me my"
 )
 _FUNCTION = frozenset(_FUNCTION_WORDS.split())
-_WORD = re.compile(r"\w+", re.UNICODE)
+# A word: letters and digits. An underscore separates words, as in a URL slug or an
+# identifier ("cost_of_concrete"): the rerankers' tokenizers split there, so echo must too.
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK = re.compile(r"[\u3400-\u9fff]+")
 # A restatement's topic words are at most this many other words apart ("cost of the concrete").
 GAP = 2
@@ -78,7 +80,7 @@ def _pattern(query: str) -> re.Pattern[str] | None:
         return None
     latin = [re.escape(t) for t in terms if not _CJK.match(t)]
     cjk = [re.escape(t) for t in terms if _CJK.match(t)]
-    parts = [rf"\b(?:{'|'.join(latin)})\w*"] if latin else []
+    parts = [rf"(?<![^\W_])(?:{'|'.join(latin)})[^\W_]*"] if latin else []
     parts += cjk
     return re.compile("|".join(parts), re.IGNORECASE)
 

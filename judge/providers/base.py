@@ -59,10 +59,16 @@ class Completion(Record):
 
 
 class RerankRequest(Record):
+    """``masked``: the documents are passages with the query's own words masked out (the echo
+    check, judging/echo.py): what is left is their content. A reranker of our own may read such
+    text by a signal that needs no query word to match (the embedded fused reranker scores it
+    by a bi-encoder); on the wire it is not sent: a remote reranker scores the text it gets."""
+
     model: str
     query: str
     documents: tuple[str, ...]
     top_n: int | None = None
+    masked: bool = False
 
 
 class RerankResult(Record):
@@ -164,9 +170,11 @@ def request_key(identity: str, request: ChatRequest | RerankRequest, repeat: int
 
     Timeouts, concurrency and API keys are deliberately not part of it (DESIGN rule 3).
     """
+    # An unmasked rerank request is keyed as before the flag existed: its answers stay cached.
+    drop = {"masked"} if isinstance(request, RerankRequest) and not request.masked else None
     payload = {
         "identity": identity,
-        "request": request.model_dump(mode="json"),
+        "request": request.model_dump(mode="json", exclude=drop),
         "repeat": repeat,
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

