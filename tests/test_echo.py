@@ -56,3 +56,28 @@ def test_short_and_chinese_queries_have_no_restatements() -> None:
     assert restatements("Rust, Rust, Rust: the language", "rust") == []
     # Chinese restatements are the list layer's (judging/sanitise.py).
     assert restatements("水的沸点是多少？水的沸点是一百度。", "水的沸点是多少") == []
+
+
+def test_the_query_said_in_bare_pieces_is_a_restatement() -> None:
+    # Pairs of the query's words set apart as sentences of their own, between real sentences.
+    text = "Museums open at nine. Boiling point. They close at five. Water, sea level. Free entry."
+    assert spanned(text) == ["Boiling point.", "Water, sea level."]
+    bare = "Museums open at nine. They close at five. Free entry."
+    assert without_restatements(text, QUERY) == bare
+    # Tags split by bars are pieces too.
+    assert spanned("Museum hours | boiling | point | water | sea level") == [
+        "boiling | point | water | sea level"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Bare pieces holding fewer than three quarters of the topic words.
+        "Museums open at nine. Boiling point. They close at five. Water.",
+        # Every piece carries words of its own: sentences about the topic, not the query.
+        "The boiling point drops. Water boils sooner. Far above sea level the air is thin.",
+    ],
+)
+def test_pieces_that_do_not_say_the_query_are_not_restatements(text: str) -> None:
+    assert restatements(text, QUERY) == []
