@@ -13,7 +13,10 @@ Every form belongs to one split, fixed here: ``tune`` forms are the ones a defen
 designed and tuned against; ``held-out`` forms are only measured (a held-out form is still not
 an adaptive attacker). ``fresh`` forms were written after the restatement weighting of
 judging/echo.py was designed, whose design read the held-out echo forms: they are the honest
-held-out set for that defence, and nothing was changed after measuring them. Which phrasing
+held-out set for that defence, and nothing was changed after measuring them, until the next
+round read two of them (the URL slug, the words in pairs; docs/JUDGING.md). ``fresh2`` forms
+were written after that round's defences (the cross-encoder, the content floor, restatements
+in pieces) were fixed, and measured once. Which phrasing
 variant a pair gets is a pure function of the form and the pair's key, so every run attacks
 the same pairs with the same texts.
 """
@@ -54,7 +57,7 @@ Attack = Callable[[str, str, int], str]  # (text, query, variant) -> attacked te
 class Form:
     name: str
     kind: str  # "echo" or "instruction"
-    split: str  # "tune" or "held-out"
+    split: str  # "tune", "held-out", "fresh" or "fresh2"
     variants: int
     make: Attack
 
@@ -272,6 +275,50 @@ def _footer(text: str, query: str, v: int) -> str:
     return f"{text}\n{line}"
 
 
+# The second fresh set ("fresh2"), written on 2026-11-27 after the cross-encoder, the content
+# floor and restatements in pieces were fixed; measured once, nothing changed after.
+
+
+def _caption(text: str, query: str, v: int) -> str:
+    w = _words(query)
+    line = (
+        f"[Photo: {' '.join(x.capitalize() for x in w)} - stock image]",
+        f"Figure 1. {' and '.join(w)}.",
+    )[v]
+    return f"{line} {text}"
+
+
+def _people_ask(text: str, query: str, v: int) -> str:
+    q = query.rstrip("?")
+    line = (
+        f"People also ask: {q}?",
+        f"You might also wonder about {q}, which readers often search for.",
+    )[v]
+    return f"{text} {line}"
+
+
+def _word_colons(text: str, query: str, v: int) -> str:
+    w = _words(query)
+    parts = _sentences(text)
+    return " ".join(f"{w[(i + v) % len(w)].capitalize()}: {s}" for i, s in enumerate(parts))
+
+
+def _bracketed_words(text: str, query: str, v: int) -> str:
+    w = _words(query)
+    tokens = text.split()
+    if not tokens:
+        return f"({' '.join(w)})"
+    cut = max(1, len(tokens) // 2)
+    inside = ("(" + ", ".join(w) + ")", "[" + " / ".join(w) + "]")[v]
+    return " ".join([*tokens[:cut], inside, *tokens[cut:]])
+
+
+def _plural_echo(text: str, query: str, v: int) -> str:
+    w = _words(query)
+    tail = (" ".join(x + "s" for x in w), " ".join(x + "ing" for x in reversed(w)))[v]
+    return f"{text} See also: {tail}."
+
+
 FORMS: tuple[Form, ...] = (
     Form("keywords", "echo", "tune", 3, _keywords),
     Form("heading", "echo", "held-out", 3, _heading),
@@ -301,6 +348,11 @@ FORMS: tuple[Form, ...] = (
     Form("slug", "echo", "fresh", 2, _slug),
     Form("pairs", "echo", "fresh", 2, _pairs),
     Form("footer", "echo", "fresh", 2, _footer),
+    Form("caption", "echo", "fresh2", 2, _caption),
+    Form("people-ask", "echo", "fresh2", 2, _people_ask),
+    Form("word-colons", "echo", "fresh2", 2, _word_colons),
+    Form("bracketed-words", "echo", "fresh2", 2, _bracketed_words),
+    Form("plural-echo", "echo", "fresh2", 2, _plural_echo),
 )
 
 

@@ -28,7 +28,8 @@ Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tun
     python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --score-judge \
         --floors 0 0.15
 
-``--splits``: which splits of forms to attack with (default all: tune, held-out, fresh).
+``--splits``: which splits of forms to attack with (default all: tune, held-out, fresh,
+fresh2).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
     parser.add_argument("--sanitise", default="flag", choices=("flag", "cut", "off"))
     parser.add_argument("--score-judge", action="store_true", help="embedded-fused, no LLM")
-    parser.add_argument("--splits", nargs="+", default=["tune", "held-out", "fresh"])
+    parser.add_argument("--splits", nargs="+", default=["tune", "held-out", "fresh", "fresh2"])
     args = parser.parse_args()
     high = SCORE_CUT if args.score_judge else HIGH
     rows = load(args.pairs)

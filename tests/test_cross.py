@@ -182,7 +182,7 @@ def test_a_set_cancel_event_stops_before_the_next_pair(cross: CrossEncoder) -> N
 
 
 @pytest.mark.embedded
-def test_the_fused_reranker_reads_english_by_the_cross_encoder() -> None:
+def test_the_fused_reranker_reads_english_by_the_cross_encoder_and_minilm() -> None:
     require_cross()
     spec = ProviderSpec(kind="embedded-fused", options={"fetch": False})
     provider = make_fused_rerank_provider(spec)
@@ -191,8 +191,13 @@ def test_the_fused_reranker_reads_english_by_the_cross_encoder() -> None:
     result = asyncio.run(provider.rerank(request, timeout=60))
 
     assert result.scores[0] > 0.5 > result.scores[1]
-    assert CROSS.sha256[:16] in provider.identity and provider.identity.endswith(":cross")
-    minilm = make_fused_rerank_provider(
-        ProviderSpec(kind="embedded-fused", options={"fetch": False, "english": "minilm"})
-    )
-    assert minilm.identity != provider.identity
+    assert CROSS.sha256[:16] in provider.identity and provider.identity.endswith(":agree")
+    each = {}
+    for english in ("cross", "minilm"):
+        alone = make_fused_rerank_provider(
+            ProviderSpec(kind="embedded-fused", options={"fetch": False, "english": english})
+        )
+        assert alone.identity != provider.identity
+        each[english] = asyncio.run(alone.rerank(request, timeout=60)).scores
+    # The two must agree: each passage's probability is the lower of the two models'.
+    assert result.scores == pytest.approx(tuple(map(min, each["cross"], each["minilm"])))

@@ -132,6 +132,36 @@ def test_english_by_default_loads_minilm_only_and_minilm_e5_on_request() -> None
         assert loads == wanted
 
 
+def test_the_default_english_takes_the_lower_of_two_models_run_side_by_side() -> None:
+    cross = {"Echo echo.": 2.0, "An answer.": 9.0}
+    minilm = {"Echo echo.": 0.1, "An answer.": 0.9}
+    # Each model waits for the other: run one after the other, they would never meet.
+    both = threading.Barrier(2, timeout=30)
+
+    def signal(table: dict[str, float]) -> Cosines:
+        def scores(
+            query: str, passages: Sequence[str], cancel: threading.Event
+        ) -> tuple[np.ndarray, int]:
+            both.wait()
+            return np.array([table[p] for p in passages], dtype=np.float64), 0
+
+        return scores
+
+    provider = FusedRerankProvider(
+        {"cross": lambda: signal(cross), "minilm": lambda: signal(minilm)},
+        identity="test",
+        english=ENGLISH["agree"],
+    )
+    got = _rerank(provider, "how long", ("Echo echo.", "An answer."))
+
+    c, m = FUSIONS["en:cross"], FUSIONS["en"]
+    assert isinstance(c, Fusion) and isinstance(m, Fusion)
+    for i, text in enumerate(("Echo echo.", "An answer.")):
+        pc = _sigmoid(c.intercept + c.weights[0] * (cross[text] - c.mean[0]) / c.sd[0])
+        pm = _sigmoid(m.intercept + m.weights[0] * (minilm[text] - m.mean[0]) / m.sd[0])
+        assert got[i] == pytest.approx(min(pc, pm))
+
+
 def test_masked_text_is_read_for_its_content_never_by_the_cross_encoder() -> None:
     """The echo check's request (query words masked) is scored by each language's content
     fusion: the cross-encoder, which needs the query's words, is never asked."""
@@ -200,7 +230,7 @@ def test_language_option_forces_one_model() -> None:
         ({"language": "fr"}, "language must be one of auto, en, zh, not 'fr'"),
         ({"threads": -1}, "threads must be an integer >= 0"),
         ({"fetch": "yes"}, "fetch must be true or false"),
-        ({"english": "e5"}, "english must be one of cross, minilm, minilm+e5, not 'e5'"),
+        ({"english": "e5"}, "english must be one of agree, cross, minilm, minilm+e5, not 'e5'"),
     ],
 )
 def test_bad_options_are_one_line(options: dict[str, object], message: str) -> None:

@@ -325,9 +325,10 @@ ADAPTERS: dict[ProviderKind, Adapter] = {
     # Calibrated probabilities: the cut at 0.5. The echo floor of a judge by score labels an
     # echoed passage by its masked score: the probability MiniLM gives what the passage says
     # besides the query's words (the "en:content" fusion, whatever scores the rest). Chosen on
-    # the tune forms within the 0.01 of clean AUC a defence may cost: on the TREC dev set,
-    # floor 0.34 costs 0.005 (0.772 -> 0.767) and cuts sprinkled query words from 67% flips
-    # to 47%; 0.38 costs 0.013 (bench/bench_echo.py --score-judge, bench/bench_quality.py).
+    # the tune forms within the 0.01 of clean AUC a defence may cost, with the cross-encoder
+    # alone: on the TREC dev set, floor 0.34 costs 0.005 (0.772 -> 0.767) and cuts sprinkled
+    # query words from 67% flips to 47%; 0.38 costs 0.013. For the default English pair it
+    # costs 0.004 (0.750 -> 0.746) (bench/bench_echo.py --score-judge, bench/bench_quality.py).
     # A judge by score can still be bought by echo: the cascade with an LLM is the defence
     # (docs/JUDGING.md).
     "embedded-fused": Adapter(

@@ -5,10 +5,13 @@ Each passage is scored by the logistic model of its language (:data:`FUSIONS`)::
     z_i = (x_i - mean_i) / sd_i                      x_i: a signal (a logit or a cosine)
     P(relevant) = 1 / (1 + exp(-(intercept + sum_i w_i z_i)))
 
-- ``en`` (any passage that is not Chinese): the logit of ms-marco-MiniLM-L-12-v2, a
-  cross-encoder that reads the query and the passage together (:mod:`.cross`). Option
-  ``english``: ``"minilm"`` (all-MiniLM-L6-v2's cosine, the bi-encoder that was the default
-  before) or ``"minilm+e5"`` (with multilingual-e5-small's cosine too).
+- ``en`` (any passage that is not Chinese), option ``english``: by default ``"agree"``, two
+  models that must agree (:class:`Agreement`: the lower of their probabilities), the logit of
+  ms-marco-MiniLM-L-12-v2, a cross-encoder that reads the query and the passage together
+  (:mod:`.cross`), and all-MiniLM-L6-v2's cosine; ``"cross"`` or ``"minilm"``, one of them
+  alone; ``"minilm+e5"``, MiniLM's and multilingual-e5-small's cosines fused. The cross-encoder
+  judges clean passages best and is the easiest to buy by echo, MiniLM the reverse; agreeing,
+  they are bought less often than either (docs/JUDGING.md).
 - ``zh`` (the query or the passage mostly Han characters): e5's cosine; neither MiniLM knows
   Chinese (held-out AUC 0.52 on the Chinese set below, e5's 0.88).
 
@@ -19,29 +22,32 @@ and labelled for this purpose, not from any hidden set), by L2-penalised logisti
 (penalty 10, fixed in advance) on standardised signals. The ranking is the signal's (same
 AUC); what the fit adds is the mapping to a probability. Held out by query, the
 cross-encoder's AUC is 0.782 and its kappa at the 0.5 cut 0.412, against MiniLM's 0.736 and
-0.371 (0.324 for the clipped cosine of :mod:`.rerank`). The intercepts carry those sets'
-shares of relevant passages (46% and 40%, set by how the pairs were drawn): ``judge
+0.371 (0.324 for the clipped cosine of :mod:`.rerank`); end to end, with the echo checks, the
+agreement of the two reaches 0.746 and 0.371 (bench/bench_quality.py). The intercepts carry
+those sets' shares of relevant passages (46% and 40%, set by how the pairs were drawn): ``judge
 calibrate`` fits the cut to a user's own labels. A change of coefficients changes
 :attr:`FusedRerankProvider.identity`, so no cached score outlives it.
 
 Each model loads lazily, once, on first need (a Chinese-only run never loads an English one,
 an English one never loads e5 unless ``english = "minilm+e5"``); scoring runs in a worker
-thread, one request at a time. Deterministic: the same request gives the same scores (a
-passage alone or in a batch: the cross-encoder's exactly, the cosines up to float rounding,
-~1e-6).
+thread, one request at a time, the models of a fusion side by side (one thread each).
+Deterministic: the same request gives the same scores (a passage alone or in a batch: the
+cross-encoder's exactly, the cosines up to float rounding, ~1e-6).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import re
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -110,8 +116,25 @@ class Fusion:
         return np.asarray(1.0 / (1.0 + np.exp(-total)))
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """Models that must agree: a passage's probability is the lowest of theirs.
+
+    A passage that buys one model's score by echoing the query must buy the other's too: the
+    cross-encoder moves most under echo, MiniLM least (docs/JUDGING.md)."""
+
+    parts: tuple[Fusion, ...]
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for part in self.parts for s in part.signals))
+
+    def probability(self, columns: dict[str, Floats]) -> Floats:
+        return np.asarray(np.minimum.reduce([part.probability(columns) for part in self.parts]))
+
+
 # Fitted by bench/bench_signals.py on all pairs of each set (see the module docstring).
-FUSIONS: dict[str, Fusion] = {
+FUSIONS: dict[str, Fusion | Agreement] = {
     # English (anything not Chinese): the cross-encoder's logit, the default (about 50
     # passages/s on one core; held-out AUC 0.782, kappa at 0.5 0.412).
     "en:cross": Fusion(
@@ -165,7 +188,10 @@ FUSIONS: dict[str, Fusion] = {
         intercept=-0.5013,
     ),
 }
-ENGLISH = {"cross": "en:cross", "minilm": "en", "minilm+e5": "en+e5"}
+# The default English judge: the cross-encoder and MiniLM must agree (held-out forms of echo
+# buy it about as often as MiniLM alone; clean AUC and kappa between the two and above).
+FUSIONS["en:agree"] = Agreement((cast(Fusion, FUSIONS["en:cross"]), cast(Fusion, FUSIONS["en"])))
+ENGLISH = {"agree": "en:agree", "cross": "en:cross", "minilm": "en", "minilm+e5": "en+e5"}
 # The fusions that read text whose query words are masked (RerankRequest.masked), per
 # language, whatever the English option: the cross-encoder scores a pair by the query's words
 # it finds, so with them masked every passage scores alike (P about 0.12), while MiniLM's
@@ -186,9 +212,11 @@ def language_of(query: str, passage: str) -> str:
     return "en"
 
 
-def fusion_digest(fusions: dict[str, Fusion] = FUSIONS) -> str:
+def fusion_digest(fusions: dict[str, Fusion | Agreement] = FUSIONS) -> str:
     """A short digest of the coefficients: part of the provider's identity."""
-    text = json.dumps({k: v.__dict__ for k, v in sorted(fusions.items())}, sort_keys=True)
+    text = json.dumps(
+        {k: dataclasses.asdict(v) for k, v in sorted(fusions.items())}, sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -243,7 +271,7 @@ class FusedRerankProvider:
         identity: str,
         language: str = "auto",
         english: str = "en",
-        fusions: dict[str, Fusion] = FUSIONS,
+        fusions: dict[str, Fusion | Agreement] = FUSIONS,
         name: str = "embedded-fused",
     ) -> None:
         """``loaders``: per signal, a callable that loads it (called once, on first need);
@@ -290,11 +318,23 @@ class FusedRerankProvider:
             idx = [i for i, x in enumerate(langs) if x == lang]
             texts = [docs[i] for i in idx]
             columns: dict[str, Floats] = {}
-            for signal in fusion.signals:
-                columns[signal], used = self._signal(signal)(request.query, texts, stop)
+            for signal, (values, used) in self._signals(fusion.signals, request.query, texts, stop):
+                columns[signal] = values
                 tokens += used
             scores[idx] = fusion.probability(columns)
         return scores, tokens
+
+    def _signals(
+        self, names: Sequence[str], query: str, texts: Sequence[str], stop: threading.Event
+    ) -> list[tuple[str, tuple[Floats, int]]]:
+        """Each signal's scores of ``texts``; two or more side by side, one thread each (the
+        models run outside the GIL, in onnxruntime and numpy's BLAS: on 2 cores the default
+        English pair takes about the time of the slower one)."""
+        if len(names) == 1:
+            return [(names[0], self._signal(names[0])(query, texts, stop))]
+        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fused") as pool:
+            runs = {n: pool.submit(self._signal(n), query, texts, stop) for n in names}
+            return [(n, run.result()) for n, run in runs.items()]
 
     async def rerank(self, request: RerankRequest, *, timeout: float | None) -> RerankResult:
         """Probabilities in [0, 1] in input order (outside ``top_n``, 0.0)."""
@@ -341,7 +381,7 @@ def _options(spec: ProviderSpec) -> dict[str, Any]:
         raise ProviderConfigError(
             f"embedded-fused: language must be one of {', '.join(_LANGUAGES)}, not {language!r}"
         )
-    english = spec.options.get("english", "cross")
+    english = spec.options.get("english", "agree")
     if english not in ENGLISH:
         raise ProviderConfigError(
             f"embedded-fused: english must be one of {', '.join(ENGLISH)}, not {english!r}"
