@@ -28,6 +28,12 @@ Forms are split by form, not by passage (bench/attack_forms.py): choose on ``tun
     python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --score-judge \
         --floors 0 0.15
 
+``--fused-cascade``: the cascade of configs/cascade.toml instead (the fused reranker, cut at
+0.5 with no band: only echoed and flagged passages go to the LLM; its floor is 0.4).
+
+    python bench/bench_echo.py ../shared/data/trec-dl-2019-sample.jsonl --fused-cascade \
+        --floors 0.4
+
 ``--splits``: which splits of forms to attack with (default all: tune, held-out, fresh,
 fresh2).
 """
@@ -35,6 +41,7 @@ fresh2).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -80,22 +87,29 @@ def queries(rows: list[dict[str, object]], form: object | None) -> list[Query]:
 
 
 def judged(
-    url: str | None, cache: Path, floor: float | None, qs: list[Query], sanitise: str = "flag"
+    url: str | None,
+    cache: Path,
+    floor: float | None,
+    qs: list[Query],
+    sanitise: str = "flag",
+    fused: bool = False,
 ) -> dict[str, tuple[float, str, str, tuple[str, ...]]]:
     """Per passage id: reranker score, label, source, signals (``url`` None: the judge by
-    score, no LLM)."""
+    score, no LLM; ``fused``: the cascade of configs/cascade.toml, the fused reranker cut at
+    0.5 with no band, instead of MiniLM's band)."""
     if url is None:
         section = CascadeSection(low=SCORE_CUT, high=SCORE_CUT, echo_floor=floor)
         judge = Judge(
             "embedded-fused", "minilm-e5", cascade=section, sanitise=sanitise, cache=cache
         )
     else:
+        low, high = (SCORE_CUT, SCORE_CUT) if fused else (LOW, HIGH)
         judge = Judge(
             ProviderSpec(kind="openai", base_url=url),
             "bench-judge",
-            rerank="embedded-rerank",
-            rerank_model="all-MiniLM-L6-v2",
-            cascade=CascadeSection(low=LOW, high=HIGH, echo_floor=floor),
+            rerank="embedded-fused" if fused else "embedded-rerank",
+            rerank_model="minilm-e5" if fused else "all-MiniLM-L6-v2",
+            cascade=CascadeSection(low=low, high=high, echo_floor=floor),
             sanitise=sanitise,
             cache=cache,
         )
@@ -114,9 +128,13 @@ def main() -> None:
     parser.add_argument("--floors", nargs="+", default=["0", "0.45"])
     parser.add_argument("--sanitise", default="flag", choices=("flag", "cut", "off"))
     parser.add_argument("--score-judge", action="store_true", help="embedded-fused, no LLM")
+    parser.add_argument(
+        "--fused-cascade", action="store_true", help="configs/cascade.toml's reranker and cut"
+    )
     parser.add_argument("--splits", nargs="+", default=["tune", "held-out", "fresh", "fresh2"])
     args = parser.parse_args()
-    high = SCORE_CUT if args.score_judge else HIGH
+    high = SCORE_CUT if args.score_judge or args.fused_cascade else HIGH
+    run = functools.partial(judged, sanitise=args.sanitise, fused=args.fused_cascade)
     rows = load(args.pairs)
     irrelevant = [r for r in rows if r["label"] == 0]
     relevant = {str(r["doc_id"]) for r in rows if int(r["label"]) >= 2}  # type: ignore[call-overload]
@@ -125,7 +143,7 @@ def main() -> None:
         cache = Path(tmp) / "cache.sqlite"
         for raw in args.floors:
             floor = None if raw == "none" else float(raw)
-            clean_all = judged(url, cache, floor, queries(rows, None), args.sanitise)
+            clean_all = run(url, cache, floor, queries(rows, None))
             yes = [pid for pid, (s, _, _, _) in clean_all.items() if s >= high]
             kept = [pid for pid in yes if clean_all[pid][2] == "reranker"]
             precision = sum(pid in relevant for pid in kept) / max(1, len(kept))
@@ -135,10 +153,10 @@ def main() -> None:
                 f"({(len(yes) - len(kept)) / max(1, len(clean_all)):.1%} of pairs); "
                 f"precision of the reranker's yes kept {precision:.2f}"
             )
-            clean = judged(url, cache, floor, queries(irrelevant, None), args.sanitise)
+            clean = run(url, cache, floor, queries(irrelevant, None))
             for split in args.splits:
                 for form in [f for f in FORMS if f.split == split]:
-                    attacked = judged(url, cache, floor, queries(irrelevant, form), args.sanitise)
+                    attacked = run(url, cache, floor, queries(irrelevant, form))
                     shifts, alone, cascade, to_llm = [], 0, 0, 0
                     for pid, (s0, label0, src0, _) in clean.items():
                         s1, label1, src1, _ = attacked[pid]
