@@ -76,3 +76,13 @@ def make_server() -> Iterator[Callable[..., ScriptedServer]]:
     yield make
     for instance in started:
         instance.stop()
+
+
+def skip_or_fail(problem: str | None) -> None:
+    """Skip a test whose package or fetched model is missing (``problem`` says which, and how
+    to get it); in CI, whose setup installs and fetches them, fail instead: a skip there would
+    hide a broken install."""
+    if problem and os.environ.get("CI"):
+        pytest.fail(f"CI must run the embedded tests: {problem}")
+    if problem:
+        pytest.skip(problem)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
-import os
 import sys
 import threading
 import zipfile
@@ -31,6 +30,7 @@ from judge.providers.embedded.weights import (
     is_verified,
     model_path,
 )
+from tests.conftest import skip_or_fail
 
 FILES = {"model.onnx": b"graph" * 2000, "tokenizer.json": b'{"fake": "tokenizer"}'}
 FOLDER = "fake_db/models/data/reranker/"
@@ -134,10 +134,7 @@ def require_cross() -> Path:
         problem = "onnxruntime not installed: pip install 'judge[offline]'"
     elif not is_verified(model_path(CROSS), CROSS):
         problem = f"cross-encoder not fetched at {model_path(CROSS).parent}: judge model fetch"
-    if problem and os.environ.get("CI"):
-        pytest.fail(f"CI must run the embedded tests: {problem}")
-    if problem:
-        pytest.skip(problem)
+    skip_or_fail(problem)
     return model_path(CROSS).parent
 
 

@@ -27,6 +27,7 @@ from judge.errors import ModelError
 from judge.providers.base import ChatRequest, Message, ProviderSpec, SamplingParams
 from judge.providers.embedded.provider import EmbeddedServer, make_embedded_chat_provider
 from judge.providers.embedded.weights import MODEL, ModelSpec, ensure_model, is_verified, model_path
+from tests.conftest import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = (b"GGUF" + bytes(range(256)) * 40, b"second part " * 500, b"tail")
@@ -179,10 +180,7 @@ def require_embedded() -> Path:
         problem = "llama-cpp-python is not installed: pip install 'judge[embedded]'"
     elif not is_verified(path):
         problem = f"embedded model not fetched at {path}: run `judge model fetch`"
-    if problem and os.environ.get("CI"):
-        pytest.fail(f"CI must run the embedded tests: {problem}")
-    if problem:
-        pytest.skip(problem)
+    skip_or_fail(problem)
     return path
 
 

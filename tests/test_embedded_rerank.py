@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import math
-import os
 import sys
 import threading
 import zipfile
@@ -57,6 +56,7 @@ from judge.providers.embedded.weights import (
     is_verified,
     model_path,
 )
+from tests.conftest import skip_or_fail
 
 HAVE_PACKAGES = all(
     importlib.util.find_spec(m) for m in ("tokenizers", "safetensors", "threadpoolctl")
@@ -537,10 +537,7 @@ def require_minilm() -> Path:
         problem = (
             f"reranker model not fetched at {model_path(MINILM).parent}: run `judge model fetch`"
         )
-    if problem and os.environ.get("CI"):
-        pytest.fail(f"CI must run the embedded tests: {problem}")
-    if problem:
-        pytest.skip(problem)
+    skip_or_fail(problem)
     return model_path(MINILM).parent
 
 
