@@ -53,7 +53,7 @@ from pydantic import Field
 
 from judge.analysis.agreement import AgreementStats, human_agreement
 from judge.analysis.reliability import roc_auc
-from judge.providers.embedded.fused import language_of
+from judge.providers.embedded import language_of
 from judge.schema import JudgedQuery, Record, Scale, Verdict
 
 __all__ = [

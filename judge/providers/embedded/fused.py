@@ -41,7 +41,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +62,7 @@ from judge.providers.base import (
     classify_by_type,
 )
 from judge.providers.embedded import e5 as e5_module
+from judge.providers.embedded import language_of
 from judge.providers.embedded.cross import CrossEncoder
 from judge.providers.embedded.minilm import MiniLM
 from judge.providers.embedded.rerank import blas_threads, refuse_unknown
@@ -87,10 +87,6 @@ __all__ = [
 
 Floats = npt.NDArray[np.float64]
 
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LETTER = re.compile(r"[^\W\d_]")
-# A text is Chinese when at least this share of its letters are Han characters.
-HAN_SHARE = 0.3
 _OPTIONS = frozenset({"fetch", "threads", "language", "english"})
 _LANGUAGES = ("auto", "en", "zh")
 _ERRORS: ErrorTable = (
@@ -202,17 +198,6 @@ ENGLISH = {"agree": "en:agree", "cross": "en:cross", "minilm": "en", "minilm+e5"
 # text, so its probability means the same to the echo floor in either language and whichever
 # English signal scores the rest.
 CONTENT = {"en": "en:content", "zh": "zh:content"}
-
-
-def language_of(query: str, passage: str) -> str:
-    """``zh`` when the query or the passage is mostly Han characters, else ``en``."""
-    for text in (query, passage):
-        if text.isascii():  # no Han character (a run's health reads every passage's language)
-            continue
-        letters = len(_LETTER.findall(text))
-        if letters and len(_HAN.findall(text)) / letters >= HAN_SHARE:
-            return "zh"
-    return "en"
 
 
 def fusion_digest(fusions: dict[str, Fusion | Agreement] = FUSIONS) -> str:
