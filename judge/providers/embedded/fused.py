@@ -269,6 +269,9 @@ class FusedRerankProvider:
         self._name = name
         self._busy = asyncio.Lock()
         self._load_lock = threading.Lock()
+        # Where two or more signals of one request run side by side (requests take turns:
+        # ``_busy``); started on first need, shut down by :meth:`aclose`.
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def identity(self) -> str:
@@ -315,9 +318,11 @@ class FusedRerankProvider:
         English pair takes about the time of the slower one)."""
         if len(names) == 1:
             return [(names[0], self._signal(names[0])(query, texts, stop))]
-        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="fused") as pool:
-            runs = {n: pool.submit(self._signal(n), query, texts, stop) for n in names}
-            return [(n, run.result()) for n, run in runs.items()]
+        if self._pool is None:
+            widest = max(len(f.signals) for f in self._fusions.values())
+            self._pool = ThreadPoolExecutor(max_workers=widest, thread_name_prefix="fused")
+        runs = {n: self._pool.submit(self._signal(n), query, texts, stop) for n in names}
+        return [(n, run.result()) for n, run in runs.items()]
 
     async def rerank(self, request: RerankRequest, *, timeout: float | None) -> RerankResult:
         """Probabilities in [0, 1] in input order (outside ``top_n``, 0.0)."""
@@ -345,7 +350,11 @@ class FusedRerankProvider:
         return classify_by_type(exc, _ERRORS)
 
     async def aclose(self) -> None:
-        """Drops the models (nothing runs in the background)."""
+        """Drops the models and stops the signals' threads (no request is running: a closed
+        provider is no longer asked)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self._loaded.clear()
 
 
