@@ -50,6 +50,7 @@ from judge.sections import (
     TelemetrySection,
     ThresholdsSection,
     aspect_metric_problem,
+    with_dimension_defaults,
 )
 
 __all__ = [
@@ -130,6 +131,12 @@ class RunConfig(Record):
 
     def history_path(self) -> Path:
         return Path(self.run.history) if self.run.history else user_cache_dir() / "history.sqlite"
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics a run of this config computes: ``[metrics] names`` and the defaults of
+        the dimensions turned on (``[nuggets]``, ``[credibility]``) that it names none of."""
+        on = (s.DEFAULT for s in (self.nuggets, self.credibility) if s.enabled)
+        return with_dimension_defaults(self.metrics.names, on)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a run directory to be resumed (everything that changes answers)."""

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -56,7 +57,7 @@ class CascadeSection(Record):
 
 class JudgeSection(Record):
     provider: str = "openai"
-    model: str = "gpt-4o-mini"
+    model: str = Field(default="gpt-4o-mini", min_length=1)
     scale: str = "binary"
     mode: Literal["pointwise", "listwise"] = "pointwise"
     language: Literal["en", "zh"] = "en"
@@ -284,6 +285,19 @@ class TelemetrySection(Record):
     # Queries, passages, prompts, answers and reasons in the spans; off, spans carry ids,
     # labels, scores, tokens and timings only.
     include_text: bool = False
+
+
+def with_dimension_defaults(
+    names: Sequence[str], defaults: Iterable[tuple[str, ...]]
+) -> tuple[str, ...]:
+    """``names`` and, for each turned-on dimension's ``defaults``, those metrics when ``names``
+    has none of their bases: the metrics a run computes (judging/dimensions.py)."""
+    out = list(names)
+    for group in defaults:
+        bases = {d.split("@")[0] for d in group}
+        if not any(n.split("@")[0] in bases for n in out):
+            out += group
+    return tuple(out)
 
 
 def aspect_metric_problem(

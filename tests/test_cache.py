@@ -165,6 +165,11 @@ def test_cache_stats_prune_and_clear_from_the_cli(
 
     assert main(["cache", "prune", *where]) == 2
     assert "--older-than" in capsys.readouterr().err
+    for age in ("-1", "nan", "inf"):  # a negative age would remove every answer
+        assert main(["cache", "prune", "--older-than", age, *where]) == 2
+        assert "--older-than must be a number of days >= 0" in capsys.readouterr().err
+    assert main(["cache", "stats", *where]) == 0
+    assert "10 answers" in capsys.readouterr().out
 
     assert main(["cache", "prune", "--older-than", "7", *where]) == 0
     assert "removed 6 answers older than 7.0 days" in capsys.readouterr().out

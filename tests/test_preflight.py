@@ -151,3 +151,141 @@ def test_a_graded_judge_with_coarser_labels_is_refused_before_paying(
     for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
         assert "labels on scale 'binary' cannot be compared with the graded judge" in err
     assert server.requests == []
+
+
+def test_a_run_history_that_cannot_record_the_run_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = tmp_path / "history.sqlite"
+    garbage.write_bytes(b"not a database, but a file someone put here\n" * 40)
+    dataset = _dataset(tmp_path)
+    for history, why in ((garbage, "cannot open the run history"), (tmp_path, "not a file")):
+        config = write_config(
+            tmp_path / "c.toml",
+            server,
+            tmp_path / "cache.sqlite",
+            {"run": {"history": str(history)}},
+        )
+        for err in _both(config, dataset, tmp_path / "out", capsys):
+            assert f"run.history: {history}: " in err and why in err
+            assert "Traceback" not in err
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("table", "name", "said"),
+    [
+        ("thresholds.max_drop", "ndgc", "unknown metric 'ndgc'"),
+        ("thresholds.min", "foo", "unknown metric 'foo'"),
+        ("thresholds.max", "ndcg@10", "'ndcg@10' is not a metric this run computes"),
+    ],
+)
+def test_a_threshold_on_a_metric_the_run_does_not_compute_is_refused_before_paying(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    table: str,
+    name: str,
+    said: str,
+) -> None:
+    baseline = tmp_path / "baseline.json"  # never read: the metric is refused first
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"thresholds": {"baseline": str(baseline)}, table: {f'"{name}"': 0.5}},  # a TOML key
+    )
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys, "--first-night"):
+        assert f"{table}: {said}" in err
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("engines", "field"),
+    [
+        ({"default": {"metrics": {"ap": "high"}}}, "'engines.default.metrics.ap' is not a table"),
+        ({"default": 5}, "'engines.default' is not a table"),
+        ({"default": {"metrics": {"ap": {"mean": "x"}}}}, "engines.default.metrics.ap.mean"),
+    ],
+)
+def test_a_baseline_with_malformed_engines_is_refused_before_paying(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    engines: dict[str, Any],
+    field: str,
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"engines": engines}), encoding="utf-8")
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"thresholds": {"baseline": str(baseline)}, "thresholds.max_drop": {"ap": 0.05}},
+    )
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
+        assert f"{baseline}: " in err and field in err and "(thresholds.baseline)" in err
+        assert "Traceback" not in err and "operand" not in err
+    assert server.requests == []
+
+
+def test_drop_checks_against_a_baseline_without_an_engine_are_said_not_skipped(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))  # ap is defined
+    baseline = tmp_path / "baseline.json"
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"thresholds": {"baseline": str(baseline)}, "thresholds.max_drop": {"ap": 0.05}},
+    )
+    dataset = _dataset(tmp_path, {**ROW, "engine": "dense"})
+    first = tmp_path / "night1"
+    assert main(["run", str(config), str(dataset), "--out", str(first), "--first-night"]) == 0
+    summary = json.loads((first / "summary.json").read_text(encoding="utf-8"))
+    # Neither of the dataset's engines in the baseline: no drop check could be made.
+    renamed = {f"old-{e}": v for e, v in summary["engines"].items()}
+    baseline.write_text(json.dumps({**summary, "engines": renamed}), encoding="utf-8")
+    capsys.readouterr()
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert "thresholds.baseline has none of the dataset's engines (default, dense" in err
+    asked = len(server.requests)
+    # One engine renamed: its drop check is not made, and that is said, not a breach.
+    renamed = {**summary["engines"], "old-dense": summary["engines"]["dense"]}
+    del renamed["dense"]
+    baseline.write_text(json.dumps({**summary, "engines": renamed}), encoding="utf-8")
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "night2")]) == 0
+    err = capsys.readouterr().err
+    assert "threshold not evaluated: drop checks (dense): not in the baseline" in err
+    assert len(server.requests) == asked  # the first night's answers, from the cache
+    checks = json.loads((tmp_path / "night2" / "summary.json").read_text(encoding="utf-8"))
+    by = {(c["check"], c["engine"]): c for c in checks["thresholds"]["checks"]}
+    assert by["drop ap", "default"]["evaluated"] is True
+    unmade = by["drop checks", "dense"]
+    assert unmade["ok"] is True and unmade["evaluated"] is False
+
+
+def test_a_dataset_without_a_single_passage_is_refused(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "empty.jsonl"
+    rows = [{**ROW, "passages": []}, {**ROW, "query_id": "q2", "passages": []}]
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert f"{dataset}: field 'passages': none of its 2 queries has a passage" in err
+    assert server.requests == []
+
+
+def test_an_empty_model_name_is_a_config_error(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"judge": {"model": ""}}
+    )
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
+        assert "judge.model" in err and "Traceback" not in err
+    assert server.requests == []

@@ -182,3 +182,13 @@ def test_injected_http_clients_are_used_and_left_open(server: ScriptedServer) ->
 
     assert run(go()) == (False, False)
     assert [r.headers["x-probe"] for r in server.requests] == ["chat", "rerank"]
+
+
+@pytest.mark.parametrize("fault", [MALFORMED, WRONG_SHAPE], ids=["malformed", "wrong-shape"])
+def test_an_unreadable_chat_answer_names_the_url_it_came_from(
+    server: ScriptedServer, fake_key: str, fault: Fault
+) -> None:
+    server.enqueue(fault)
+    _, exc, _ = run(call_once(PROTOCOLS["openai"], server))
+    assert isinstance(exc, ResponseError)
+    assert f"malformed chat completion from {server.openai_base_url}/chat/completions: " in str(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from judge.config import load_config
 
     config = load_config(args.config, overrides(args))
+    if args.action == "prune":  # before the cache is opened: a bad age removes nothing
+        days = args.older_than
+        if days is None:
+            raise ConfigError("judge cache prune needs --older-than DAYS")
+        if not math.isfinite(days) or days < 0:
+            raise ConfigError(
+                f"judge cache prune: --older-than must be a number of days >= 0, not {days}"
+            )
     path = config.cache_path()
     if not path.exists():
         print(f"{path}: no cache yet")
@@ -35,8 +44,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
         elif args.action == "clear":
             print(f"removed {cache.clear()} answers from {path}")
         else:
-            if args.older_than is None:
-                raise ConfigError("judge cache prune needs --older-than DAYS")
             print(
                 f"removed {cache.prune(args.older_than)} answers older than {args.older_than} days"
             )

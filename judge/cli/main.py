@@ -46,8 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.cli.ray import on_ray, ray_overrides
     from judge.config import load_config
     from judge.providers import planning_only
-    from judge.report.finish import finish_run
-    from judge.report.status import describe_check
+    from judge.report.finish import finish_run, report_problems
     from judge.run.batch import check_batch, run_batched
     from judge.run.estimate import estimate
     from judge.run.preflight import preflight
@@ -64,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out or config.run.out)
     # A dry run sends nothing, so it needs no API key; every other check is the same.
     with planning_only() if args.dry_run else contextlib.nullcontext():
-        preflight(config, queries, out_dir, first_night=args.first_night)
+        preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
         if args.junit:
             _check_writable_parent(Path(args.junit), "--junit")
         _mlflow(args, None)
@@ -88,6 +87,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         write_junit(args.junit, summary)
     _mlflow(args, out_dir)
+    return _exit_code(outcome, summary)
+
+
+def _exit_code(outcome: RunOutcome, summary: Summary) -> int:
+    """The exit code of a finished ``judge run``, its reason said on stderr."""
+    from judge.report.status import describe_check
+
     if outcome.stopped_by == "budget":
         print(f"judge: {outcome.reason}", file=sys.stderr)
         return EXIT_BUDGET
@@ -100,6 +106,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for b in summary.thresholds.breaches:
         said = "breached" if b.evaluated else "not evaluated"
         print(f"judge: threshold {said}: {describe_check(b)}", file=sys.stderr)
+    for c in summary.thresholds.checks:  # not made, but no breach: a baseline without it
+        if c.ok and not c.evaluated:
+            print(f"judge: threshold not evaluated: {describe_check(c)}", file=sys.stderr)
     return EXIT_THRESHOLD if summary.thresholds.breached else EXIT_OK
 
 
@@ -194,6 +203,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     every check ``judge run`` makes before its first call, and nothing is sent."""
     from judge.config import load_config
     from judge.data.datasets import validate
+    from judge.report.finish import report_problems
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries
 
@@ -223,7 +233,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if config is not None:
         out_dir = Path(args.out or config.run.out)
-        preflight(config, load_queries(config, dataset), out_dir, first_night=args.first_night)
+        queries = load_queries(config, dataset)
+        preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
         print(f"{config_path}: ready to run; no problems found")
     return EXIT_OK
 

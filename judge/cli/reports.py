@@ -304,7 +304,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     if summary_path.exists() and not args.rebuild:
         summary = load_summary(summary_path)
     else:
-        summary = build_summary(config or load_config(None), results)
+        try:
+            summary = build_summary(config or load_config(None), results)
+        except (ConfigError, InputError) as exc:
+            if config is not None:
+                raise
+            raise ConfigError(
+                f"{out_dir}: no {SUMMARY_FILE} to read, and the default config cannot "
+                f"summarise its results ({exc}): pass --config with the run's config"
+            ) from None
         write_summary(summary_path, summary)
     history_path = args.history or (config.history_path() if config else None)
     rows = []

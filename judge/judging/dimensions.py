@@ -35,9 +35,9 @@ from judge.judging.credibility import CredibilityAsker
 from judge.judging.nuggets import NuggetPrompt, parse_nuggets, pool
 from judge.judging.prompts import load_template
 from judge.judging.support import Assigner
-from judge.metrics.facts import parse_metric_name
 from judge.providers.base import ChatRequest, Completion
 from judge.schema import JudgedQuery, MetricPolicy, Query, Record, Usage
+from judge.sections import with_dimension_defaults
 
 __all__ = [
     "DIMENSIONS",
@@ -346,13 +346,8 @@ class Dimensions:
 
     def metric_policy(self, policy: MetricPolicy) -> MetricPolicy:
         """``policy`` with each dimension's default metrics added when it names none of its own."""
-        names = list(policy.names)
-        for dim in self.on:
-            defaults = dim.default_metrics
-            bases = {parse_metric_name(d)[0] for d in defaults}
-            if not any(parse_metric_name(n)[0] in bases for n in names):
-                names += defaults
-        return policy.model_copy(update={"names": tuple(names)})
+        names = with_dimension_defaults(policy.names, (d.default_metrics for d in self.on))
+        return policy.model_copy(update={"names": names})
 
     def load(self, queries: Sequence[Query], run_dir: Path | None) -> None:
         for dim in self.on:

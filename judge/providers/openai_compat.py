@@ -162,17 +162,18 @@ def _tokens(content: Any) -> list[dict[str, Any]]:
     ]
 
 
-def to_completion(raw: bytes, model: str) -> Completion:
+def to_completion(raw: bytes, model: str, where: str = "the server") -> Completion:
     """Our Completion from a chat completion's JSON body, read and checked here: the SDK's
-    response objects cost more than the rest of a call (most of it for the logprobs)."""
+    response objects cost more than the rest of a call (most of it for the logprobs).
+    ``where``: the URL it came from, named when it cannot be read."""
     try:
         data = from_json(raw)  # pydantic's JSON parser: half json.loads' CPU on logprobs
     except ValueError as exc:
-        raise ResponseError(f"malformed chat completion from the server: {exc}") from exc
-    return _completion(data, model)
+        raise ResponseError(f"malformed chat completion from {where}: {exc}") from exc
+    return _completion(data, model, where)
 
 
-def _completion(data: Any, model: str) -> Completion:
+def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     """:func:`to_completion` of a body already read as JSON (a batch output line holds one)."""
     try:
         choice = data["choices"][0]
@@ -191,7 +192,7 @@ def _completion(data: Any, model: str) -> Completion:
             }
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-        raise ResponseError(f"malformed chat completion from the server: {exc}") from exc
+        raise ResponseError(f"malformed chat completion from {where}: {exc}") from exc
 
 
 # The variables the SDK's httpx reads a proxy from; with one set, calls go through the SDK.
@@ -266,6 +267,7 @@ class OpenAICompatProvider:
     ) -> None:
         self._spec = spec
         self._base_url = (spec.base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._chat_url = f"{self._base_url}/chat/completions"  # named in a malformed answer
         self._owns_client = http_client is None
         self._http_client = http_client
         self._api_key = read_api_key(spec)
@@ -321,7 +323,7 @@ class OpenAICompatProvider:
             response = await self._lean.post("/chat/completions", data.encode(), timeout=timeout)
             if response.status >= 400:
                 raise _status_error(response)
-            return to_completion(response.content, request.model)
+            return to_completion(response.content, request.model, self._chat_url)
         # The SDK's documented way to POST a body we built ourselves: the same request as
         # chat.completions.create, without re-walking every field through its type
         # transforms, and the raw answer back (its error statuses still raised by the SDK).
@@ -331,7 +333,7 @@ class OpenAICompatProvider:
         response = await self._client.post(
             "/chat/completions", body=body, cast_to=httpx2.Response, options=cast(Any, options)
         )
-        return to_completion(await response.aread(), request.model)
+        return to_completion(await response.aread(), request.model, self._chat_url)
 
     # ---- the Batch API: one HTTP request per method, no retries (the caller decides) --------
 

@@ -127,6 +127,23 @@ def _connect(path: str | Path, *, create: bool) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
+def history_problem(path: str | Path) -> str | None:
+    """Why the run history at ``path`` cannot record a run (None: it can, or it does not exist
+    yet and will be made): ``judge run`` asks before it pays for anything, since a run records
+    itself only after judging."""
+    target = Path(path)
+    if not target.exists():
+        return None
+    if not target.is_file():
+        return f"{target}: cannot open the run history: not a file"
+    try:
+        with _connect(target, create=False) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except CacheError as exc:
+        return str(exc)
+    return None
+
+
 def source_key(source: str | None) -> str | None:
     """How a run's config is stored and matched: its path made absolute, so runs of one
     config match whatever the working directory; ``<defaults>`` and None stay as they are."""

@@ -78,7 +78,7 @@ def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
         word = "FAILED"
     else:
         word = "PASSED"
-        checks = len(summary.thresholds.checks)
+        checks = sum(c.evaluated for c in summary.thresholds.checks)  # the rest: notes
         reasons.append(
             f"all {checks} threshold check(s) passed" if checks else "no thresholds configured"
         )

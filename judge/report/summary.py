@@ -148,7 +148,8 @@ class Check(Record):
     """One threshold check; ``ok`` False is a breach (``judge run`` exits 1). A check that
     could not be evaluated (no value: the metric is undefined for every query, or nothing was
     answered) has ``evaluated`` False: it is neither passed nor breached, and a complete run
-    with one does not pass."""
+    with one does not pass; except a drop check the baseline cannot make (an engine or metric
+    it lacks), which is ``ok`` with a note: a new engine has no baseline yet."""
 
     check: str
     value: float | None
@@ -464,15 +465,37 @@ def _at_most(name: str, value: float, limit: float) -> Check:
     return Check(check=name, value=value, limit=limit, ok=value <= limit)
 
 
+def _unmade(check: str, engine: str, why: str) -> Check:
+    """A drop check the baseline cannot make: not evaluated, and not a breach (a new engine or
+    metric has no baseline yet), said in the report and on the console."""
+    return Check(
+        check=check,
+        value=None,
+        limit=None,
+        ok=True,
+        engine=engine,
+        evaluated=False,
+        note=f"not evaluated: {why}",
+    )
+
+
 def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
-    """Each engine's fall against the baseline (rise: lower-is-better), per metric it has."""
+    """Each engine's fall against the baseline (rise: lower-is-better), per metric; an engine
+    or metric the baseline lacks is said (:func:`_unmade`), never skipped in silence."""
     checks = []
     for engine, data in summary.engines.items():
+        if engine not in base.engines:  # a new or renamed engine: said, not failed
+            note = f"not in the baseline (it has: {', '.join(sorted(base.engines)) or 'none'})"
+            checks.append(_unmade("drop checks", engine, note))
+            continue
         for metric, limit in max_drop.items():
-            before = base.engines[engine].mean(metric) if engine in base.engines else None
+            before = base.engines[engine].mean(metric)
+            rise = lower_is_better(metric)
             if before is None:
+                why = "not in the baseline, or undefined for every query there"
+                checks.append(_unmade(f"{'rise' if rise else 'drop'} {metric}", engine, why))
                 continue
-            now, rise = data.mean(metric), lower_is_better(metric)
+            now = data.mean(metric)
             drop = (now - before if rise else before - now) if now is not None else None
             checks.append(
                 Check(
@@ -540,10 +563,14 @@ _V1_METRIC: dict[str, Any] = dict.fromkeys(MetricSummary.model_fields) | {
 }
 
 
-def _table(data: dict[str, Any], key: str, defaults: dict[str, Any]) -> dict[str, Any]:
+def _table(
+    data: dict[str, Any], key: str, defaults: dict[str, Any], within: str = ""
+) -> dict[str, Any]:
+    """``data[key]`` (a table: a JSON object) over ``defaults``; ``within``: where ``data``
+    is in the file, for the error (``engines.bm25``)."""
     value = data.get(key, {})
     if not isinstance(value, dict):
-        raise ValueError(f"'{key}' is not a table")
+        raise ValueError(f"'{within}{key}' is not a table")
     return {**defaults, **value}
 
 
@@ -565,9 +592,11 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
     counts = _table(data, "counts", _V1_COUNTS)
     config.setdefault("repeats", counts["repeats"] or 1)
     engines = _table(data, "engines", {})
-    engines = {engine: _table(engines, engine, _V1_ENGINE) for engine in engines}
-    for body in engines.values():
-        body["metrics"] = {m: _V1_METRIC | v for m, v in _table(body, "metrics", {}).items()}
+    engines = {engine: _table(engines, engine, _V1_ENGINE, "engines.") for engine in engines}
+    for engine, body in engines.items():
+        at = f"engines.{engine}."
+        metrics = _table(body, "metrics", {}, at)
+        body["metrics"] = {m: _table(metrics, m, _V1_METRIC, f"{at}metrics.") for m in metrics}
     names = data.get("metric_names") or sorted({m for b in engines.values() for m in b["metrics"]})
     gain, unjudged = data.get("gain", "linear"), data.get("unjudged_policy", "undefined")
     policy = {"names": names, "gain": gain, "unjudged": unjudged}

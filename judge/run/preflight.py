@@ -7,18 +7,18 @@ fixes a file once, not once per problem.
 
 Checked: the dataset (read strictly by :mod:`judge.data.datasets`), human labels against the
 scale they are on, ids the outputs must carry (TREC files split on whitespace), the provider
-URLs and the price a dollar budget needs, metric names, template and output paths, the regression
-baseline when drop thresholds are set, and what a judge cascade needs (a reranker; human labels
-for a ``max_error`` band).
+URLs and the price a dollar budget needs, metric names (and those the thresholds name), template
+and output paths, and what a judge cascade needs (a reranker; human labels for a ``max_error``
+band); with the report stage's own checks (``later``): the run history and the regression
+baseline when drop thresholds are set.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from judge.calling.limits import Limits
@@ -34,20 +34,32 @@ from judge.schema import Query
 log = logging.getLogger(__name__)
 
 MAX_SHOWN = 20
+# A later stage's checks (see :func:`preflight`): (config, queries, first night) -> problems.
+Later = Callable[[RunConfig, Sequence[Query], bool], list[str]]
 
 
 def preflight(
-    config: RunConfig, queries: Sequence[Query], out_dir: Path | None, *, first_night: bool
+    config: RunConfig,
+    queries: Sequence[Query],
+    out_dir: Path | None,
+    *,
+    first_night: bool,
+    later: Later | None = None,
 ) -> None:
     """Raise one ConfigError / InputError listing every problem; return when there is none.
 
     ``out_dir`` None skips the writable-directory check (``judge validate`` without a run).
+    ``later``: the checks of the stages after this one, which a run meets only once it is
+    paid for (the run history and the regression baseline: judge/report/finish.py
+    ``report_problems``), given by the command that runs them all; their problems are listed
+    with these.
     """
     problems: list[str] = []
     problems += _config_problems(config)
     if out_dir is not None:
         problems += _writable(out_dir, "the run directory (--out)")
-    problems += _baseline_problems(config, first_night)
+    if later is not None:
+        problems += later(config, queries, first_night)
     problems += _cascade_problems(config, queries)
     problems += _nugget_problems(config, queries, out_dir)
     rows = _row_problems(config, queries)
@@ -102,6 +114,27 @@ def _config_problems(config: RunConfig) -> list[str]:
             parse_metric_name(name)
         except ConfigError as exc:
             problems.append(f"{where}: metrics.names: {exc}")
+    return problems + _threshold_problems(config)
+
+
+def _threshold_problems(config: RunConfig) -> list[str]:
+    """A bound or drop on a metric the run does not compute could only be "not evaluated"
+    (or skipped) once the run is paid for: a misspelt or missing name is found here."""
+    where, th = config.source or "<config>", config.thresholds
+    computed = config.metric_names()
+    problems: list[str] = []
+    for key, table in (("min", th.min), ("max", th.max), ("max_drop", th.max_drop)):
+        for name in table:
+            try:
+                parse_metric_name(name)
+            except ConfigError as exc:
+                problems.append(f"{where}: thresholds.{key}: {exc}")
+                continue
+            if name not in computed:
+                problems.append(
+                    f"{where}: thresholds.{key}: '{name}' is not a metric this run computes "
+                    f"(add it to [metrics] names; computed: {', '.join(computed)})"
+                )
     return problems
 
 
@@ -162,31 +195,6 @@ def _writable(directory: Path, what: str) -> list[str]:
     return []
 
 
-def _baseline_problems(config: RunConfig, first_night: bool) -> list[str]:
-    th = config.thresholds
-    if not th.max_drop:
-        return []
-    where = config.source or "<config>"
-    if th.baseline is None:
-        return [f"{where}: thresholds.max_drop is set but thresholds.baseline is not"]
-    path = Path(th.baseline)
-    if not path.exists():
-        if first_night:
-            log.warning("%s: no baseline yet (first night): drop checks skipped", path)
-            return []
-        return [
-            f"{path}: thresholds.baseline not found; the drop checks need it (pass "
-            "--first-night on the first run, then copy its summary.json there)"
-        ]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        return [f"{path}: thresholds.baseline is not a readable summary.json ({exc})"]
-    if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
-        return [f"{path}: thresholds.baseline is not a judge summary.json (no 'engines')"]
-    return []
-
-
 def _nugget_problems(
     config: RunConfig, queries: Sequence[Query], out_dir: Path | None
 ) -> list[str]:
@@ -203,7 +211,8 @@ def _nugget_problems(
 
 
 def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
-    """Labels off their scale; ids with whitespace (qrels and TREC runs split on it)."""
+    """No passage to judge at all; labels off their scale; ids with whitespace (qrels and
+    TREC runs split on it)."""
     try:
         labels = config.comparable_label_scale()
     except ConfigError:
@@ -211,6 +220,12 @@ def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     grades = {label.grade for label in labels.labels}
     allowed = ", ".join(str(g) for g in sorted(grades))
     problems: list[str] = []
+    if queries and not any(q.passages for q in queries):
+        source = (queries[0].source or "the dataset").rsplit(":", 1)[0]
+        problems.append(
+            f"{source}: field 'passages': none of its {len(queries)} queries has a passage: "
+            "nothing to judge"
+        )
     for q in queries:
         where = q.source or f"query '{q.query_id}'"
         if _spaced(q.query_id):
