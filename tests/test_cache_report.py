@@ -76,3 +76,18 @@ def test_a_damaged_file_is_one_line_naming_its_entries_and_where_it_went(
     assert "moved aside with its" in lines[0] and str(aside) in lines[0]
     assert "Traceback" not in err
     assert len(server.requests) == 400  # the moved answers are asked again, once
+
+
+def test_inspecting_a_damaged_cache_reports_it_and_moves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache.sqlite"
+    cache.write_bytes(b"not SQLite at all\n" * 300)
+    for action in (["stats"], ["prune", "--older-than", "7"]):
+        assert main(["cache", *action, "--cache", str(cache)]) == 2
+        err = capsys.readouterr().err
+        assert f"{cache}: cannot open cache: file is not a database" in err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.sqlite"]
+    assert main(["cache", "clear", "--cache", str(cache)]) == 0  # clear starts a new file
+    assert list(tmp_path.glob("cache.sqlite.corrupt-*"))

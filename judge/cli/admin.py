@@ -13,8 +13,11 @@ from judge.errors import ConfigError
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from judge.calling.cache import open_cache
+    """``judge cache stats|check|prune|clear``: a damaged file is reported, and moved aside
+    only by ``clear``."""
+    from judge.calling.cache import Cache, open_cache
     from judge.config import load_config
+    from judge.errors import CacheError
 
     config = load_config(args.config, overrides(args))
     if args.action == "prune":  # before the cache is opened: a bad age removes nothing
@@ -31,7 +34,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.action == "check":
         return _check_cache(path)
-    cache = open_cache(path)
+    if args.action != "clear":  # only clear may move a damaged file aside: the rest report
+        try:
+            cache = Cache(path, recover=False)
+        except CacheError as exc:
+            print(f"judge: {exc} (`judge cache check` says more)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        cache = open_cache(path)
     try:
         if args.action == "stats":
             s = cache.stats()
