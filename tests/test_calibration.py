@@ -93,3 +93,17 @@ def test_judge_calibrate_writes_the_threshold_into_the_config(
     assert json.loads((tmp_path / "cal.json").read_text())["threshold"] == pytest.approx(
         written, abs=1e-4
     )
+
+
+def test_a_cut_no_better_than_chance_is_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "verdicts.jsonl"
+    for jq in lenient_judge(40, seed=2):  # the same labels, a judge that says 0.9 to all
+        flat = tuple(v.model_copy(update={"probability": 0.9}) for v in jq.verdicts)
+        append_result(results, jq.model_copy(update={"verdicts": flat}))
+    config = tmp_path / "c.toml"
+    config.write_text('[judge]\nmodel = "m"\n', encoding="utf-8")
+    assert main(["calibrate", str(results), "--config", str(config), "--write"]) == 2
+    assert "no better than chance" in capsys.readouterr().err
+    assert load_config(config).metrics.relevance_threshold is None

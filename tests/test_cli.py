@@ -246,3 +246,22 @@ def read_means(out: Path, metric: str) -> dict[str, float | None]:
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["schema_version"] == 2 and "policy" in summary and "gain" not in summary
     return {e: d["metrics"][metric]["mean"] for e, d in summary["engines"].items()}
+
+
+def test_a_config_of_another_scale_than_the_results_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A graded run's grade 3 read through a binary config was a relevance of 3."""
+    results = tmp_path / "verdicts.jsonl"
+    query = Query(query_id="q", query="x", passages=(Passage(id="a", text="t"),))
+    verdict = Verdict(passage_id="a", rank=1, status="ok", label="highly relevant", grade=3)
+    append_result(
+        results, JudgedQuery(query=query, repeat=0, scale="graded", verdicts=(verdict,), metrics={})
+    )
+    config = write_config(tmp_path, '[judge]\nscale = "binary"\n')
+    assert main(["metrics", str(results), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "judge.scale is 'binary', but the results were judged on 'graded'" in err
+    assert main(["calibrate", str(results), "--config", str(config), "--write"]) == 2
+    assert "judge.scale is 'binary'" in capsys.readouterr().err
+    assert "relevance_threshold" not in config.read_text(encoding="utf-8")

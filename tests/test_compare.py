@@ -581,3 +581,17 @@ def test_a_baseline_summary_json_compares_like_its_run_directory(
     c = json.loads(by_config.read_text())
     assert list(c["baselines"].values()) == ["baseline"] and c["engines"][0] == "baseline"
     assert [d["diff"] for d in c["diffs"]] == [d["diff"] for d in b["diffs"]]
+
+
+def test_a_run_without_judged_rows_among_several_is_refused_not_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A baseline stopped before its first query would otherwise vanish: the other run's
+    engines were compared with each other and --fail-if-worse passed."""
+    _, judged = _runs(tmp_path, 0.0, engines=("bm25", "dense"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "verdicts.jsonl").write_text("", encoding="utf-8")
+    args = ["compare", str(empty), str(judged), "--metric", "ndcg", "--fail-if-worse", "ndcg"]
+    with pytest.raises(InputError, match=rf"^{re.escape(str(empty))}: no judged rows"):
+        run_cli(args)

@@ -289,3 +289,22 @@ def test_an_empty_model_name_is_a_config_error(
     for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
         assert "judge.model" in err and "Traceback" not in err
     assert server.requests == []
+
+
+def test_a_dry_run_refuses_a_changed_config_as_the_run_would(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset, out = _dataset(tmp_path), str(tmp_path / "out")
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), str(dataset), "--out", out]) == 0
+    asked = len(server.requests)
+    changed = write_config(
+        tmp_path / "c2.toml", server, tmp_path / "cache.sqlite", {"judge": {"model": "other"}}
+    )
+    capsys.readouterr()
+    assert main(["run", str(changed), str(dataset), "--out", out, "--dry-run"]) == 2
+    dry = capsys.readouterr().err
+    assert main(["run", str(changed), str(dataset), "--out", out]) == 2
+    assert capsys.readouterr().err == dry and "different" in dry
+    assert main(["run", str(changed), str(dataset), "--out", out, "--dry-run", "--fresh"]) == 0
+    assert len(server.requests) == asked

@@ -4,9 +4,14 @@ request, and the API key kept out of every error, traceback and log line.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import httpx2
@@ -192,3 +197,44 @@ def test_an_unreadable_chat_answer_names_the_url_it_came_from(
     _, exc, _ = run(call_once(PROTOCOLS["openai"], server))
     assert isinstance(exc, ResponseError)
     assert f"malformed chat completion from {server.openai_base_url}/chat/completions: " in str(exc)
+
+
+def test_a_dashscope_run_through_faults_prints_no_traceback(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The dashscope SDK logs each failed request with its traceback before raising it; a run
+    (its own process, its own logging) says what happened in lines, and only with --verbose
+    shows the SDK's."""
+    server = make_server(fault_rate=0.4, faults=(MALFORMED, WRONG_SHAPE, CUT), seed=1)
+    rows = [
+        {
+            "query_id": f"q{i}",
+            "query": f"question {i}",
+            "passages": [{"id": f"p{i}-{k}", "text": f"text {k} of {i}"} for k in range(2)],
+        }
+        for i in range(8)
+    ]
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[judge]\nprovider = "dashscope"\nmodel = "qwen-plus"\n'
+        f'[provider]\nbase_url = "{server.dashscope_base_url}"\napi_key_env = "FAKE_DS_KEY"\n'
+        f'[run]\ncache = "{tmp_path / "c.sqlite"}"\nhistory = "{tmp_path / "h.sqlite"}"\n'
+        "backoff_base_s = 0.01\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "FAKE_DS_KEY": "sk-fake", "JUDGE_CACHE_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "judge", "run", str(config), str(dataset)]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in (0, 1, 3), done.stderr
+    served = server.outcomes
+    assert served["malformed"] + served["wrong_shape"] + served["cut"] >= 1, served
+    assert "Traceback" not in done.stderr

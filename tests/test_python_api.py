@@ -123,6 +123,42 @@ def test_bad_rows_fail_together_naming_index_and_field_before_any_request(
     assert yes_if_pale.requests == []
 
 
+@pytest.mark.parametrize(
+    ("query", "passages", "said"),
+    [
+        (
+            "q",
+            "one string",
+            "passages: expected a list of passages (strings, dicts or Passages), got one str",
+        ),
+        ("q", {"id": "a", "text": "x"}, "passages: expected a list of passages"),
+        ("q", ["fine", None], "passages[1]: expected a string, a dict or a Passage, got NoneType"),
+        ("q", [b"bytes"], "passages[0]: expected a string, a dict or a Passage, got bytes"),
+        ("q", [{"text": 5}], "passages[0]: field 'text': Input should be a valid string"),
+        (123, ["a"], "query: expected a string or a Query, got int"),
+        (" ", ["a"], "query: empty"),
+    ],
+)
+def test_judge_refuses_what_is_not_a_query_and_its_passages_before_any_request(
+    yes_if_pale: ScriptedServer, query: Any, passages: Any, said: str
+) -> None:
+    """A string where the list goes would be judged (and paid for) a character at a time."""
+    with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
+        j.judge(query, passages)
+    assert str(caught.value).startswith(said)
+    assert yes_if_pale.requests == []
+
+
+def test_judge_cuts_a_long_passage_as_a_dataset_row_is_cut(yes_if_pale: ScriptedServer) -> None:
+    long = " ".join(f"pale{i}" for i in range(5000))
+    with make_judge(yes_if_pale) as j:
+        one = j.judge("q", [{"id": "a", "text": long}]).query.passages[0]
+        rows = [{"query": "q", "passages": [{"id": "a", "text": long}]}]
+        many = j.judge_many(rows, progress=False)[0]
+    assert one.truncated_from == len(long) and len(one.text) < 8100  # the cut and its marker
+    assert one.text == many.query.passages[0].text
+
+
 def test_calls_in_flight_stay_under_the_judges_concurrency_limit() -> None:
     """The server itself counts the requests it is answering at once."""
     lock, now, peak = threading.Lock(), [0], [0]

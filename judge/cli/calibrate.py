@@ -105,6 +105,12 @@ def _emit(
         if config is None or config.source is None:
             what = _WRITTEN[key]
             raise ConfigError(f"--write needs --config: the file the {what} written to")
+        if cal.kappa_after is None or cal.kappa_after <= 0:
+            raise ConfigError(
+                f"not written to {config.source}: at its calibrated cut the judge agrees with "
+                f"the human labels no better than chance (cross-validated kappa "
+                f"{_num(cal.kappa_after)}); check the labels and the judge first"
+            )
         set_config_value(Path(config.source), f"metrics.{key}", value)
         print(f"wrote [metrics] {key} = {shown} to {config.source}")
     return EXIT_OK

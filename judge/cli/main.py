@@ -51,6 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.estimate import estimate
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries, sample_queries
+    from judge.run.resume import resume_problem
     from judge.run.runner import run_async
 
     batch = {"run.batch": True} if args.batch else {}
@@ -69,7 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _mlflow(args, None)
         if config.run.batch:
             check_batch(config)
-    if args.dry_run:
+    if args.dry_run:  # refused as the run itself would refuse it
+        if not args.fresh and (problem := resume_problem(out_dir, config)) is not None:
+            raise ConfigError(problem)
         return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh))
     redo = frozenset(args.redo or ())
     run = on_ray(config, run_batched if config.run.batch else run_async)
@@ -469,6 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _OneLine(logging.Formatter):
+    """``judge: message``, a line per record: a library's traceback is left out (bad input or
+    a broken environment is one line; ``--verbose`` keeps tracebacks)."""
+
+    def __init__(self) -> None:
+        super().__init__("judge: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        return self.formatMessage(record)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # A run holds hundreds of thousands of small records for its whole life, and the cyclic
     # collector's default (a pass every 700 allocations, a full one every 100 passes) walks
@@ -476,13 +491,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.set_threshold(50_000, 20, 100)
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="judge: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("httpx", "httpx2", "openai", "dashscope"):
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("judge: %(message)s") if args.verbose else _OneLine())
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
+    for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The dashscope SDK logs each failed request with its traceback, then raises it to us:
+    # the retry layer decides and reports it (--verbose shows the SDK's own lines).
+    logging.getLogger("dashscope").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     try:
         code: int = args.func(args)
     except JudgeError as exc:

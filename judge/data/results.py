@@ -360,6 +360,8 @@ def load_engines(
     for source in sources:
         name, path = split_source(source)
         loaded.append((name, path, read(path)))
+        if not loaded[-1][2] and len(sources) > 1:  # one of several: it would vanish unsaid
+            raise InputError(f"{path}: no judged rows: nothing to compare it with")
     if len(loaded) == 1 and loaded[0][0] is None:
         return loaded[0][2]
     singles = [sorted({jq.query.engine for jq in rows}) for _, _, rows in loaded]
@@ -386,10 +388,18 @@ def load_engines(
 
 
 def resolve_scale(results: Sequence[JudgedQuery], config: RunConfig | None) -> Scale:
-    """The config's scale, else the built-in scale the results name."""
-    if config is not None:
-        return config.scale()
+    """The config's scale, else the built-in scale the results name; a config whose scale is
+    not the one the results were judged on is an error (its grades would be read as the
+    wrong labels: a graded run's 3 as a binary relevance of 3)."""
     names = sorted({jq.scale for jq in results})
+    if config is not None:
+        scale = config.scale()
+        if names and names != [scale.name]:
+            raise ConfigError(
+                f"{config.source or '<config>'}: judge.scale is '{scale.name}', but the results "
+                f"were judged on {', '.join(repr(n) for n in names)}; give the run's own config"
+            )
+        return scale
     if len(names) != 1:
         raise InputError(f"results were judged on different scales {names}; compare one scale")
     return Scale.named(names[0])

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 # The dataset reader's row reader itself (private there: files are its public door), so a
 # row passed here is read exactly as the same line of a dataset file would be.
 from judge.data.datasets import _Options, _parse_row, read_queries
 from judge.data.frames import PRESETS, as_table, dict_table, matching_preset, resolve_columns
 from judge.data.lines import Row, Sink
-from judge.data.passages import check_limit, split_columns
+from judge.data.passages import check_limit, split_columns, truncate
 from judge.errors import ConfigError, InputError
 from judge.schema import Passage, Query
 
@@ -47,19 +49,44 @@ PassageLike = Passage | str | Mapping[str, Any]
 Rows = Iterable[QueryRow] | str | os.PathLike[str] | Any
 
 
-def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
-    """Accept plain strings (ids "1".."n"), dicts or Passage records."""
+def as_passages(
+    passages: Iterable[PassageLike], *, max_passage_chars: int = 8000
+) -> tuple[Passage, ...]:
+    """Plain strings (ids "1".."n"), dicts or Passage records, each text cut to
+    ``max_passage_chars`` as a dataset's are (0: uncut). Anything else, or one string or
+    dict where the list goes (whose characters or keys would each be judged and paid for),
+    is an InputError naming it."""
+    if isinstance(passages, str | bytes | Mapping | Passage) or not isinstance(passages, Iterable):
+        raise InputError(
+            "passages: expected a list of passages (strings, dicts or Passages), got one "
+            f"{type(passages).__name__}"
+        )
     out: list[Passage] = []
-    for i, item in enumerate(passages, start=1):
+    for i, item in enumerate(passages):
+        where = f"passages[{i}]"
         if isinstance(item, Passage):
-            out.append(item)
+            passage = item
         elif isinstance(item, str):
-            out.append(Passage(id=str(i), text=item))
-        else:
-            data = dict(item)
-            data.setdefault("id", str(i))
+            passage = Passage(id=str(i + 1), text=item)
+        elif isinstance(item, Mapping):
+            data = {"id": str(i + 1), **item}
             data["id"] = str(data["id"])
-            out.append(Passage.model_validate(data))
+            try:
+                passage = Passage.model_validate(data)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise InputError(f"{where}: field '{field}': {err['msg']}") from None
+        else:
+            raise InputError(
+                f"{where}: expected a string, a dict or a Passage, got {type(item).__name__}"
+            )
+        short = truncate(passage.text, max_passage_chars)
+        if short != passage.text:
+            passage = passage.model_copy(
+                update={"text": short, "truncated_from": len(passage.text)}
+            )
+        out.append(passage)
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -67,10 +94,15 @@ def as_passages(passages: Sequence[PassageLike]) -> tuple[Passage, ...]:
     return tuple(out)
 
 
-def as_query(query: str | Query, passages: Sequence[PassageLike] | None) -> Query:
-    """A Query from a query text and passages, or a Query (its passages replaced if given)."""
+def as_query(query: str | Query, passages: Iterable[PassageLike] | None) -> Query:
+    """A Query from a query text and passages, or a Query (its passages replaced if given);
+    a query that is neither a non-empty string nor a Query is an InputError."""
     if isinstance(query, str):
+        if not query.strip():
+            raise InputError("query: empty; give the text the passages were retrieved for")
         return Query(query_id="q", query=query, passages=as_passages(passages or ()))
+    if not isinstance(query, Query):
+        raise InputError(f"query: expected a string or a Query, got {type(query).__name__}")
     update = {} if passages is None else {"passages": as_passages(passages)}
     return query.model_copy(update=update)
 

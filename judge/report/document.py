@@ -74,6 +74,17 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
     )
 
 
+def _paid(summary: Summary) -> str:
+    """What this run itself paid (its cache's answers cost it nothing), when it is known."""
+    run = summary.run
+    if run is None:
+        return ""
+    return (
+        f"; this run paid {format_value(run.cost_usd)} USD for {run.requests} request(s), "
+        f"{run.prompt_tokens} + {run.completion_tokens} tokens"
+    )
+
+
 def _overview(summary: Summary) -> list[Text | Table | Chart]:
     c, u = summary.counts, summary.usage
     if summary.policy.unjudged == "skip":
@@ -95,9 +106,10 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
         ),
         *([Text("Flagged passages: " + "; ".join(c.flag_lines()) + ".")] if c.flag_lines() else []),
         Text(
-            f"Tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; cost "
-            f"{format_value(u.cost_usd)} USD. {policy} Created {summary.created}; config "
-            f"{summary.config.source}.",
+            f"Tokens of the verdicts' answers: {u.prompt_tokens} prompt + "
+            f"{u.completion_tokens} completion, {format_value(u.cost_usd)} USD at list price "
+            f"(what a run without the cache pays){_paid(summary)}. {policy} Created "
+            f"{summary.created}; config {summary.config.source}.",
             "muted",
         ),
     ]

@@ -214,22 +214,33 @@ def _refusal(out_dir: Path, old: object, new: dict[str, Any]) -> str:
     )
 
 
+def resume_problem(out_dir: Path, config: RunConfig) -> str | None:
+    """Why ``out_dir`` cannot be resumed with ``config`` (None: it can, or holds no run yet);
+    reads only (``judge run --dry-run`` says it as the run would)."""
+    run_file = out_dir / RUN_FILE
+    if not run_file.exists():
+        return None
+    try:
+        old = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return (
+            f"{run_file}: unreadable (not the JSON judge writes); use --fresh to start over "
+            "or another --out"
+        )
+    fingerprint = config.fingerprint()
+    if _settings(old) != _settings(fingerprint):
+        return _refusal(out_dir, old, fingerprint)
+    return None
+
+
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
     if fresh:
         for name in (RESULTS_FILE, RUN_FILE, PARTIAL_FILE, NUGGETS_FILE):
             (out_dir / name).unlink(missing_ok=True)
-    elif run_file.exists():
-        try:
-            old = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
-        except (OSError, ValueError, AttributeError):
-            raise ConfigError(
-                f"{run_file}: unreadable (not the JSON judge writes); use --fresh to start over "
-                "or another --out"
-            ) from None
-        if _settings(old) != _settings(fingerprint):
-            raise ConfigError(_refusal(out_dir, old, fingerprint))
+    elif (problem := resume_problem(out_dir, config)) is not None:
+        raise ConfigError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The judging time of earlier invocations is kept (add_elapsed adds this one's).
     elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k == "elapsed_s"}
