@@ -132,7 +132,15 @@ def test_redo_unparsed_asks_exactly_those_units_again(
     assert main(["run", str(config), str(dataset), "--out", out]) in (0, 1)
     assert len(server.requests) == first  # unparsed units are kept unless asked
     garble["on"] = False
-    assert main(["run", str(config), str(dataset), "--out", out, "--redo", "unparsed"]) == 0
+    capsys.readouterr()
+    # A dry run counts what --redo will judge again, as the run does; it sends nothing.
+    assert main(["run", str(config), str(dataset), "--out", out, "--dry-run"]) == 0
+    assert "dry run: 0 query-repeats to judge" in capsys.readouterr().out
+    redo = ["--redo", "unparsed"]
+    assert main(["run", str(config), str(dataset), "--out", out, "--dry-run", *redo]) == 0
+    assert "dry run: 1 query-repeats to judge" in capsys.readouterr().out
+    assert len(server.requests) == first
+    assert main(["run", str(config), str(dataset), "--out", out, *redo]) == 0
     # Question 0's two passages, asked once each (no re-ask is needed any more).
     assert len(server.requests) == first + 2
     labels = verdict_labels(tmp_path / "out")

@@ -70,11 +70,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _mlflow(args, None)
         if config.run.batch:
             check_batch(config)
+    redo = frozenset(args.redo or ())
     if args.dry_run:  # refused as the run itself would refuse it
         if not args.fresh and (problem := resume_problem(out_dir, config)) is not None:
             raise ConfigError(problem)
-        return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh))
-    redo = frozenset(args.redo or ())
+        return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh, redo=redo))
     run = on_ray(config, run_batched if config.run.batch else run_async)
     # A plain run into a new directory hands its rows over: the summary need not read back
     # what was just written (the other ways of running leave ``kept`` empty: it reads).

@@ -48,7 +48,7 @@ from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
 from judge.providers import planning_only, resolve_spec, why_no_batch
 from judge.providers.base import ChatRequest, RerankResult, request_key
-from judge.run.resume import finished_units
+from judge.run.resume import Redo, finished_units
 from judge.schema import Query, Record, Usage
 
 # Per query with passages: its first-round LLM prompts and how many passages they judge.
@@ -89,13 +89,19 @@ class Estimate(Record):
 
 
 def estimate(
-    config: RunConfig, queries: Sequence[Query], out_dir: Path, *, fresh: bool = False
+    config: RunConfig,
+    queries: Sequence[Query],
+    out_dir: Path,
+    *,
+    fresh: bool = False,
+    redo: Redo = frozenset(),
 ) -> Estimate:
     """What judging ``queries`` into ``out_dir`` would send and spend, read from the cache and
-    the run's results (none with ``fresh``: --fresh starts over) without calling anything.
+    the run's results (none with ``fresh``: --fresh starts over; units ``redo`` names judged
+    again, as the run judges them) without calling anything.
     Long because it walks every first-round request once, counting calls, cache hits, tokens
     and the worst case together."""
-    done = set() if fresh else finished_units(out_dir / RESULTS_FILE)
+    done = set() if fresh else finished_units(out_dir / RESULTS_FILE, redo)
     cache_file = config.cache_path()
     cache_db = open_cache(cache_file if cache_file.exists() else None)
     with planning_only():
