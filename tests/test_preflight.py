@@ -308,3 +308,44 @@ def test_a_dry_run_refuses_a_changed_config_as_the_run_would(
     assert capsys.readouterr().err == dry and "different" in dry
     assert main(["run", str(changed), str(dataset), "--out", out, "--dry-run", "--fresh"]) == 0
     assert len(server.requests) == asked
+
+
+def test_a_template_failing_on_one_querys_data_stops_the_run_keeping_what_was_paid(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found only when that query is rendered: no new query starts, the answers in flight are
+    kept (a rerun pays none of them again), exit 2 naming the row."""
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    builtin = Path(__file__).resolve().parent.parent / "prompts" / "binary.pointwise.en.j2"
+    text = builtin.read_text(encoding="utf-8").replace(
+        "Query: {{ query }}", "Title: {{ passage.title.upper() }}\nQuery: {{ query }}"
+    )
+    (templates / "binary.pointwise.en.j2").write_text(text, encoding="utf-8")
+    titled = [
+        {
+            "query_id": f"q{i}",
+            "query": f"question {i}",
+            "passages": [{"id": f"p{i}", "text": f"text {i}", "title": f"title {i}"}],
+        }
+        for i in range(3)
+    ]
+    untitled = {"query_id": "qz", "query": "question z", "passages": [{"id": "pz", "text": "z"}]}
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in [*titled, untitled]), "utf-8")
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"judge": {"template_dir": str(templates)}, "run": {"concurrency": 1}},
+    )
+    out = str(tmp_path / "out")
+    assert main(["run", str(config), str(dataset), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert f"{dataset}:4: query 'qz' (default): template 'binary.pointwise.en.j2'" in err
+    assert "rerun to resume" in err and "Traceback" not in err
+    paid = len(server.requests)
+    assert paid == 3
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in titled), "utf-8")
+    assert main(["run", str(config), str(dataset), "--out", out]) == 0
+    assert len(server.requests) == paid  # every answer paid once

@@ -100,6 +100,9 @@ def _exit_code(outcome: RunOutcome, summary: Summary) -> int:
     if outcome.stopped_by == "budget":
         print(f"judge: {outcome.reason}", file=sys.stderr)
         return EXIT_BUDGET
+    if outcome.stopped_by == "template":  # bad input, found on the data; rerun to resume
+        print(f"judge: {outcome.reason}; fix it and rerun to resume", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if outcome.status != "complete":
         print(
             f"judge: run incomplete: {outcome.reason or 'stopped'}; rerun to resume",

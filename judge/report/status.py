@@ -116,12 +116,15 @@ def trust_line(summary: Summary) -> str:
 
 def outcome_of(summary: Summary) -> Outcome:
     """How the run ended: the status word, the exit code ``judge run`` gives for it (a budget
-    stop: 4; a degenerate judge fails only with ``fail_on_degenerate_judge``, as a check)
-    and every reason, one line each."""
+    stop: 4; a template failing on the data: 2; a degenerate judge fails only with
+    ``fail_on_degenerate_judge``, as a check) and every reason, one line each."""
     word, reasons = status(summary, summary.health)
     code = _EXIT[word]
-    if word == "INCOMPLETE" and summary.run is not None and summary.run.stopped_by == "budget":
+    stopped = summary.run.stopped_by if summary.run is not None else None
+    if word == "INCOMPLETE" and stopped == "budget":
         code = EXIT_BUDGET
+    elif word == "INCOMPLETE" and stopped == "template":  # the template failed on the data
+        code = 2
     elif word == "JUDGE UNRELIABLE" and summary.thresholds.breaches:
         code = 1
     return Outcome(status=word, exit_code=code, reasons=tuple(reasons))

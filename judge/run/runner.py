@@ -32,7 +32,7 @@ from judge.data.results import (
     latest_rows,
     unit_statuses,
 )
-from judge.errors import BudgetExceeded, ConfigError, ProviderError
+from judge.errors import BudgetExceeded, ConfigError, ProviderError, TemplateError
 from judge.judging.cascade import Band
 from judge.judging.dimensions import unit_statuses_of
 from judge.judging.judge import Judge
@@ -61,7 +61,7 @@ FLUSH_UNITS, FLUSH_S = 256, 0.05
 MIN_FOR_ERROR_RATE = 20
 
 
-StopKind = Literal["budget", "interrupted", "errors", "refused"]
+StopKind = Literal["budget", "interrupted", "errors", "refused", "template"]
 
 
 class RunOutcome(Record):
@@ -69,7 +69,8 @@ class RunOutcome(Record):
     status: Literal["complete", "incomplete"]
     reason: str | None = None
     # Why an incomplete run stopped: the budget (its own exit code), a signal, provider
-    # errors (too many, or units left in error), or a provider refusing every request.
+    # errors (too many, or units left in error), a provider refusing every request, or the
+    # prompt template failing on a query's data (bad input: exit 2).
     stopped_by: StopKind | None = None
     planned: int  # (query, engine, repeat) units in this run
     done: int  # of those, finished (including earlier, resumed runs)
@@ -321,6 +322,12 @@ class _Batch:
                 judged = await self.judge.averdicts(query, repeat)
             except BudgetExceeded as exc:
                 self.stop(str(exc), "budget")
+                return None
+            except TemplateError as exc:
+                # Found only on this query's data (a field a template reads is missing): no
+                # new unit starts, and those in flight end and are kept, paid for once.
+                where = query.source or f"query '{query.query_id}'"
+                self.stop(f"{where}: query '{query.query_id}' ({query.engine}): {exc}", "template")
                 return None
             span.judged(judged[2])
             return judged
