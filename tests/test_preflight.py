@@ -349,3 +349,17 @@ def test_a_template_failing_on_one_querys_data_stops_the_run_keeping_what_was_pa
     dataset.write_text("".join(json.dumps(r) + "\n" for r in titled), "utf-8")
     assert main(["run", str(config), str(dataset), "--out", out]) == 0
     assert len(server.requests) == paid  # every answer paid once
+
+
+def test_one_query_id_with_two_texts_is_refused(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Engines are paired by query id: two questions under one id would be compared as one."""
+    other = {**ROW, "engine": "b", "query": "why do cats shed"}
+    same = {**ROW, "engine": "c", "query": "What do  Kettles do"}  # case and spaces: one text
+    dataset = _dataset(tmp_path, other, same)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert f"{dataset}:2: field 'query': query 'q1' is 'why do cats shed' here" in err
+        assert f"another text at {dataset}:1" in err and f"{dataset}:3" not in err
+    assert server.requests == []

@@ -211,8 +211,8 @@ def _nugget_problems(
 
 
 def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
-    """No passage to judge at all; labels off their scale; ids with whitespace (qrels and
-    TREC runs split on it)."""
+    """No passage to judge at all; one query id with different texts; labels off their scale;
+    ids with whitespace (qrels and TREC runs split on it)."""
     try:
         labels = config.comparable_label_scale()
     except ConfigError:
@@ -226,8 +226,16 @@ def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
             f"{source}: field 'passages': none of its {len(queries)} queries has a passage: "
             "nothing to judge"
         )
+    texts: dict[str, tuple[str, str]] = {}  # query id -> its text, normalised, and where
     for q in queries:
         where = q.source or f"query '{q.query_id}'"
+        said = " ".join(q.query.casefold().split())
+        first = texts.setdefault(q.query_id, (said, where))
+        if first[0] != said:  # engines compared on different questions, paired as one
+            problems.append(
+                f"{where}: field 'query': query '{q.query_id}' is {q.query!r} here but another "
+                f"text at {first[1]}; one query id is one question for every engine"
+            )
         if _spaced(q.query_id):
             problems.append(f"{where}: field 'query_id': {q.query_id!r} contains whitespace")
         for p in q.passages:
