@@ -165,6 +165,16 @@ BAD_INPUTS = [
     ("id is a float", [row(query_id=1.5)], 1, "query_id", "string or integer id"),
     ("both shapes", [row(retrieved_texts=["a"])], 1, "passages", "not both"),
     ("no passages at all", [{"query": "q"}], 1, "passages", "missing"),
+    *(
+        (
+            f"score {bad}",
+            ['{"query": "q", "passages": [{"id": "p", "text": "t", "score": ' + bad + "}]}"],
+            1,
+            "passages[0].score",
+            "expected a finite number",
+        )
+        for bad in ("NaN", "-Infinity", "1e400")
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -203,6 +204,9 @@ class Row:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.bad(field, f"expected a number, got {kind(value)}")
+            return None
+        if not math.isfinite(value):  # JSON's NaN, Infinity, 1e400: stored as null otherwise
+            self.bad(field, f"expected a finite number, got {value}")
             return None
         return float(value)
 
