@@ -363,3 +363,28 @@ def test_one_query_id_with_two_texts_is_refused(
         assert f"{dataset}:2: field 'query': query 'q1' is 'why do cats shed' here" in err
         assert f"another text at {dataset}:1" in err and f"{dataset}:3" not in err
     assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("bad_id", "said"),
+    [
+        ("a\x00b", "a control character (U+0000)"),
+        ("q\u202e2", "a control character (U+202E)"),
+        ("x" * 600, "600 characters (at most 512)"),
+    ],
+)
+def test_ids_the_outputs_cannot_carry_safely_are_refused(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    bad_id: str,
+    said: str,
+) -> None:
+    """NUL breaks qrels.txt, a bidi control reverses the report line after it, and a 10,000
+    character id was echoed whole in every message."""
+    dataset = _dataset(tmp_path, {**ROW, "query_id": bad_id})
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert f"{dataset}:2: field 'query_id': " in err and f"contains {said}" in err
+        assert len(err) < 400
+    assert server.requests == []

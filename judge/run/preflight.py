@@ -236,11 +236,11 @@ def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
                 f"{where}: field 'query': query '{q.query_id}' is {q.query!r} here but another "
                 f"text at {first[1]}; one query id is one question for every engine"
             )
-        if _spaced(q.query_id):
-            problems.append(f"{where}: field 'query_id': {q.query_id!r} contains whitespace")
+        if why := _unfit_id(q.query_id):
+            problems.append(f"{where}: field 'query_id': {_shown(q.query_id)} contains {why}")
         for p in q.passages:
-            if _spaced(p.id):
-                problems.append(f"{where}: field 'passages.id': {p.id!r} contains whitespace")
+            if why := _unfit_id(p.id):
+                problems.append(f"{where}: field 'passages.id': {_shown(p.id)} contains {why}")
         for pid, grade in (q.labels or {}).items():
             if grade not in grades:
                 problems.append(
@@ -252,7 +252,24 @@ def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
 
 
 _SPACE = re.compile(r"\s")  # str.isspace's characters, found without a loop in Python
+# Control characters (NUL breaks qrels.txt for trec_eval) and the bidirectional controls that
+# reorder the text after them in a report (a metric's digits shown reversed).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Ids longer than this are refused: they are echoed in errors and reports whole.
+MAX_ID_CHARS = 512
 
 
-def _spaced(text: str) -> bool:
-    return _SPACE.search(text) is not None
+def _shown(text: str) -> str:
+    """An id as an error shows it: its repr, a long one cut."""
+    return repr(text) if len(text) <= 80 else repr(text[:60]) + "..."
+
+
+def _unfit_id(text: str) -> str | None:
+    """What makes ``text`` unfit for an id the outputs carry (None: nothing)."""
+    if _SPACE.search(text) is not None:
+        return "whitespace"
+    if found := _CONTROL.search(text):
+        return f"a control character (U+{ord(found.group(0)):04X})"
+    if len(text) > MAX_ID_CHARS:
+        return f"{len(text)} characters (at most {MAX_ID_CHARS})"
+    return None
