@@ -13,7 +13,7 @@ import pytest
 
 from judge.cli.main import main
 from tests.servers import ScriptedServer
-from tests.test_runner import write_config
+from tests.test_runner import SAMPLE, write_config
 from tests.wire import keyword_responder
 
 ROW: dict[str, Any] = {
@@ -387,4 +387,25 @@ def test_ids_the_outputs_cannot_carry_safely_are_refused(
     for err in _both(config, dataset, tmp_path / "out", capsys):
         assert f"{dataset}:2: field 'query_id': " in err and f"contains {said}" in err
         assert len(err) < 400
+    assert server.requests == []
+
+
+def test_validate_reads_a_trec_run_config_as_judge_run_does(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = Path(__file__).resolve().parent.parent / "datasets"
+    trec = {
+        "trec_run": str(data / "sample.run"),
+        "passage_store": str(data / "passages.jsonl"),
+        "queries": str(data / "queries.tsv"),
+    }
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    text = config.read_text(encoding="utf-8").replace(f'path = "{SAMPLE}"\n', "")
+    text = text.replace(
+        "[dataset]\n", "[dataset]\n" + "".join(f'{k} = "{v}"\n' for k, v in trec.items())
+    )
+    config.write_text(text, encoding="utf-8")
+    assert main(["validate", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"{data / 'sample.run'}: " in out and "ready to run; no problems found" in out
     assert server.requests == []

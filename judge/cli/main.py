@@ -33,6 +33,7 @@ from judge.errors import ConfigError, JudgeError
 from judge.version import __version__
 
 if TYPE_CHECKING:
+    from judge.config import RunConfig
     from judge.judging.judge import Judge
     from judge.report.summary import Summary
     from judge.run.runner import RunOutcome
@@ -216,6 +217,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config_path, dataset = _validate_paths(args.paths)
     config = load_config(config_path, overrides(args)) if config_path else None
     ds = config.dataset if config else None
+    if config is not None and dataset is None and config.dataset.trec_run:
+        return _validate_trec(args, config)
     dataset = dataset or (ds.path if ds else None)
     if dataset is None:
         raise ConfigError(f"{config_path}: no dataset: give one or set [dataset] path")
@@ -242,6 +245,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
         queries = load_queries(config, dataset)
         preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
         print(f"{config_path}: ready to run; no problems found")
+    return EXIT_OK
+
+
+def _validate_trec(args: argparse.Namespace, config: RunConfig) -> int:
+    """``judge validate CONFIG`` of a config whose dataset is a TREC run (``[dataset]
+    trec_run``, ``passage_store``, ``queries``): read as ``judge run`` reads it, then every
+    check it makes before its first call."""
+    from judge.report.finish import report_problems
+    from judge.run.preflight import preflight
+    from judge.run.queries import load_queries
+
+    queries = load_queries(config, None)
+    engines = sorted({q.engine for q in queries})
+    print(
+        f"{config.dataset.trec_run}: {len(queries)} rows "
+        f"({len({q.query_id for q in queries})} query ids, engines: {', '.join(engines) or '—'}), "
+        f"{sum(len(q.passages) for q in queries)} passages"
+    )
+    out_dir = Path(args.out or config.run.out)
+    preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
+    print(f"{config.source}: ready to run; no problems found")
     return EXIT_OK
 
 
