@@ -306,3 +306,39 @@ def test_trec_run_errors_name_file_and_line(
         read_trec_run(run, store, queries)
     assert str(err.value).startswith(f"{run}:2: " + (f"field '{field}': " if field else ""))
     assert what in str(err.value)
+
+
+def test_a_one_document_per_line_preset_groups_jsonl_lines_as_a_table(tmp_path: Path) -> None:
+    """Phoenix's retrieved documents, one per line: grouped per span, ordered by position (as
+    a Parquet file of them is), not refused line by line for a missing 'passages'."""
+    lines = [
+        {
+            "context.span_id": "s1",
+            "input": "boil an egg",
+            "reference": "Six minutes.",
+            "document_score": 0.9,
+            "document_position": 1,
+        },
+        {
+            "context.span_id": "s1",
+            "input": "boil an egg",
+            "reference": "Cats shed.",
+            "document_score": 0.2,
+            "document_position": 0,
+        },
+        {
+            "context.span_id": "s2",
+            "input": "why cats shed",
+            "reference": "In spring.",
+            "document_score": 0.5,
+            "document_position": 0,
+        },
+    ]
+    path = write_lines(tmp_path / "phoenix.jsonl", lines)
+    report = read_queries(path, columns="phoenix")
+    by_id = {q.query_id: q for q in report.queries}
+    assert sorted(by_id) == ["s1", "s2"]
+    assert [p.text for p in by_id["s1"].passages] == ["Cats shed.", "Six minutes."]
+    assert by_id["s2"].query == "why cats shed"
+    with pytest.raises(InputError, match=r":2: expected a JSON object, got a list"):
+        read_queries(write_lines(tmp_path / "bad.jsonl", [lines[0], [1, 2]]), columns="phoenix")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from judge.data.frames import read_parquet, resolve_columns
+from judge.data.frames import Table, dict_table, read_parquet, resolve_columns
 from judge.data.lines import MAX_ERRORS_SHOWN, MISSING, Row, Sink, json_lines, kind
 from judge.data.passages import (
     PASSAGE_FIELDS,
@@ -243,9 +243,20 @@ def _rows(
     Parquet file's rows (numbered from 1; one passage per row grouped into one row per query,
     numbered by its first: data/frames.py)."""
     renames, preset = resolve_columns(columns)
-    if path.suffix.lower() != ".parquet":
+    if path.suffix.lower() == ".parquet":
+        return read_parquet(path).dataset_rows(renames, preset, hint=_HINT), renames
+    if preset.order is None:
         return json_lines(path, sink), renames  # a preset renames a line's fields alone
-    return read_parquet(path).dataset_rows(renames, preset, hint=_HINT), renames
+    # A preset of one document per line (phoenix, pyterrier): lines grouped as a table's rows.
+    objects = []
+    for n, obj in json_lines(path, sink):
+        if isinstance(obj, dict):
+            objects.append(obj)
+        else:
+            Row(sink, str(path), n).bad(None, f"expected a JSON object, got {kind(obj)}")
+    table = dict_table(objects)
+    named = Table(str(path), table.columns, table.rows)
+    return named.dataset_rows(renames, preset, hint=_HINT), renames
 
 
 def _load(
