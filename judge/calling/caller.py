@@ -32,6 +32,7 @@ from judge.calling.cache import Cache, Reading, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
+    Gate,
     Limits,
     RateLimiter,
     Tail,
@@ -213,6 +214,19 @@ class Caller:
         # Prompts' keys that :meth:`cached` just found nothing under: the complete() that
         # follows asks without looking again (once; a put under the key forgets it).
         self._missed: set[str] = set()
+        # The gate of asks waiting for a chat slot, per event loop (see :meth:`admission`).
+        self._admission: tuple[asyncio.AbstractEventLoop, Gate] | None = None
+
+    def admission(self) -> Gate:
+        """The gate a query's asks pass before they exist (judging/units.py ``admitted``): at
+        most twice the chat calls allowed in flight are made at once, whatever the passages
+        per query. Without it every unit being judged made a task, a prompt and its
+        rendering for each of its passages at once: 400 units of 100 passages held 40,000 of
+        them (about 10 KB each) to keep 256 calls in flight."""
+        loop = asyncio.get_running_loop()
+        if self._admission is None or self._admission[0] is not loop:
+            self._admission = (loop, Gate(2 * self.slots["chat"].ceiling))
+        return self._admission[1]
 
     def key(self, request: ChatRequest | Prompt, repeat: int) -> str:
         """The cache key of ``request`` for repeat ``repeat`` to the chat provider (a prompt's:

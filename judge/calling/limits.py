@@ -2,6 +2,7 @@
 
 :class:`Limits` is read from a config once (:meth:`Limits.from_config`); none of it is part
 of a cache key. :class:`AdaptiveLimit` keeps the calls in flight to what a provider can take;
+:class:`Gate` starts a query's asks in the order queries started;
 :class:`Tail` draws an attempt's deadline and when to hedge it from the provider's recent
 latency; :class:`RateLimiter` paces requests and tokens per minute; :class:`Budget` counts
 what was spent and refuses a call the budget no longer allows.
@@ -10,11 +11,15 @@ what was spent and refuses a call the budget no longer allows.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from judge.config import Price, RunConfig
 from judge.errors import BudgetExceeded, ConfigError
@@ -238,6 +243,80 @@ ATTEMPT_P95, ATTEMPT_FLOOR_S = 4.0, 1.0
 HEDGE_P95, HEDGE_FLOOR_S = 2.0, 0.2
 # Hedges that may be saved up while the provider is well (so a slow spell is not doubled).
 HEDGE_BURST = 8.0
+
+
+class Gate:
+    """Starts asks, at most ``permits`` running at once, from the queries waiting in ticket
+    order: every ask of the query that started first is started before any of a later one's,
+    so queries end in about the order the unit loop started them, as they did when each made
+    all its asks at once, and which of two identical asks pays does not depend on timing. The
+    gate itself starts the next ask when one ends (:meth:`admit`), so no permit is ever free
+    while a query waits. See judging/units.py ``admitted``."""
+
+    def __init__(self, permits: int) -> None:
+        self._free = max(1, permits)
+        self._tickets = itertools.count()
+        self._waiting: list[tuple[int, Admission]] = []  # a heap, by ticket
+
+    def ticket(self) -> int:
+        """A priority for one query's asks: a later ticket waits behind every earlier one."""
+        return next(self._tickets)
+
+    def admit(self, ticket: int, admission: Admission) -> None:
+        """Start ``admission``'s asks as permits allow, at priority ``ticket``."""
+        heapq.heappush(self._waiting, (ticket, admission))
+        self._fill()
+
+    def _ended(self, _task: asyncio.Future[Any]) -> None:
+        self._free += 1
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._free > 0 and self._waiting:
+            _, admission = self._waiting[0]
+            task = admission.next_task()
+            if task is None:  # no ask left to start (or it failed, or was cancelled)
+                heapq.heappop(self._waiting)
+                continue
+            self._free -= 1
+            task.add_done_callback(self._ended)
+
+
+class Admission:
+    """One query's asks waiting at a :class:`Gate`, made one at a time as the gate starts them
+    (``asks`` is read lazily: an ask's prompt is made as late). :meth:`next_task` is None
+    once none is left, one has failed (making it, or running it), or it was closed."""
+
+    def __init__(self, asks: Iterator[Callable[[], Awaitable[Any]]]) -> None:
+        self._asks = asks
+        self.tasks: list[asyncio.Future[Any]] = []
+        self.failure: BaseException | None = None
+        self.closed = False
+        # Set once no more asks will be made (all made, a failure, or closed).
+        self.all_made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def __lt__(self, other: Admission) -> bool:  # heap ties: never compared (tickets differ)
+        return id(self) < id(other)
+
+    def next_task(self) -> asyncio.Future[Any] | None:
+        make = None
+        if not self.closed and self.failure is None:
+            try:
+                make = next(self._asks, None)
+            except Exception as exc:  # making the ask failed (a template on this query's data)
+                self.failure = exc
+        if make is None:
+            if not self.all_made.done():
+                self.all_made.set_result(None)
+            return None
+        task = asyncio.ensure_future(make())
+        task.add_done_callback(self._ran)
+        self.tasks.append(task)
+        return task
+
+    def _ran(self, task: asyncio.Future[Any]) -> None:
+        if self.failure is None and not task.cancelled() and task.exception() is not None:
+            self.failure = task.exception()
 
 
 class Tail:

@@ -10,7 +10,8 @@ raw text kept (DESIGN rule 1). Provider failures after the caller's retries are 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -18,7 +19,7 @@ from judge.calling.caller import CallResult, Prompt, Reader
 from judge.judging.ask import AskContext, Asked, ask
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
-from judge.judging.units import told
+from judge.judging.units import admitted, told
 from judge.judging.verdicts import (
     ListwiseParsed,
     Parsed,
@@ -30,6 +31,8 @@ from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict, share_verdict_fields
 
 R = TypeVar("R")
+# Passages of a query whose cached answers are looked up together (see ``_asks``).
+CACHED_WINDOW = 256
 
 
 def _split_usage(usage: Usage, n: int) -> list[Usage]:
@@ -123,22 +126,33 @@ class Asker:
         if self.mode == "listwise" and query.passages:
             verdicts = await self._listwise(query, list(query.passages), repeat)
         else:
-            # Cached answers are read here and now: a task per passage would cost a cached
-            # re-run more than reading its answers. The rest are asked concurrently.
-            verdicts, asks = [], []
-            prompts = [self._pointwise_prompt(query, p) for p in query.passages]
+            verdicts = []
+            gate = self.ctx.caller.admission()
+            verdicts += await admitted(self._asks(query, repeat, verdicts), gate, gate.ticket())
+        verdicts.sort(key=lambda v: v.rank)
+        share_verdict_fields(verdicts)  # a run holds them all (judge/schema.py)
+        return verdicts
+
+    def _asks(
+        self, query: Query, repeat: int, verdicts: list[Verdict]
+    ) -> Iterator[Callable[[], Awaitable[Verdict]]]:
+        """The asks for ``query``'s passages whose answers are not cached, made as the gate
+        starts them (:meth:`verdicts`); the cached ones are read a window at a time and put
+        in ``verdicts`` at once (a task per passage would cost a cached re-run more than
+        reading its answers; a window, not the whole query, so that a query of 50,000
+        passages holds no more prompts than the asks started need)."""
+        passages = query.passages
+        for start in range(0, len(passages), CACHED_WINDOW):
+            window = passages[start : start + CACHED_WINDOW]
+            prompts = [self._pointwise_prompt(query, p) for p in window]
             hits = self.ctx.caller.cached(prompts, repeat, self._point_reader)
-            passages = zip(query.passages, prompts, hits, strict=True)
-            for rank, (p, prompt, hit) in enumerate(passages, start=1):
+            found = zip(window, prompts, hits, strict=True)
+            for rank, (p, prompt, hit) in enumerate(found, start=start + 1):
                 if hit is not None and hit.value is not None:
                     verdicts.append(self._hit(p, rank, hit.call, hit.value))
                     told(verdicts[-1])
                 else:
-                    asks.append(self._pointwise(query, p, rank, repeat, prompt))
-            verdicts += await asyncio.gather(*asks)
-        verdicts.sort(key=lambda v: v.rank)
-        share_verdict_fields(verdicts)  # a run holds them all (judge/schema.py)
-        return verdicts
+                    yield functools.partial(self._pointwise, query, p, rank, repeat, prompt)
 
     def cached_verdicts(self, query: Query, repeat: int) -> list[Verdict] | None:
         """The verdicts a cached re-run would give ``query``, when every first-round answer is

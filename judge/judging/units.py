@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
+from judge.calling.limits import Admission, Gate
 from judge.calling.retries import CallStats
 from judge.judging.dimensions import UnitAspects
 from judge.schema import Query, Verdict
 
-__all__ = ["REFUSED_CALLS", "Judged", "Unit", "judge_units", "refusal", "told"]
+__all__ = ["REFUSED_CALLS", "Judged", "Unit", "admitted", "judge_units", "refusal", "told"]
 
 Unit = tuple[Query, int]
+T = TypeVar("T")
 # One query's judging before its metrics: (query, repeat, verdicts, reranker scores, what its
 # dimensions gave: judging/dimensions.py).
 Judged = tuple[Query, int, Sequence[Verdict], dict[str, float] | None, UnitAspects | None]
@@ -43,6 +45,27 @@ def told(verdict: Verdict) -> None:
     sink = _SINK.get()
     if sink is not None:
         sink(verdict)
+
+
+async def admitted(asks: Iterable[Callable[[], Awaitable[T]]], gate: Gate, ticket: int) -> list[T]:
+    """Each ask's result, in order, the asks running concurrently as ``gate`` starts them (at
+    priority ``ticket``: the query's, from ``gate.ticket()``), so a query of many passages
+    holds no more of them at once than the gate allows; ``asks`` is read as they start. No
+    ask starts after one has failed; the failure is raised as ``asyncio.gather`` would (the
+    asks in flight go on and keep their answers), and a cancel cancels the asks made."""
+    admission = Admission(iter(asks))
+    gate.admit(ticket, admission)
+    try:
+        await admission.all_made
+        results = await asyncio.gather(*admission.tasks)
+    except asyncio.CancelledError:
+        admission.closed = True
+        for task in admission.tasks:
+            task.cancel()
+        raise
+    if admission.failure is not None:  # making an ask failed: the others were kept
+        raise admission.failure
+    return list(results)
 
 
 def refusal(stats: CallStats, verdicts: Sequence[Verdict]) -> str | None:
