@@ -6,7 +6,9 @@ in flight."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+import contextvars
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +22,7 @@ class Log:
         self.running = 0
         self.most = 0
 
-    def ask(self, name: str, fail: bool = False) -> Callable[[], Awaitable[str]]:
+    def ask(self, name: str, fail: bool = False) -> Callable[[], Coroutine[Any, Any, str]]:
         async def run() -> str:
             self.started.append(name)
             self.running += 1
@@ -71,7 +73,7 @@ def test_a_failure_making_an_ask_keeps_the_asks_in_flight() -> None:
     log = Log()
     finished: list[str] = []
 
-    def asks() -> Iterator[Callable[[], Awaitable[str]]]:
+    def asks() -> Iterator[Callable[[], Coroutine[Any, Any, str]]]:
         for i in range(3):
             if i == 2:
                 raise KeyError("no title")
@@ -88,3 +90,30 @@ def test_a_failure_making_an_ask_keeps_the_asks_in_flight() -> None:
     with pytest.raises(KeyError, match="no title"):
         asyncio.run(main())
     assert finished == ["y0", "y1"]
+
+
+def test_an_ask_the_gate_starts_runs_in_its_own_querys_context() -> None:
+    """The gate starts the next ask when another query's ask ends; it must still see its own
+    query's context (the unit's verdict sink, judging/units.py ``told``)."""
+    whose: contextvars.ContextVar[str] = contextvars.ContextVar("whose", default="none")
+    seen: list[tuple[str, str]] = []
+
+    def ask(name: str) -> Callable[[], Coroutine[Any, Any, str]]:
+        async def run() -> str:
+            await asyncio.sleep(0.005)
+            seen.append((name, whose.get()))
+            return name
+
+        return run
+
+    async def query(name: str, gate: Gate, ticket: int) -> list[str]:
+        whose.set(name)
+        return await admitted([ask(f"{name}{i}") for i in range(3)], gate, ticket)
+
+    async def main() -> None:
+        gate = Gate(1)
+        a, b = gate.ticket(), gate.ticket()
+        await asyncio.gather(query("a", gate, a), query("b", gate, b))
+
+    asyncio.run(main())
+    assert len(seen) == 6 and all(name[0] == owner for name, owner in seen)

@@ -11,13 +11,14 @@ what was spent and refuses a call the budget no longer allows.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,18 +288,21 @@ class Admission:
     (``asks`` is read lazily: an ask's prompt is made as late). :meth:`next_task` is None
     once none is left, one has failed (making it, or running it), or it was closed."""
 
-    def __init__(self, asks: Iterator[Callable[[], Awaitable[Any]]]) -> None:
+    def __init__(self, asks: Iterator[Callable[[], Coroutine[Any, Any, Any]]]) -> None:
         self._asks = asks
-        self.tasks: list[asyncio.Future[Any]] = []
+        self.tasks: list[asyncio.Task[Any]] = []
         self.failure: BaseException | None = None
         self.closed = False
         # Set once no more asks will be made (all made, a failure, or closed).
         self.all_made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The query's context: an ask started by the gate (from another ask's end) runs in a
+        # copy of it, as a task made by the query itself would (its verdict sink, its spans).
+        self._context = contextvars.copy_context()
 
     def __lt__(self, other: Admission) -> bool:  # heap ties: never compared (tickets differ)
         return id(self) < id(other)
 
-    def next_task(self) -> asyncio.Future[Any] | None:
+    def next_task(self) -> asyncio.Task[Any] | None:
         make = None
         if not self.closed and self.failure is None:
             try:
@@ -309,7 +313,8 @@ class Admission:
             if not self.all_made.done():
                 self.all_made.set_result(None)
             return None
-        task = asyncio.ensure_future(make())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(make(), context=self._context.copy())
         task.add_done_callback(self._ran)
         self.tasks.append(task)
         return task

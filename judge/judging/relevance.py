@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -135,7 +135,7 @@ class Asker:
 
     def _asks(
         self, query: Query, repeat: int, verdicts: list[Verdict]
-    ) -> Iterator[Callable[[], Awaitable[Verdict]]]:
+    ) -> Iterator[Callable[[], Coroutine[Any, Any, Verdict]]]:
         """The asks for ``query``'s passages whose answers are not cached, made as the gate
         starts them (:meth:`verdicts`); the cached ones are read a window at a time and put
         in ``verdicts`` at once (a task per passage would cost a cached re-run more than

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -47,7 +47,9 @@ def told(verdict: Verdict) -> None:
         sink(verdict)
 
 
-async def admitted(asks: Iterable[Callable[[], Awaitable[T]]], gate: Gate, ticket: int) -> list[T]:
+async def admitted(
+    asks: Iterable[Callable[[], Coroutine[Any, Any, T]]], gate: Gate, ticket: int
+) -> list[T]:
     """Each ask's result, in order, the asks running concurrently as ``gate`` starts them (at
     priority ``ticket``: the query's, from ``gate.ticket()``), so a query of many passages
     holds no more of them at once than the gate allows; ``asks`` is read as they start. No
