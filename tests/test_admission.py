@@ -37,17 +37,17 @@ class Log:
 
 
 def test_asks_start_by_query_within_the_permits_and_end_in_order() -> None:
-    """c holds both permits; b (a later ticket) comes before a: a's asks still start first."""
+    """c holds both permits; a then b wait: every ask of a starts before any of b's, though
+    b's first could have taken the permit a's second was waiting for."""
     log = Log()
 
     async def main() -> list[list[str]]:
         gate = Gate(2)
-        c, a, b = gate.ticket(), gate.ticket(), gate.ticket()
-        held = asyncio.ensure_future(admitted([log.ask("c0"), log.ask("c1")], gate, c))
+        held = asyncio.ensure_future(admitted([log.ask("c0"), log.ask("c1")], gate))
         await asyncio.sleep(0)
-        later = asyncio.ensure_future(admitted([log.ask(f"b{i}") for i in range(3)], gate, b))
+        earlier = asyncio.ensure_future(admitted([log.ask(f"a{i}") for i in range(3)], gate))
         await asyncio.sleep(0)
-        earlier = asyncio.ensure_future(admitted([log.ask(f"a{i}") for i in range(3)], gate, a))
+        later = asyncio.ensure_future(admitted([log.ask(f"b{i}") for i in range(3)], gate))
         return list(await asyncio.gather(held, earlier, later))
 
     got_c, got_a, got_b = asyncio.run(main())
@@ -60,9 +60,8 @@ def test_a_failed_ask_stops_its_querys_next_asks_and_is_raised() -> None:
     log = Log()
 
     async def main() -> None:
-        gate = Gate(1)
         asks = [log.ask("x0", fail=True), log.ask("x1"), log.ask("x2")]
-        await admitted(asks, gate, gate.ticket())
+        await admitted(asks, Gate(1))
 
     with pytest.raises(ValueError, match="x0 failed"):
         asyncio.run(main())
@@ -80,9 +79,8 @@ def test_a_failure_making_an_ask_keeps_the_asks_in_flight() -> None:
             yield log.ask(f"y{i}")
 
     async def main() -> None:
-        gate = Gate(4)
         try:
-            await admitted(asks(), gate, gate.ticket())
+            await admitted(asks(), Gate(4))
         finally:
             finished.extend(log.started)
             assert log.running == 0  # the two made were awaited, not dropped
@@ -106,14 +104,13 @@ def test_an_ask_the_gate_starts_runs_in_its_own_querys_context() -> None:
 
         return run
 
-    async def query(name: str, gate: Gate, ticket: int) -> list[str]:
+    async def query(name: str, gate: Gate) -> list[str]:
         whose.set(name)
-        return await admitted([ask(f"{name}{i}") for i in range(3)], gate, ticket)
+        return await admitted([ask(f"{name}{i}") for i in range(3)], gate)
 
     async def main() -> None:
         gate = Gate(1)
-        a, b = gate.ticket(), gate.ticket()
-        await asyncio.gather(query("a", gate, a), query("b", gate, b))
+        await asyncio.gather(query("a", gate), query("b", gate))
 
     asyncio.run(main())
     assert len(seen) == 6 and all(name[0] == owner for name, owner in seen)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import heapq
-import itertools
 import math
 import statistics
 import time
@@ -247,25 +245,20 @@ HEDGE_BURST = 8.0
 
 
 class Gate:
-    """Starts asks, at most ``permits`` running at once, from the queries waiting in ticket
-    order: every ask of the query that started first is started before any of a later one's,
-    so queries end in about the order the unit loop started them, as they did when each made
-    all its asks at once, and which of two identical asks pays does not depend on timing. The
-    gate itself starts the next ask when one ends (:meth:`admit`), so no permit is ever free
-    while a query waits. See judging/units.py ``admitted``."""
+    """Starts asks, at most ``permits`` running at once, from the queries waiting in the order
+    they came: every ask of a query is started before any of a later one's, so queries end in
+    about the order the unit loop started them, as they did when each made all its asks at
+    once, and which of two identical asks pays does not depend on timing. The gate itself
+    starts the next ask when one ends, so no permit is ever free while a query waits. See
+    judging/units.py ``admitted``."""
 
     def __init__(self, permits: int) -> None:
         self._free = max(1, permits)
-        self._tickets = itertools.count()
-        self._waiting: list[tuple[int, Admission]] = []  # a heap, by ticket
+        self._waiting: deque[Admission] = deque()
 
-    def ticket(self) -> int:
-        """A priority for one query's asks: a later ticket waits behind every earlier one."""
-        return next(self._tickets)
-
-    def admit(self, ticket: int, admission: Admission) -> None:
-        """Start ``admission``'s asks as permits allow, at priority ``ticket``."""
-        heapq.heappush(self._waiting, (ticket, admission))
+    def admit(self, admission: Admission) -> None:
+        """Start ``admission``'s asks as permits allow, after those of every earlier one."""
+        self._waiting.append(admission)
         self._fill()
 
     def _ended(self, _task: asyncio.Future[Any]) -> None:
@@ -274,10 +267,9 @@ class Gate:
 
     def _fill(self) -> None:
         while self._free > 0 and self._waiting:
-            _, admission = self._waiting[0]
-            task = admission.next_task()
+            task = self._waiting[0].next_task()
             if task is None:  # no ask left to start (or it failed, or was cancelled)
-                heapq.heappop(self._waiting)
+                self._waiting.popleft()
                 continue
             self._free -= 1
             task.add_done_callback(self._ended)
@@ -298,9 +290,6 @@ class Admission:
         # The query's context: an ask started by the gate (from another ask's end) runs in a
         # copy of it, as a task made by the query itself would (its verdict sink, its spans).
         self._context = contextvars.copy_context()
-
-    def __lt__(self, other: Admission) -> bool:  # heap ties: never compared (tickets differ)
-        return id(self) < id(other)
 
     def next_task(self) -> asyncio.Task[Any] | None:
         make = None

@@ -127,8 +127,8 @@ class Asker:
             verdicts = await self._listwise(query, list(query.passages), repeat)
         else:
             verdicts = []
-            gate = self.ctx.caller.admission()
-            verdicts += await admitted(self._asks(query, repeat, verdicts), gate, gate.ticket())
+            asks = self._asks(query, repeat, verdicts)
+            verdicts += await admitted(asks, self.ctx.caller.admission())
         verdicts.sort(key=lambda v: v.rank)
         share_verdict_fields(verdicts)  # a run holds them all (judge/schema.py)
         return verdicts

@@ -47,16 +47,14 @@ def told(verdict: Verdict) -> None:
         sink(verdict)
 
 
-async def admitted(
-    asks: Iterable[Callable[[], Coroutine[Any, Any, T]]], gate: Gate, ticket: int
-) -> list[T]:
-    """Each ask's result, in order, the asks running concurrently as ``gate`` starts them (at
-    priority ``ticket``: the query's, from ``gate.ticket()``), so a query of many passages
-    holds no more of them at once than the gate allows; ``asks`` is read as they start. No
+async def admitted(asks: Iterable[Callable[[], Coroutine[Any, Any, T]]], gate: Gate) -> list[T]:
+    """Each ask's result, in order, the asks running concurrently as ``gate`` starts them
+    (after every ask of the queries admitted before), so a query of many passages holds no
+    more of them at once than the gate allows; ``asks`` is read as they start. No
     ask starts after one has failed; the failure is raised as ``asyncio.gather`` would (the
     asks in flight go on and keep their answers), and a cancel cancels the asks made."""
     admission = Admission(iter(asks))
-    gate.admit(ticket, admission)
+    gate.admit(admission)
     try:
         await admission.all_made
         results = await asyncio.gather(*admission.tasks)
