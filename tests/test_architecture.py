@@ -29,6 +29,12 @@ LAZY_IMPORTERS = {
     "judge.providers": "an adapter (and its SDK) is imported only for the kind in use",
     "judge.providers.embedded.provider": "the OpenAI SDK only once the local server is up",
     "judge.report.blocks": "the charts only for a report that draws one",
+    "judge.report.checks": (
+        "checked before a run's first request: the summary's reader only for a run with a "
+        "baseline, the rest of the report stage loads while the first answers are awaited"
+    ),
+    "judge.report.history": "the Summary it records is a type only: report.checks reads it",
+    "judge.cli.baseline": "`judge baseline` imports the summary's reader only when it runs",
     "judge.pytest_plugin": (
         "pytest loads every installed plugin at start: judge's stages only once a test uses "
         "the fixture, assert_relevant or judge_cases"
@@ -217,3 +223,25 @@ def test_long_functions_say_why() -> None:
                 if size > 60 and "long because" not in doc.lower():
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({size})")
     assert not long, "\n".join(long)
+
+
+def test_a_run_reaches_its_first_request_without_the_report_stage() -> None:
+    """What ``judge run`` imports before it sends (the command, the run's stages, the checks
+    the report stage makes before paying) leaves out the summary and the report's renderers
+    (and the analyses only they read): those load in a thread while the first answers are
+    awaited."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, judge.cli.main, judge.report.checks, judge.run.runner, "
+        "judge.run.preflight, judge.run.batch, judge.run.estimate, judge.cli.ray\n"
+        "judge.cli.main.build_parser()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith("
+        "('judge.analysis.health', 'judge.analysis.stability', 'judge.report.summary', "
+        "'judge.report.document', 'judge.report.finish')))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == ""

@@ -11,10 +11,11 @@ from pathlib import Path
 from judge.cli.common import EXIT_OK
 from judge.config import load_config
 from judge.errors import ConfigError
-from judge.report.summary import SUMMARY_FILE, load_summary
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
+    from judge.report.summary import SUMMARY_FILE, load_summary
+
     config = load_config(args.config)
     if config.thresholds.baseline is None:
         raise ConfigError(f"{args.config}: [thresholds] baseline is not set: where should it go?")

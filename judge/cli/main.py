@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.cli.ray import on_ray, ray_overrides
     from judge.config import load_config
     from judge.providers import planning_only
-    from judge.report.finish import finish_run, report_problems
+    from judge.report.checks import report_problems
     from judge.run.batch import check_batch, run_batched
     from judge.run.estimate import estimate
     from judge.run.preflight import preflight
@@ -81,8 +82,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     # what was just written (the other ways of running leave ``kept`` empty: it reads).
     kept: list[JudgedQuery] = []
     more = {"keep": kept} if run is run_async else {}
+    preload = threading.Thread(target=_import_report_stage, name="judge-import", daemon=True)
+    preload.start()
     outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
     del queries  # the summary reads the results; a large dataset need not stay in memory
+    preload.join()
+    from judge.report.finish import finish_run
+
     gc.freeze()
     summary = finish_run(config, out_dir, outcome, kept)
     _print_outcome(outcome, summary, out_dir)
@@ -92,6 +98,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_junit(args.junit, summary)
     _mlflow(args, out_dir)
     return _exit_code(outcome, summary)
+
+
+def _import_report_stage() -> None:
+    """The report stage's modules (the summary's analyses, the renderers), imported while the
+    run waits for its first answers rather than after it: ~0.05 s of a 200 ms run's wall time.
+    The run's own modules are all imported before this starts, and judge's imports form no
+    cycle, so the two threads never wait on each other's module locks. A failure here is
+    left for the import after the run to raise as usual."""
+    with contextlib.suppress(Exception):
+        from judge.report import finish  # noqa: F401
 
 
 def _exit_code(outcome: RunOutcome, summary: Summary) -> int:
@@ -210,7 +226,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     every check ``judge run`` makes before its first call, and nothing is sent."""
     from judge.config import load_config
     from judge.data.datasets import validate
-    from judge.report.finish import report_problems
+    from judge.report.checks import report_problems
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries
 
@@ -252,7 +268,7 @@ def _validate_trec(args: argparse.Namespace, config: RunConfig) -> int:
     """``judge validate CONFIG`` of a config whose dataset is a TREC run (``[dataset]
     trec_run``, ``passage_store``, ``queries``): read as ``judge run`` reads it, then every
     check it makes before its first call."""
-    from judge.report.finish import report_problems
+    from judge.report.checks import report_problems
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries
 

@@ -113,8 +113,14 @@ def format_value(value: Any) -> str:
     return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+# Values whose text has nothing to escape (an exact type: a str subclass may say anything).
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
 def _md(value: Any) -> str:
     """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes escaped."""
+    if type(value) in _PLAIN:  # nothing to escape: most of a report's cells
+        return format_value(value)
     return html.escape(" ".join(format_value(value).split()), quote=False).replace("|", "\\|")
 
 
@@ -142,6 +148,8 @@ def render_markdown(header: Header, sections: Sequence[Section]) -> str:
 
 
 def _e(value: Any) -> str:
+    if type(value) in _PLAIN:
+        return format_value(value)
     return html.escape(format_value(value), quote=True)
 
 

@@ -28,15 +28,9 @@ from pathlib import Path
 from judge.analysis.compare import Comparison
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE, load_results, write_qrels
-from judge.errors import InputError
 from judge.report.compared import verdict_lines
 from judge.report.document import run_comparison, write_reports
-from judge.report.history import (
-    history_problem,
-    history_rows_for_report,
-    record_run,
-    source_key,
-)
+from judge.report.history import history_rows_for_report, record_run, source_key
 from judge.report.status import outcome_of, trust_line
 from judge.report.summary import (
     SUMMARY_FILE,
@@ -46,7 +40,7 @@ from judge.report.summary import (
     write_summary,
 )
 from judge.run.runner import RunOutcome
-from judge.schema import JudgedQuery, Query
+from judge.schema import JudgedQuery
 from judge.version import __version__
 
 log = logging.getLogger(__name__)
@@ -57,50 +51,6 @@ FINISHED_FILE = "finished.json"
 _REPORTS = ("report.md", "report.html")
 # Past runs the report's history section shows.
 HISTORY_SHOWN = 10
-
-
-def report_problems(config: RunConfig, queries: Sequence[Query], first_night: bool) -> list[str]:
-    """What would fail only once a run is paid for, found before it is (``judge run`` and
-    ``judge validate`` give this to judge/run/preflight.py): a run history that cannot
-    record the run, and the regression baseline read as the summary reads it."""
-    where = config.source or "<config>"
-    problems = _baseline_problems(config, queries, first_night)
-    if problem := history_problem(config.history_path()):
-        problems.append(f"{where}: run.history: {problem}")
-    return problems
-
-
-def _baseline_problems(config: RunConfig, queries: Sequence[Query], first_night: bool) -> list[str]:
-    """The baseline the drop checks compare with, read as the summary will read it; and one
-    that names none of the dataset's engines (every drop check would be skipped: a renamed
-    engine, or the wrong file)."""
-    th = config.thresholds
-    if not th.max_drop:
-        return []
-    where = config.source or "<config>"
-    if th.baseline is None:
-        return [f"{where}: thresholds.max_drop is set but thresholds.baseline is not"]
-    path = Path(th.baseline)
-    if not path.exists():
-        if first_night:
-            log.warning("%s: no baseline yet (first night): drop checks skipped", path)
-            return []
-        return [
-            f"{path}: thresholds.baseline not found; the drop checks need it (pass "
-            "--first-night on the first run, then copy its summary.json there)"
-        ]
-    try:
-        base = load_summary(path)
-    except InputError as exc:
-        return [f"{exc} (thresholds.baseline)"]
-    engines = sorted({q.engine for q in queries})
-    if engines and not set(engines) & set(base.engines):
-        return [
-            f"{path}: thresholds.baseline has none of the dataset's engines "
-            f"({', '.join(engines)}; it has: {', '.join(sorted(base.engines)) or 'none'}): no "
-            "drop check could be made (set a new baseline, or pass --first-night to skip them)"
-        ]
-    return []
 
 
 def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:

@@ -16,12 +16,14 @@ import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from judge.errors import CacheError
 from judge.metrics.facts import lower_is_better
-from judge.report.summary import Summary
 from judge.schema import Record
+
+if TYPE_CHECKING:
+    from judge.report.summary import Summary
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

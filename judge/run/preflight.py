@@ -50,7 +50,7 @@ def preflight(
 
     ``out_dir`` None skips the writable-directory check (``judge validate`` without a run).
     ``later``: the checks of the stages after this one, which a run meets only once it is
-    paid for (the run history and the regression baseline: judge/report/finish.py
+    paid for (the run history and the regression baseline: judge/report/checks.py
     ``report_problems``), given by the command that runs them all; their problems are listed
     with these.
     """

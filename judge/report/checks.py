@@ -1,0 +1,67 @@
+"""What the report stage would fail on once a run is paid for, checked before it is: a run
+history that cannot record the run, and the regression baseline read as the summary reads it.
+
+``judge run`` and ``judge validate`` give :func:`report_problems` to judge/run/preflight.py.
+It is its own module so a run's first request does not wait for the report stage's imports
+(the summary's analyses, the report's renderers): those load while the first answers are
+awaited, and the summary's reader is imported here only for a run with a baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from judge.config import RunConfig
+from judge.errors import InputError
+from judge.report.history import history_problem
+from judge.schema import Query
+
+log = logging.getLogger(__name__)
+
+
+def report_problems(config: RunConfig, queries: Sequence[Query], first_night: bool) -> list[str]:
+    """What would fail only once a run is paid for, found before it is (``judge run`` and
+    ``judge validate`` give this to judge/run/preflight.py): a run history that cannot
+    record the run, and the regression baseline read as the summary reads it."""
+    where = config.source or "<config>"
+    problems = _baseline_problems(config, queries, first_night)
+    if problem := history_problem(config.history_path()):
+        problems.append(f"{where}: run.history: {problem}")
+    return problems
+
+
+def _baseline_problems(config: RunConfig, queries: Sequence[Query], first_night: bool) -> list[str]:
+    """The baseline the drop checks compare with, read as the summary will read it; and one
+    that names none of the dataset's engines (every drop check would be skipped: a renamed
+    engine, or the wrong file)."""
+    th = config.thresholds
+    if not th.max_drop:
+        return []
+    where = config.source or "<config>"
+    if th.baseline is None:
+        return [f"{where}: thresholds.max_drop is set but thresholds.baseline is not"]
+    path = Path(th.baseline)
+    if not path.exists():
+        if first_night:
+            log.warning("%s: no baseline yet (first night): drop checks skipped", path)
+            return []
+        return [
+            f"{path}: thresholds.baseline not found; the drop checks need it (pass "
+            "--first-night on the first run, then copy its summary.json there)"
+        ]
+    from judge.report.summary import load_summary  # the analyses' records: only with a baseline
+
+    try:
+        base = load_summary(path)
+    except InputError as exc:
+        return [f"{exc} (thresholds.baseline)"]
+    engines = sorted({q.engine for q in queries})
+    if engines and not set(engines) & set(base.engines):
+        return [
+            f"{path}: thresholds.baseline has none of the dataset's engines "
+            f"({', '.join(engines)}; it has: {', '.join(sorted(base.engines)) or 'none'}): no "
+            "drop check could be made (set a new baseline, or pass --first-night to skip them)"
+        ]
+    return []
