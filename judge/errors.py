@@ -13,6 +13,7 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── ProviderError               a provider call failed after the runner's retries
     │   ├── ProviderConfigError     unknown provider kind, missing API key variable, bad URL
     │   └── ResponseError           the provider answered, but not in its own protocol
+    │       └── NotTheApiError      a page or text where the API should be (not retried)
     ├── ParseError                  a judge completion is not a valid verdict (before reask)
     ├── CacheError                  the completion cache cannot be opened or written
     ├── ModelError                  the embedded model cannot be fetched, verified or started
@@ -79,6 +80,12 @@ class ProviderConfigError(ProviderError):
 
 class ResponseError(ProviderError):
     """The provider answered, but the answer does not follow its wire protocol."""
+
+
+class NotTheApiError(ResponseError):
+    """A success status with no JSON at all (an HTML page, plain text): the URL reaches
+    something other than the API, such as a web UI. Every request would get the same, so it
+    is not retried."""
 
 
 class ParseError(JudgeError):

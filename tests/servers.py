@@ -46,6 +46,7 @@ from tests.wire import (
     SERVER_ERROR,
     TRUNCATED,
     UNAVAILABLE,
+    WEB_PAGE,
     WRONG_SHAPE,
     Answer,
     Fault,
@@ -83,6 +84,7 @@ __all__ = [
     "SERVER_ERROR",
     "TRUNCATED",
     "UNAVAILABLE",
+    "WEB_PAGE",
     "WRONG_SHAPE",
     "Answer",
     "Fault",
@@ -104,6 +106,13 @@ __all__ = [
     "rate_limit",
     "verdict_json",
 ]
+
+
+# What a web UI at the API's address answers to a POST: a page, not the API's JSON.
+WEB_PAGE_BODY = (
+    b"<!DOCTYPE html><html><head><title>Model Chat UI</title></head>"
+    b"<body><div id='app'>Loading</div></body></html>"
+)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -161,11 +170,12 @@ class _Handler(BaseHTTPRequestHandler):
         headers: Mapping[str, str] | None = None,
         raw: bytes = b"",
         length: int | None = None,
+        content_type: str = "application/json",
     ) -> None:
         """Send a JSON response; ``length`` can promise more bytes than are sent (a cut)."""
         payload = raw or json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload) if length is None else length))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -346,6 +356,8 @@ class ScriptedServer:
             handler.reply(200, {"status": "fine", "data": [1, 2, 3]})
         elif fault.kind == "empty":
             handler.reply(200, route.body(Answer(scores=()), request))
+        elif fault.kind == "web_page":
+            handler.reply(200, None, raw=WEB_PAGE_BODY, content_type="text/html; charset=utf-8")
         else:  # truncated, cut: half of a real answer's body
             full = json.dumps(route.body(self._scored(route, request, Answer("cut off")), request))
             promised = len(full) if fault.kind == "cut" else None

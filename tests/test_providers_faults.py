@@ -30,6 +30,7 @@ from tests.servers import (
     MALFORMED,
     SERVER_ERROR,
     TRUNCATED,
+    WEB_PAGE,
     WRONG_SHAPE,
     Fault,
     ScriptedServer,
@@ -59,6 +60,8 @@ FAULT_CASES = [
     pytest.param(MALFORMED, RetryDecision(retry=True, kind="protocol"), id="malformed"),
     pytest.param(TRUNCATED, RetryDecision(retry=True, kind="protocol"), id="truncated"),
     pytest.param(WRONG_SHAPE, RetryDecision(retry=True, kind="protocol"), id="wrong-shape"),
+    # A web page where the API should be: every request would get it; not retried.
+    pytest.param(WEB_PAGE, RetryDecision(retry=False, kind="not_api"), id="web-page"),
     pytest.param(Fault("hang", seconds=5), RetryDecision(retry=True, kind="timeout"), id="hang"),
 ]
 

@@ -26,6 +26,7 @@ from judge.cli.main import main
 from judge.data.datasets import read_results
 from judge.data.results import RESULTS_FILE
 from tests.servers import (
+    WEB_PAGE,
     Fault,
     Item,
     Recorded,
@@ -454,3 +455,25 @@ def test_a_resumed_run_reports_the_judging_time_of_every_invocation(
     assert main(["run", str(config), str(both), "--out", str(out), "--fresh"]) == 0
     run_file = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert run_file["elapsed_s"] == elapsed()
+
+
+def test_a_web_page_where_the_api_should_be_stops_the_run_in_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base_url that reaches a web UI (200, an HTML page) is not retried, stops the run
+    after a few such answers, and says what answered and what to check."""
+    with ScriptedServer(responder=lambda _r: WEB_PAGE) as srv:
+        config = write_config(
+            tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
+        )
+        code = main(["run", str(config), "--out", str(tmp_path / "out")])
+        asked = len(srv.requests)
+    assert code == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "does not speak the API (not retried)" in last
+    assert f"{srv.openai_base_url}/chat/completions answered with an HTML page" in last
+    assert "'Model Chat UI'" in last and "ends in /v1" in last
+    assert "Traceback" not in last
+    # Each answer taken as final (no retries); nothing sent after the third, but what was in
+    # flight then (at most twice the concurrency of 2).
+    assert 3 <= asked <= 7, asked

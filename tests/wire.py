@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple
 from judge.judging.prompts import MARK
 
 FaultKind = Literal[
-    "status", "hang", "drop", "cut", "malformed", "truncated", "wrong_shape", "empty"
+    "status", "hang", "drop", "cut", "malformed", "truncated", "wrong_shape", "empty", "web_page"
 ]
 
 
@@ -57,7 +57,8 @@ class Fault:
     socket without a response; cut: promise the full body, send half, close; malformed:
     200 with invalid JSON; truncated: 200 with half a JSON body (consistent length);
     wrong_shape: 200 with valid JSON that is not the protocol's answer;
-    empty: 200 with empty content (null in OpenAI, "" in DashScope, no rerank results).
+    empty: 200 with empty content (null in OpenAI, "" in DashScope, no rerank results);
+    web_page: 200 with an HTML page (text/html), as a web UI at the API's address answers.
     """
 
     kind: FaultKind
@@ -81,6 +82,7 @@ FAULTS: dict[str, Fault] = {  # by name, for --faults
     "truncated": Fault("truncated"),
     "wrong_shape": Fault("wrong_shape"),
     "empty": Fault("empty"),
+    "web_page": Fault("web_page"),
 }
 RATE_LIMIT = FAULTS["rate_limit"]
 SERVER_ERROR = FAULTS["server_error"]
@@ -92,6 +94,7 @@ MALFORMED = FAULTS["malformed"]
 TRUNCATED = FAULTS["truncated"]
 WRONG_SHAPE = FAULTS["wrong_shape"]
 EMPTY = FAULTS["empty"]
+WEB_PAGE = FAULTS["web_page"]
 
 
 @dataclass(frozen=True)

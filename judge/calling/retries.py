@@ -27,6 +27,10 @@ __all__ = ["CallStats", "RetryPolicy"]
 T = TypeVar("T")
 
 
+# Answers that are not the API at all, before any success, that stop every call after them.
+NOT_API_ANSWERS = 3
+
+
 @dataclass
 class CallStats:
     """Counters for progress lines and the summary (mutated only on the event loop)."""
@@ -73,7 +77,18 @@ class RetryPolicy:
                 decision = self.classify(exc)
             self.stats.errors[decision.kind] += 1
             self._last = (exc, decision)
+            if decision.kind == "not_api":
+                self._not_the_api(exc)
         return self._last[1]
+
+    def _not_the_api(self, exc: BaseException) -> None:
+        """Before any success, the ``NOT_API_ANSWERS``-th answer that is not the API at all (a
+        web page where it should be) makes the provider unreachable, as a closed port does:
+        every call after it fails at once, saying what answered (a run stops on it)."""
+        stats = self.stats
+        if stats.successes or stats.unreachable or stats.errors["not_api"] < NOT_API_ANSWERS:
+            return
+        stats.unreachable = f"the server does not speak the API (not retried): {exc}"
 
     def delay(self, failed: int, exc: BaseException | None) -> float:
         """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if it

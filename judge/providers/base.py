@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from datetime import UTC
@@ -19,8 +20,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
+from pydantic_core import from_json
 
-from judge.errors import ProviderConfigError, ProviderError, ResponseError
+from judge.errors import NotTheApiError, ProviderConfigError, ProviderError, ResponseError
 from judge.schema import ProviderKind, Record, SamplingParams, Usage
 
 Role = Literal["system", "user", "assistant"]
@@ -110,7 +112,8 @@ class RetryDecision(Record):
     """How the runner should treat an exception from a provider call."""
 
     retry: bool
-    kind: str  # "rate_limit", "server", "timeout", "connection", "client", "protocol", ...
+    # "rate_limit", "server", "timeout", "connection", "client", "protocol", "not_api", ...
+    kind: str
     retry_after: float | None = None  # seconds, from a Retry-After header when present
 
 
@@ -272,10 +275,40 @@ ErrorTable = Sequence[tuple[type[BaseException] | tuple[type[BaseException], ...
 
 _COMMON: ErrorTable = (
     (ProviderConfigError, RetryDecision(retry=False, kind="config")),
+    # Not the API at all (a web page where the API should be): the same for every request.
+    (NotTheApiError, RetryDecision(retry=False, kind="not_api")),
     (TimeoutError, RetryDecision(retry=True, kind="timeout")),
     (ConnectionError, RetryDecision(retry=True, kind="connection")),
     ((ResponseError, json.JSONDecodeError), RetryDecision(retry=True, kind="protocol")),
 )
+
+
+_TITLE = re.compile(rb"<title[^>]*>([^<]{1,120})", re.IGNORECASE)
+
+
+def read_json_answer(raw: bytes, where: str, what: str, hint: str = "") -> Any:
+    """``raw`` read as JSON. A body that is not JSON at all (it does not start as JSON does:
+    an HTML page, plain text) raises :class:`NotTheApiError`, named by ``where``, then
+    ``hint``; one cut short or otherwise broken raises :class:`ResponseError` (retried: a
+    dropped connection can do that). ``what``: what the answer should have been."""
+    try:
+        return from_json(raw)  # pydantic's JSON parser: half json.loads' CPU on logprobs
+    except ValueError as exc:
+        head = raw.lstrip()[:1]
+        if head and head not in b'{["' and not head.isdigit() and head not in b"-tfn":
+            hint = hint or "does base_url point at the API?"
+            raise NotTheApiError(f"{where} answered {_not_json(raw)}, not {what}: {hint}") from None
+        raise ResponseError(f"malformed {what.removeprefix('a ')} from {where}: {exc}") from exc
+
+
+def _not_json(raw: bytes) -> str:
+    """What a body that is not JSON looks like, in a few words."""
+    if raw.lstrip()[:1] == b"<":
+        title = _TITLE.search(raw[:65536])
+        named = f" ({title.group(1).decode('utf-8', 'replace').strip()!r})" if title else ""
+        return f"with an HTML page{named}"
+    text = " ".join(raw[:80].decode("utf-8", "replace").split())
+    return f"with text that is not JSON ({text!r})"
 
 
 def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecision:

@@ -28,7 +28,7 @@ import aiohttp
 import certifi
 import dashscope
 
-from judge.errors import ResponseError
+from judge.errors import NotTheApiError, ResponseError
 from judge.providers.base import (
     ChatRequest,
     Completion,
@@ -54,7 +54,6 @@ DEFAULT_BASE_URL = "https://dashscope.aliyuncs.com/api/v1"
 _ERRORS: ErrorTable = (
     # aiohttp's timeout errors are also connection errors, so they come first.
     (asyncio.TimeoutError, RetryDecision(retry=True, kind="timeout")),
-    (aiohttp.ContentTypeError, RetryDecision(retry=True, kind="protocol")),
     (
         (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError),
         RetryDecision(retry=True, kind="connection"),
@@ -170,6 +169,14 @@ class _DashScopeBase:
             # The SDK builds its response objects unchecked: a 200 without the expected
             # fields fails inside it like this.
             raise ResponseError(f"malformed DashScope answer: {exc!r}") from exc
+        except aiohttp.ContentTypeError as exc:
+            if not 200 <= exc.status < 300:  # an error page: the status decides
+                raise ProviderStatusError(exc.message, status=exc.status) from exc
+            kind = exc.headers.get("Content-Type", "not JSON") if exc.headers else "not JSON"
+            raise NotTheApiError(
+                f"{exc.request_info.real_url} answered {exc.status} with {kind}, not a "
+                "DashScope answer: does base_url point at DashScope's API (…/api/v1)?"
+            ) from None
         finally:
             _ATTEMPT.reset(token)
         if response.status_code != 200:

@@ -29,8 +29,6 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from pydantic_core import from_json
-
 from judge.errors import ProviderConfigError, ResponseError
 from judge.providers.base import (
     ChatRequest,
@@ -42,6 +40,7 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    read_json_answer,
     sampling_fields,
     status_decision,
 )
@@ -166,11 +165,12 @@ def to_completion(raw: bytes, model: str, where: str = "the server") -> Completi
     """Our Completion from a chat completion's JSON body, read and checked here: the SDK's
     response objects cost more than the rest of a call (most of it for the logprobs).
     ``where``: the URL it came from, named when it cannot be read."""
-    try:
-        data = from_json(raw)  # pydantic's JSON parser: half json.loads' CPU on logprobs
-    except ValueError as exc:
-        raise ResponseError(f"malformed chat completion from {where}: {exc}") from exc
+    data = read_json_answer(raw, where, "a chat completion", _NOT_THE_API)
     return _completion(data, model, where)
+
+
+# Where a web page answers instead of the chat API, base_url is most often missing its /v1.
+_NOT_THE_API = "is base_url the API's root? (for most OpenAI-compatible servers it ends in /v1)"
 
 
 def _completion(data: Any, model: str, where: str = "the server") -> Completion:

@@ -14,7 +14,6 @@ in input order.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -30,6 +29,7 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    read_json_answer,
     rerank_fields,
     scores_in_input_order,
 )
@@ -121,7 +121,7 @@ class HTTPRerankProvider:
                 retry_after=parse_retry_after(response.headers.get("retry-after")),
                 request_id=response.headers.get("x-request-id"),
             )
-        data = json.loads(response.content)
+        data = read_json_answer(response.content, self._endpoint, "a rerank answer")
         usage = data.get("usage") if isinstance(data, dict) else None
         tokens = (usage.get("total_tokens") or usage.get("prompt_tokens")) if usage else None
         return RerankResult(
