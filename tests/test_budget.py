@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 import threading
 from collections.abc import Callable
@@ -110,6 +111,46 @@ def test_token_cap_holds(
     assert code == EXIT_BUDGET
     assert "token budget reached" in capsys.readouterr().err
     assert 0 < metered.billed * (PROMPT + COMPLETION) <= cap
+
+
+def test_the_budget_stop_states_what_was_spent_in_the_end(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Long passages' worst cases stop fitting before short ones' do, so requests go on after
+    the first refusal, and those in flight settle after it: the line printed says the final
+    spend, which is what the server billed."""
+    metered = Metered()
+    server = make_server(responder=metered, latency=0.05)
+    rows = [
+        {
+            "query_id": f"q{q}",
+            "query": f"question number {q}",
+            "engine": "bm25",
+            "passages": [
+                {"id": f"q{q}-p{p}", "text": " ".join(["long"] * (900 if p % 2 else 3))}
+                for p in range(6)
+            ],
+        }
+        for q in range(20)
+    ]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"dataset": {"path": str(data)}, "run": {"concurrency": 16}},
+    )
+    cap = 8_000
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", str(cap)])
+    assert code == EXIT_BUDGET
+    err = capsys.readouterr().err
+    stated = re.search(r"judge: token budget reached: spent (\d+) of 8000 tokens", err)
+    assert stated, err
+    billed = metered.billed * (PROMPT + COMPLETION)
+    assert 0 < billed <= cap and int(stated.group(1)) == billed
 
 
 def test_a_dollar_cap_without_a_price_is_refused_before_any_call(

@@ -479,6 +479,8 @@ class Budget:
         self._reserved_cost = 0.0
         self._in_flight = 0
         self._settled = asyncio.Event()
+        # Which cap refused a request first ("cost" or "tokens"), once one has.
+        self.reached_by: str | None = None
 
     @property
     def capped(self) -> bool:
@@ -537,15 +539,24 @@ class Budget:
         self.cost = self._cost(self.usage)
 
     def reached_message(self, next_tokens: int = 0, next_cost: float = 0.0) -> str:
+        """Why a request of this worst case is refused, with what was spent so far."""
         lim = self.limits
-        if lim.max_cost > 0 and self.cost + next_cost > lim.max_cost:
-            what = (
-                f"cost budget reached: spent ${self.cost:.4f} of ${lim.max_cost:.4f} "
-                f"(the next request could cost up to ${next_cost:.4f})"
-            )
+        by_cost = lim.max_cost > 0 and self.cost + next_cost > lim.max_cost
+        self.reached_by = self.reached_by or ("cost" if by_cost else "tokens")
+        if by_cost:
+            what = f"{self._spent('cost')} (the next request could cost up to ${next_cost:.4f})"
         else:
-            what = (
-                f"token budget reached: spent {self.usage.total} of {lim.max_tokens} tokens "
-                f"(the next request could use up to {next_tokens})"
-            )
+            what = f"{self._spent('tokens')} (the next request could use up to {next_tokens})"
         return what + "; rerun with a larger budget to resume"
+
+    def spent_message(self) -> str:
+        """The cap that was reached, with what was spent in the end: requests smaller than
+        the one refused may still have fitted, and those in flight settled after it."""
+        by = self.reached_by or ("cost" if self.limits.max_cost > 0 else "tokens")
+        return f"{self._spent(by)}; rerun with a larger budget to resume"
+
+    def _spent(self, by: str) -> str:
+        lim = self.limits
+        if by == "cost":
+            return f"cost budget reached: spent ${self.cost:.4f} of ${lim.max_cost:.4f}"
+        return f"token budget reached: spent {self.usage.total} of {lim.max_tokens} tokens"

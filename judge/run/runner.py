@@ -377,10 +377,13 @@ class _Batch:
         s, spent = caller.stats, caller.budget
         finished_now = self.progress.units
         complete = self.reason is None and finished_now == len(self.units)
+        reason = self.reason
+        if self.stopped_by == "budget" and spent.reached_by is not None:
+            reason = spent.spent_message()  # what was spent in the end, not when it was hit
         return RunOutcome(
             out_dir=str(out_dir),
             status="complete" if complete else "incomplete",
-            reason=self.reason,
+            reason=reason,
             stopped_by=self.stopped_by,
             planned=planned,
             done=resumed + finished_now,
