@@ -314,3 +314,18 @@ def test_judge_render_shows_a_restating_passage_also_as_scored_without_its_resta
         "0.5:0.5) ---\nWe sell bananas at the club."
     ) in printed
     assert server.requests == []
+
+
+def test_a_reranker_giving_raw_logits_is_told_its_scores_are_clipped(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """A reranker answering logits (TEI's raw_scores) is read as a probability clipped to
+    [0, 1]: the judge's health says so, with the range seen, instead of clipping silently."""
+    server = make_server(scorer=lambda q, d: 8.0 * text_scorer(q, d) - 4.0)
+    judge = {"provider": "rerank", "model": "rerank-test"}
+    config = _config(tmp_path, judge, f'[provider]\nbase_url = "{server.url}"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) in (0, 1)
+    said = " ".join(summary(out)["health"]["findings"])
+    assert "12 of 15 reranker scores fall outside [0, 1] (from -3.6 to 3.2)" in said, said
+    assert "clipped to [0, 1]" in said and "raw_scores = false" in said

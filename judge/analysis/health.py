@@ -419,6 +419,21 @@ def _band(results: Sequence[JudgedQuery], scale: Scale) -> BandCheck | None:
     return BandCheck(n=len(scores), relevant=sum(labels), auc=auc)
 
 
+def _unclipped(results: Sequence[JudgedQuery]) -> list[str]:
+    """A sentence when reranker scores fall outside [0, 1] (raw logits): what reads them as a
+    probability (a cascade's P(relevant), the soft and ``rerank_*`` metrics) clips them."""
+    scores = [s for jq in results if jq.rerank_scores for s in jq.rerank_scores.values()]
+    outside = [s for s in scores if not 0.0 <= s <= 1.0]
+    if not outside:
+        return []
+    return [
+        f"{len(outside)} of {len(scores)} reranker scores fall outside [0, 1] (from "
+        f"{min(scores):.3g} to {max(scores):.3g}): read as probabilities (P(relevant) of its "
+        "labels, the soft and rerank_* metrics) they are clipped to [0, 1]. A reranker giving "
+        "raw logits should be asked for normalised scores (TEI: raw_scores = false)."
+    ]
+
+
 def _sources_sentences(ok: int, sources: dict[str, int], band: BandCheck | None) -> list[str]:
     """Who decided the labels of a run with reranker verdicts, and the LLM on the band."""
     scorer, llm = sources["reranker"], sources["llm"]
@@ -567,7 +582,7 @@ def judge_health(
         more = _human_sentences(human, scale)
         problems, findings, notes = problems + more[0], findings + more[1], notes + more[2]
     band = _band(results, scale) if sources["reranker"] else None
-    findings += _sources_sentences(len(ok), sources, band)
+    findings += _sources_sentences(len(ok), sources, band) + _unclipped(results)
     checked = _language(results, language, served, served_by)
     if checked is not None:
         more = _language_sentences(checked, sources["llm"])
