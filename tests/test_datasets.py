@@ -121,6 +121,43 @@ def test_column_mapping_renames_row_and_passage_fields(tmp_path: Path) -> None:
     assert any("'extra_meta' is not used" in p for p in report.problems)
     with pytest.raises(ConfigError, match="unknown field 'body'"):
         read_queries(path, columns={"content": "body"})
+    assert not any("columns maps" in p for p in report.problems)  # every source was there
+
+
+def test_a_column_mapping_no_row_uses_is_said(tmp_path: Path) -> None:
+    """A rename whose source no row (or passage) has is most likely a typo: said, per key."""
+    path = write_lines(
+        tmp_path / "d.jsonl",
+        [{"query_id": "a", "query": "q", "passages": [{"id": "p", "text": "t"}]}],
+    )
+    report = read_queries(path, columns={"question": "query", "contnet": "text"})
+    assert [p for p in report.problems if "columns maps" in p] == [
+        f"{path}: columns maps 'contnet' to 'text', but no row has a 'contnet'",
+        f"{path}: columns maps 'question' to 'query', but no row has a 'question'",
+    ]
+
+
+def test_bad_dataset_settings_are_named_by_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [dataset] columns mapping onto no field of ours is the config's error, named so."""
+    from judge.cli.main import main
+
+    data = write_lines(
+        tmp_path / "d.jsonl",
+        [{"query_id": "a", "query": "q", "passages": [{"id": "p", "text": "t"}]}],
+    )
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[judge]\nprovider = "local"\nmodel = "m"\n[provider]\nbase_url = "http://127.0.0.1:9/v1"\n'
+        f'[dataset]\npath = "{data}"\ncolumns = {{ question = "qeury" }}\n',
+        encoding="utf-8",
+    )
+    said = f"{config}: dataset.columns: 'question' maps to unknown field 'qeury'"
+    assert main(["run", str(config), "--dry-run"]) == 2
+    assert said in capsys.readouterr().err
+    assert main(["validate", str(config)]) == 2
+    assert said in capsys.readouterr().err
 
 
 def test_passage_store_fills_texts_given_by_id(tmp_path: Path) -> None:

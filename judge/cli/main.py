@@ -238,11 +238,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     dataset = dataset or (ds.path if ds else None)
     if dataset is None:
         raise ConfigError(f"{config_path}: no dataset: give one or set [dataset] path")
-    result = validate(
-        dataset,
-        columns=(ds.columns or None) if ds else None,
-        max_passage_chars=ds.max_passage_chars if ds else args.max_passage_chars,
-    )
+    try:
+        result = validate(
+            dataset,
+            columns=(ds.columns or None) if ds else None,
+            max_passage_chars=ds.max_passage_chars if ds else args.max_passage_chars,
+        )
+    except ConfigError as exc:  # [dataset] columns or max_passage_chars: the config's
+        raise ConfigError(f"{config_path}: dataset.{exc}" if ds else str(exc)) from None
     print(
         f"{result.path}: {result.n_queries} rows ({result.n_query_ids} query ids, "
         f"engines: {', '.join(result.engines) or '—'}), {result.n_passages} passages, "

@@ -50,7 +50,7 @@ from judge.data.passages import (
 )
 from judge.data.results import REPEAT_POLICIES, append_result, read_qrels, read_results, write_qrels
 from judge.data.trec import read_trec_run
-from judge.errors import InputError, JudgeError
+from judge.errors import ConfigError, InputError, JudgeError
 from judge.schema import Passage, Query, share_fields_sets
 
 __all__ = [
@@ -289,6 +289,9 @@ def _load(
         queries.append(query)
     for key, n in sorted(unused.items()):
         sink.note(f"field '{key}' is not used (first seen on line {n}); see columns", name)
+    for theirs in sorted({*top, *inner} - sink.renamed):
+        ours = top.get(theirs) or inner[theirs]
+        sink.note(f"columns maps '{theirs}' to '{ours}', but no row has a '{theirs}'", name)
     if not queries and not sink.errors:
         sink.error("no queries in the file", name, None)
     return queries
@@ -320,6 +323,8 @@ def validate(
     sink = Sink()
     try:
         queries = _load(path, columns, max_passage_chars, passage_store, sink)
+    except ConfigError:  # the settings the file is read with, not the file: raised as it is
+        raise
     except JudgeError as exc:
         queries, sink.errors = [], [*sink.errors, InputError(str(exc))]
     return ValidationResult(

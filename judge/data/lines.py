@@ -42,6 +42,7 @@ class Sink:
     def __init__(self) -> None:
         self.errors: list[InputError] = []
         self.problems: list[str] = []
+        self.renamed: set[str] = set()  # the ``columns`` sources some object had
 
     def error(self, message: str, file: str, line: int | None, field: str | None = None) -> None:
         self.errors.append(InputError(message, file=file, line=line, field=field))
@@ -227,6 +228,7 @@ class Row:
         only read it); two keys that map to one name are an error."""
         if not renames:
             return obj
+        self.sink.renamed.update(renames.keys() & obj.keys())
         out: dict[str, Any] = {}
         for key, value in obj.items():
             name = renames.get(key, key)

@@ -32,7 +32,12 @@ def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
         raise ConfigError(
             f"{config.source}: no dataset: give one on the command line or [dataset] path"
         )
-    report = read_queries(path, columns=ds.columns or None, max_passage_chars=ds.max_passage_chars)
+    try:
+        report = read_queries(
+            path, columns=ds.columns or None, max_passage_chars=ds.max_passage_chars
+        )
+    except ConfigError as exc:  # the config's [dataset] settings: named by the config's path
+        raise ConfigError(f"{config.source or '<config>'}: dataset.{exc}") from None
     for problem in report.problems:
         log.warning("%s", problem)
     return list(report.queries)
