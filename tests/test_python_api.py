@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 import judge
-from judge import BudgetExceeded, InputError, Judge, Judgements, Limits, ProviderError, Query
+from judge import (
+    BudgetExceeded,
+    ConfigError,
+    InputError,
+    Judge,
+    Judgements,
+    Limits,
+    ProviderError,
+    Query,
+)
 from judge.calling.cache import open_cache
 from judge.cli.main import main
 from judge.config import Price, load_config
@@ -515,3 +524,85 @@ def test_judge_many_and_judge_run_judge_alike_through_one_unit_loop(
     mine = {(r["query_id"], r["repeat"]): r for r in got.to_records("queries")}
     for r in run.to_records("queries"):
         assert {k: r[k] for k in names} == {k: mine[(r["query_id"], r["repeat"])][k] for k in names}
+
+
+# --- misuse is refused before anything is paid ------------------------------------------------
+
+
+def test_the_api_checks_limits_metrics_and_repeat_before_any_request(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """A dollar cap without a price (which could never be met), a bad limit, an unknown metric
+    and a bad repeat are each one error before the first request; one metric name given as a
+    string is that metric, not its characters."""
+    srv = yes_if_pale
+    with pytest.raises(ConfigError, match=r"Judge: limits: max_cost needs the model's price"):
+        make_judge(srv, limits={"max_cost": 0.0005})
+    with pytest.raises(ConfigError, match=r"limits\.concurrency: Input should be greater"):
+        make_judge(srv, limits={"concurrency": 0})
+    with pytest.raises(ConfigError, match="limits: expected a Limits or a dict, got int"):
+        make_judge(srv, limits=3)
+    with pytest.raises(ConfigError, match="unknown metric 'precison@5'"):
+        make_judge(srv, metrics=["ndcg@10", "precison@5"])
+    with make_judge(srv, metrics="ndcg@3", limits={"concurrency": 2}) as j:
+        assert j.policy.names == ("ndcg@3",) and j.caller.limits.concurrency == 2
+        for bad in (-1, 1.5, True):
+            with pytest.raises(InputError, match="repeat: expected a whole number >= 0"):
+                j.judge("pale sky?", ["pale", "dark"], repeat=bad)  # type: ignore[arg-type]
+    assert chat_calls(srv) == 0
+
+
+def test_a_closed_judge_refuses_to_judge_instead_of_paying_without_its_cache(
+    yes_if_pale: ScriptedServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "c.sqlite"
+    with make_judge(yes_if_pale, cache=cache) as j:
+        j.judge("pale sky?", ["pale one"])
+    for call in (
+        lambda: j.judge("pale sky?", ["two"]),
+        lambda: j.judge_many([row("q", "e", ["x"])]),
+    ):
+        with pytest.raises(ConfigError, match="this Judge is closed"):
+            call()
+    assert chat_calls(yes_if_pale) == 1
+
+
+def test_passages_may_come_as_a_numpy_array_or_a_pandas_series(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    with make_judge(yes_if_pale) as j:
+        for passages in (np.array(["pale a", "dark b"]), pd.Series(["pale a", "dark b"])):
+            got = j.judge("which colour?", passages)
+            assert [v.label for v in got.verdicts] == ["yes", "no"]
+
+
+def test_a_budget_stop_through_the_api_leaves_no_task_error_behind() -> None:
+    """Asks cancelled when the budget is reached may have failed on their own first: their
+    failures are read, so asyncio logs no "Task exception was never retrieved"."""
+    script = (
+        "import gc\n"
+        "from judge import BudgetExceeded, Judge, Limits\n"
+        "from tests.servers import ScriptedServer\n"
+        "from tests.test_budget import Metered\n"
+        "rows = [{'query_id': f'r{i}', 'query': 'q', 'retrieved_texts': [f't {i} {x}' for x in "
+        "range(3)]} for i in range(20)]\n"
+        "with ScriptedServer(responder=Metered(), latency=0.02) as srv:\n"
+        "    limits = Limits(max_tokens=1000, concurrency=16)\n"
+        "    with Judge(provider='local', model='m', base_url=srv.openai_base_url, "
+        "limits=limits) as j:\n"
+        "        try:\n"
+        "            j.judge_many(rows, progress=False)\n"
+        "        except BudgetExceeded as exc:\n"
+        "            print('stopped:', exc)\n"
+        "gc.collect()\n"
+    )
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "stopped: token budget reached: spent " in done.stdout
+    assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr

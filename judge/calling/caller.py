@@ -518,6 +518,8 @@ class Caller:
             if not first.done():  # this call was cancelled: so is its request
                 first.cancel()
                 await asyncio.wait((first,))
+            if not first.cancelled():  # a failure this call never awaited is still read
+                first.exception()
 
     async def _slow(self, first: asyncio.Future[Any], tail: Tail) -> bool:
         """Whether the request ``first`` (just left, or failed before it could) is still
@@ -574,6 +576,9 @@ class Caller:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+            for task in pending:  # one that failed before its cancel landed: read, not logged
+                if not task.cancelled():
+                    task.exception()
 
     def _count_failure(
         self, exc: BaseException | None, classify: Callable[[BaseException], RetryDecision]

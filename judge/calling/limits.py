@@ -20,6 +20,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from judge.config import Price, RunConfig
 from judge.errors import BudgetExceeded, ConfigError
 from judge.providers.base import never_sent
@@ -32,23 +34,34 @@ class Limits(Record):
     # Calls in flight per provider (chat and rerank each): [provider] / [rerank] concurrency,
     # else [run] concurrency. One limit per provider; nothing nests. With ``adaptive`` it is a
     # ceiling the limit adapts under (AIMD, see AdaptiveLimit), starting at ``start``.
-    concurrency: int = 64
-    rerank_concurrency: int = 64
+    # The bounds are [run]'s (judge/sections.py): a Python caller's Limits is checked as a
+    # config's is, before anything is sent.
+    concurrency: int = Field(default=64, ge=1)
+    rerank_concurrency: int = Field(default=64, ge=1)
     adaptive: bool = True
-    start: int = 64
-    timeout_s: float = 60.0
+    start: int = Field(default=64, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
     # One attempt's deadline (0: drawn from the recent p95, see Tail) and the share of
     # requests that may be hedges (0: no hedging).
-    attempt_timeout_s: float = 0.0
-    hedge_share: float = 0.05
-    max_attempts: int = 6
-    backoff_base_s: float = 0.5
-    max_backoff_s: float = 60.0
-    requests_per_minute: float = 0.0
-    tokens_per_minute: float = 0.0
-    max_cost: float = 0.0  # USD; 0 = no budget
-    max_tokens: int = 0  # 0 = no budget
+    attempt_timeout_s: float = Field(default=0.0, ge=0)
+    hedge_share: float = Field(default=0.05, ge=0, le=0.5)
+    max_attempts: int = Field(default=6, ge=1)
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    max_backoff_s: float = Field(default=60.0, gt=0)
+    requests_per_minute: float = Field(default=0.0, ge=0)
+    tokens_per_minute: float = Field(default=0.0, ge=0)
+    max_cost: float = Field(default=0.0, ge=0)  # USD; 0 = no budget
+    max_tokens: int = Field(default=0, ge=0)  # 0 = no budget
     price: Price | None = None  # the judge model's price; None = unknown (cost counted as 0)
+
+    @model_validator(mode="after")
+    def _priced(self) -> Limits:
+        if self.max_cost > 0 and self.price is None:  # a dollar cap that could never be met
+            raise ValueError(
+                "max_cost needs the model's price (price=Price(prompt=..., completion=...), "
+                "USD per 1M tokens); or cap tokens with max_tokens"
+            )
+        return self
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Limits:

@@ -27,7 +27,7 @@ from judge.calling.cache import Cache, open_cache
 from judge.calling.caller import Caller
 from judge.calling.limits import Limits
 from judge.config import CascadeSection, JudgeSection, RunConfig
-from judge.errors import ConfigError, ProviderError
+from judge.errors import BudgetExceeded, ConfigError, InputError, ProviderError
 from judge.judging.ask import AskContext
 from judge.judging.cascade import Band, Cascade, rerank_scores
 from judge.judging.context import (
@@ -46,6 +46,7 @@ from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.judging.units import Judged, judge_units, refusal
 from judge.metrics.compute import metrics_for_queries
+from judge.metrics.facts import parse_metric_name
 from judge.providers import (
     ADAPTERS,
     judges_by_score,
@@ -93,10 +94,43 @@ def _read_knobs(
     try:
         return JudgeSection.model_validate(data), sections, overrides
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
+        raise ConfigError(f"Judge: {_problems(exc, 'settings')}") from None
+
+
+def _problems(exc: ValidationError, whole: str, prefix: str = "") -> str:
+    """A validation error's problems on one line, each named by its field (``prefix`` before
+    it; ``whole`` for the record's own checks)."""
+    return "; ".join(
+        f"{prefix + '.'.join(map(str, e['loc'])) if e['loc'] else whole}: "
+        f"{e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()
+    )
+
+
+def _limits(limits: Limits | Mapping[str, Any] | None) -> Limits | None:
+    """``limits`` as given, or a mapping of its fields checked as a Limits (one ConfigError
+    naming each bad field: a dollar cap without a price, a concurrency of 0, ...)."""
+    if limits is None or isinstance(limits, Limits):
+        return limits
+    if not isinstance(limits, Mapping):
+        raise ConfigError(
+            f"Judge: limits: expected a Limits or a dict, got {type(limits).__name__}"
         )
-        raise ConfigError(f"Judge: {problems}") from None
+    try:
+        return Limits.model_validate(dict(limits))
+    except ValidationError as exc:
+        raise ConfigError(f"Judge: {_problems(exc, 'limits', 'limits.')}") from None
+
+
+def _policy(metrics: str | Sequence[str] | MetricPolicy) -> MetricPolicy:
+    """``metrics`` as a policy, every name checked before anything is judged (one name given
+    as a string is one metric, not its characters)."""
+    if not isinstance(metrics, MetricPolicy):
+        names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+        metrics = MetricPolicy(names=names)
+    for name in metrics.names:
+        parse_metric_name(name)  # ConfigError: unknown, with the valid names
+    return metrics
 
 
 def _score_judge(
@@ -185,17 +219,18 @@ class Judge:
         model: str | None = None,
         *,
         scale: str | Scale | None = None,
-        metrics: Sequence[str] | MetricPolicy = MetricPolicy(),
+        metrics: str | Sequence[str] | MetricPolicy = MetricPolicy(),
         rerank: str | ProviderSpec | RerankProvider | None = None,
         rerank_model: str | None = None,
         cache: str | Path | Cache | None = None,
-        limits: Limits | None = None,
+        limits: Limits | Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> None:
         """``provider``: a preset name, a ProviderSpec, a ChatProvider, or the whole settings
         record (a ``[judge]`` table); ``scale``: a name or a Scale record (a custom scale);
         ``metrics``: names or a whole :class:`MetricPolicy`; ``cache``: a path or a Cache
-        (None: none). ``knobs``: fields of :class:`~judge.config.JudgeSection` (``mode``,
+        (None: none; every call pays again); ``limits``: a Limits or a dict of its fields.
+        ``knobs``: fields of :class:`~judge.config.JudgeSection` (``mode``,
         ``language``, ``params``, ``reask``, ``context_tokens``, ``sanitise``, ``cascade``,
         ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
         judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
@@ -204,9 +239,9 @@ class Judge:
         self.scale = scale if isinstance(scale, Scale) else Scale.named(settings.scale)
         self.model, self.mode = settings.model, settings.mode
         self.context_tokens, self.sanitise = settings.context_tokens, settings.sanitise
-        self.policy = (
-            metrics if isinstance(metrics, MetricPolicy) else MetricPolicy(names=tuple(metrics))
-        )
+        self.policy = _policy(metrics)
+        limits = _limits(limits)
+        self.closed = False
         named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
         scorer = _score_judge(named, overrides, settings, rerank)
         chat: ChatProvider | None
@@ -326,6 +361,9 @@ class Judge:
         repeat: int = 0,
     ) -> JudgedQuery:
         """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
+        self._check_open()
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+            raise InputError(f"repeat: expected a whole number >= 0, got {repeat!r}")
         judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
         return self.finish_many([judged])[0]
 
@@ -378,8 +416,12 @@ class Judge:
         that refuses every request (bad model name or key) stops it after a few refusals with
         a ProviderError. Progress is a tqdm bar on stderr: plain text, which a terminal and a
         Jupyter cell both show as one updating line."""
+        self._check_open()
         work = self._judge_many(rows, repeats, progress, label_scale, columns)
-        return await self._loop.call(work)
+        try:
+            return await self._loop.call(work)
+        except BudgetExceeded:  # said with what was spent in the end (answers in flight settled)
+            raise BudgetExceeded(self.caller.budget.spent_message()) from None
 
     async def _judge_many(
         self,
@@ -532,6 +574,7 @@ class Judge:
     async def aclose(self) -> None:
         """Close the clients, on the loop they live on (the Judge's own once an async or sync
         method ran); :meth:`close` also stops that loop."""
+        self.closed = True
         await (self._loop.call(self._aclose()) if self._loop.started else self._aclose())
 
     async def _aclose(self) -> None:
@@ -540,7 +583,15 @@ class Judge:
         if self._reranker is not None:
             await self._reranker.aclose()
 
+    def _check_open(self) -> None:
+        if self.closed:  # its cache is closed: answers would be paid for and not kept
+            raise ConfigError(
+                "this Judge is closed (close() was called, or its `with` block ended): make a "
+                "new one"
+            )
+
     def close(self) -> None:
+        self.closed = True
         if self._loop.started:
             self._run(self._aclose())
             self._loop.close()

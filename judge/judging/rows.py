@@ -100,7 +100,8 @@ def as_query(query: str | Query, passages: Iterable[PassageLike] | None) -> Quer
     if isinstance(query, str):
         if not query.strip():
             raise InputError("query: empty; give the text the passages were retrieved for")
-        return Query(query_id="q", query=query, passages=as_passages(passages or ()))
+        given = () if passages is None else passages  # an array's truth value is an error
+        return Query(query_id="q", query=query, passages=as_passages(given))
     if not isinstance(query, Query):
         raise InputError(f"query: expected a string or a Query, got {type(query).__name__}")
     update = {} if passages is None else {"passages": as_passages(passages)}
