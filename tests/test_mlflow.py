@@ -18,6 +18,8 @@ from mlflow.tracking import MlflowClient
 
 import judge
 from judge.cli.main import main
+from judge.errors import ConfigError
+from judge.report.mlflow_run import check_mlflow
 from tests.servers import ScriptedServer
 from tests.test_runner import write_config
 
@@ -163,4 +165,21 @@ def test_an_unreachable_tracking_server_is_one_line_before_anything_is_paid(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"judge: mlflow: the tracking store http://127.0.0.1:{port} fails")
+    assert "MLFLOW_TRACKING_URI is not set" not in err[0]
     assert server.requests == []
+
+
+def test_a_failing_store_without_mlflow_tracking_uri_says_to_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the variable unset, MLflow falls back to a store of its own (a SQLite file, which
+    a skinny install cannot open): the line says the variable is unset and what to set."""
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # MLflow's own reset
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    try:
+        check_mlflow()
+    except ConfigError as exc:
+        assert "MLFLOW_TRACKING_URI is not set" in str(exc) and "file:./mlruns" in str(exc)
+    else:
+        pytest.skip("this MLflow opens its default store")

@@ -24,6 +24,7 @@ own settings (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``) unless given.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -76,7 +77,17 @@ def check_mlflow() -> None:
     try:
         mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except Exception as exc:
-        raise ConfigError(f"mlflow: the tracking store {uri} fails: {_cause(exc)}") from None
+        # With MLFLOW_TRACKING_URI unset, MLflow's own default store is used, which some
+        # installs (mlflow-skinny: a SQLite file needs SQLAlchemy) cannot open.
+        unset = (
+            ""
+            if os.environ.get("MLFLOW_TRACKING_URI")
+            else (
+                " (MLFLOW_TRACKING_URI is not set, so this is MLflow's default store: set it, e.g. "
+                "to file:./mlruns or your tracking server's http:// address)"
+            )
+        )
+        raise ConfigError(f"mlflow: the tracking store {uri} fails: {_cause(exc)}{unset}") from None
 
 
 def _run_dir(run: str | Path | JudgedRun) -> Path:
