@@ -606,3 +606,14 @@ def test_a_budget_stop_through_the_api_leaves_no_task_error_behind() -> None:
     assert done.returncode == 0, done.stderr
     assert "stopped: token budget reached: spent " in done.stdout
     assert "never retrieved" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_colliding_passage_ids_and_one_row_for_rows_are_named(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    with make_judge(yes_if_pale) as j:
+        with pytest.raises(InputError, match=r"passages\[1\]: id '2' is passages\[0\]'s too"):
+            j.judge("which colour?", [{"id": "2", "text": "pale"}, "dark"])
+        with pytest.raises(InputError, match="rows: expected rows .* got one dict"):
+            j.judge_many(row("q", "e", ["pale"]))  # type: ignore[arg-type]
+    assert chat_calls(yes_if_pale) == 0

@@ -35,7 +35,7 @@ from judge.data.datasets import _Options, _parse_row, read_queries
 from judge.data.frames import PRESETS, as_table, dict_table, matching_preset, resolve_columns
 from judge.data.lines import Row, Sink
 from judge.data.passages import check_limit, split_columns, truncate
-from judge.errors import ConfigError, InputError
+from judge.errors import InputError
 from judge.schema import Passage, Query
 
 __all__ = ["PassageLike", "QueryRow", "Rows", "as_passages", "as_queries", "as_query"]
@@ -87,10 +87,13 @@ def as_passages(
                 update={"text": short, "truncated_from": len(passage.text)}
             )
         out.append(passage)
-    ids = [p.id for p in out]
-    if len(set(ids)) != len(ids):
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        raise ConfigError(f"duplicate passage ids: {dupes}")
+    first: dict[str, int] = {}
+    for i, passage in enumerate(out):
+        if (at := first.setdefault(passage.id, i)) != i:
+            raise InputError(
+                f"passages[{i}]: id '{passage.id}' is passages[{at}]'s too (a passage given "
+                "without an id is numbered by its place from 1)"
+            )
     return tuple(out)
 
 
@@ -168,6 +171,12 @@ def _table_rows(
         if all(isinstance(r, Mapping) for r in rows):
             table = dict_table(rows)
     if table is None:
+        if isinstance(rows, str | bytes | Mapping | Query) or not isinstance(rows, Iterable):
+            # one row where the rows go: a dict's keys would each be read as a row
+            raise InputError(
+                f"rows: expected rows (a list of dicts or Queries, a DataFrame, a "
+                f"dataset path), got one {type(rows).__name__}"
+            )
         return rows, renames, []
     return [row for _, row in table.dataset_rows(renames, preset)], renames, []
 
