@@ -614,6 +614,6 @@ def test_colliding_passage_ids_and_one_row_for_rows_are_named(
     with make_judge(yes_if_pale) as j:
         with pytest.raises(InputError, match=r"passages\[1\]: id '2' is passages\[0\]'s too"):
             j.judge("which colour?", [{"id": "2", "text": "pale"}, "dark"])
-        with pytest.raises(InputError, match="rows: expected rows .* got one dict"):
+        with pytest.raises(InputError, match=r"rows: expected rows .* got one dict"):
             j.judge_many(row("q", "e", ["pale"]))  # type: ignore[arg-type]
     assert chat_calls(yes_if_pale) == 0
