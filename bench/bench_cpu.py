@@ -14,7 +14,7 @@ E. CPU per judgment. ``judge run`` end to end at its defaults (adaptive concurre
 F. Scale. ``--scale`` judgments (default 100,000) at ``--scale-latency`` (50 ms) and
    ``--scale-concurrency`` (256, fixed, not adaptive) through ``judge run`` once: wall, CPU and
    peak memory, the floor (calls x latency / concurrency), and the same at a quarter of the
-   judgments, to show memory flat in the number of passages.
+   judgments; from the two, how much the peak grows a passage (flat would be 0).
 
 Python's bytecode is compiled first (``compileall``), as an installed package has it: a
 checkout run with PYTHONDONTWRITEBYTECODE would otherwise compile every edited module in
@@ -156,6 +156,7 @@ def cpu_per_judgment(n: int, small: int, trials: int, latency: float, work: Path
 def at_scale(n: int, latency: float, concurrency: int, work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     run = f"concurrency = {concurrency}\nadaptive_concurrency = false\n"
+    peaks: dict[int, float] = {}
     with serve(latency) as url:
         for count in (n // 4, n):
             dataset = work / f"scale-{count}.jsonl"
@@ -168,6 +169,13 @@ def at_scale(n: int, latency: float, concurrency: int, work: Path) -> None:
                 f"the floor of {floor:.1f} s), {got['cpu']:.1f} s CPU "
                 f"({got['cpu'] / count * 1000:.2f} ms a judgment), peak {got['peak']:.0f} MiB"
             )
+            peaks[count] = got["peak"]
+    low, high = sorted(peaks)
+    slope = (peaks[high] - peaks[low]) * 1024 / (high - low)
+    print(
+        f"F. peak memory grows {slope:.2f} KB a passage from {low} to {high} judgments "
+        "(0 would be flat in the number of passages)"
+    )
 
 
 def main() -> None:

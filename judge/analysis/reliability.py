@@ -18,7 +18,7 @@ AlphaLevel = Literal["nominal", "ordinal", "interval"]
 FloatArray = NDArray[np.float64]
 
 # Resampled cells drawn per bootstrap block, so memory stays bounded for large datasets.
-_BOOT_BLOCK_CELLS = 2_000_000
+_BOOT_BLOCK_CELLS = 500_000
 # From this many values on, the percentile bootstrap of a mean is replaced by the normal
 # interval it converges to (central limit theorem): mean +- z * sd / sqrt(n). At 5,000 values
 # the two differ by about one Monte Carlo standard deviation of the bootstrap's own endpoints
