@@ -59,7 +59,9 @@ def _config(tmp_path: Path, server: ScriptedServer, concurrency: int) -> Path:
         tmp_path / "cache.sqlite",
         {
             "dataset": {"path": str(dataset), "label_scale": "binary"},
-            "run": {"concurrency": concurrency, "max_attempts": 4},
+            # No hedges: a hedge is a second paid answer by design (tests/test_hedging.py),
+            # which a busy machine's slow answer may draw; these tests count answers paid once.
+            "run": {"concurrency": concurrency, "max_attempts": 4, "hedge_share": 0},
             'prices."judge-test"': PRICE,
         },
     )

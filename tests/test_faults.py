@@ -303,9 +303,10 @@ def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
 
     server = make_server(latency=0.2, responder=stamped)
     dataset = write_dataset(tmp_path / "d.jsonl", n_queries=3, n_passages=40)
-    config = write_config(
-        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
-    )
+    # No hedges: on a busy machine a slow answer may be hedged, and a hedge is a second paid
+    # answer by design (tests/test_hedging.py), not the double payment this test looks for.
+    run = {"concurrency": 2, "hedge_share": 0}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": run})
     out = tmp_path / "out"
     code, err, signalled = _sigterm_when_paid(server, config, dataset, out, 6, False)
     assert code == EXIT_INCOMPLETE, err
