@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,41 @@ def test_a_dollar_cap_without_a_price_is_refused_before_any_call(
     err = capsys.readouterr().err
     assert "max_cost" in err and "judge-test" in err and "[prices" in err
     assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("usage", "name"),
+    [((-1_000_000, -5), "negative"), (("100", "ten"), "text"), ((2.7, 3), "fractional")],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_cap(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    usage: tuple[Any, Any],
+    name: str,
+) -> None:
+    """A server whose usage counts are not counts neither lifts the budget (a negative count
+    was a negative spend: all 56 requests went out past the cap) nor costs the
+    verdict (text counts failed the answer, retried six times): the answer is kept and counted
+    at the worst case its request reserved."""
+    inner = hashed_responder()
+
+    def odd(request: Recorded) -> Item:
+        answer = inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=usage)
+
+    server = make_server(responder=odd)
+    config = write_config(
+        tmp_path / "run.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 4}}
+    )
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "8000"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BUDGET, err
+    assert "token usage that is not a count" in caplog.text
+    answered = [r for r in server.requests if r.path == "/v1/chat/completions"]
+    assert 1 <= len(answered) < 20  # each answer priced at its worst case, under the cap
+    labels = verdict_labels(tmp_path / "o")
+    assert labels and all(label is not None for label in labels.values())

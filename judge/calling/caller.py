@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -59,6 +60,8 @@ A = TypeVar("A", Completion, RerankResult)
 # Seconds a call's requests spent between leaving and their answer arriving (not waiting for
 # a slot, a rate token or a retry's backoff; a hedge's too): a verdict's latency_s. A cell that
 # the call's hedges, run as tasks of their own (with a copy of the context), add to as well.
+log = logging.getLogger(__name__)
+
 _IN_FLIGHT_S: ContextVar[list[float] | None] = ContextVar("judge_in_flight_s", default=None)
 # Seconds between looks at the tail for a request sent before it knew the p95.
 HEDGE_RECHECK_S = 0.5
@@ -192,6 +195,7 @@ class Caller:
         self.reranker = rerank
         self.cache = cache or Cache(None)
         self.limits = limits or Limits()
+        self._said_usage: set[str] = set()  # lanes whose usage was said to be unknown
         self.stats = CallStats()
         # Why no new request may leave (a signal stopped the run); None while they may.
         self.stopping: str | None = None
@@ -631,6 +635,9 @@ class Caller:
         try:
             async with asyncio.timeout(self._deadline(tail, attempt)):
                 answer = await send()
+            if not answer.usage_known:  # counts that are not counts: the worst case, as reserved
+                answer = answer.model_copy(update={"usage": reservation.usage})
+                self._unknown_usage(lane)
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
@@ -654,6 +661,17 @@ class Caller:
         slot.success(latency)
         self.stats.unconnected = 0
         return answer
+
+    def _unknown_usage(self, lane: str) -> None:
+        """Said once per lane: answers whose token counts are not counts are counted at their
+        worst case (a negative count would otherwise lift the budget)."""
+        if lane not in self._said_usage:
+            self._said_usage.add(lane)
+            log.warning(
+                "the %s provider's answers report token usage that is not a count (negative, "
+                "fractional or text): each is counted at its request's worst case",
+                lane,
+            )
 
     def _deadline(self, tail: Tail, attempt: int) -> float:
         """Seconds a request of a call's ``attempt``-th attempt leaving now is given: the

@@ -51,13 +51,16 @@ class TokenLogprob(Record):
 
 
 class Completion(Record):
-    """One answer from a chat provider (what the cache stores)."""
+    """One answer from a chat provider (what the cache stores). ``usage_known``: False when
+    the answer's token counts were not counts (negative, fractional, text): the Caller then
+    counts the request's worst case, which the budget reserved, as its usage."""
 
     text: str
     model: str = ""
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     usage: Usage = Usage()
+    usage_known: bool = True
 
 
 class RerankRequest(Record):
@@ -79,6 +82,37 @@ class RerankResult(Record):
     scores: tuple[float, ...]
     model: str = ""
     usage: Usage = Usage()
+    usage_known: bool = True  # as Completion's
+
+
+def token_count(value: Any) -> int | None:
+    """A token count as an answer's ``usage`` gives it: a whole number >= 0 (12.0 and "12"
+    too), 0 when absent; None for anything else (negative, fractional, text), which is not a
+    count: the usage is then unknown, never a negative spend that would lift the budget."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and value >= 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def read_usage(counts: Any, *names: str) -> tuple[Usage, bool]:
+    """(usage, known) from an answer's ``usage`` object: ``names`` are its prompt and
+    completion counts' keys (a missing object or key counts 0); known is False when a count
+    is not one (see :func:`token_count`)."""
+    if not isinstance(counts, dict):
+        return Usage(), counts is None
+    got = [token_count(counts.get(name)) for name in names]
+    if None in got:
+        return Usage(), False
+    prompt, *rest = got
+    return Usage(prompt_tokens=prompt or 0, completion_tokens=rest[0] if rest else 0), True
 
 
 def rerank_fields(request: RerankRequest) -> dict[str, Any]:

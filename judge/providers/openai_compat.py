@@ -41,6 +41,7 @@ from judge.providers.base import (
     parse_retry_after,
     read_api_key,
     read_json_answer,
+    read_usage,
     sampling_fields,
     status_decision,
 )
@@ -178,17 +179,15 @@ def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     try:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
-        usage = data.get("usage") or {}
+        usage, known = read_usage(data.get("usage"), "prompt_tokens", "completion_tokens")
         return Completion.model_validate(
             {
                 "text": choice["message"].get("content") or "",
                 "model": data.get("model") or model,
                 "finish_reason": choice.get("finish_reason"),
                 "logprobs": _tokens(logprobs["content"]) if logprobs.get("content") else None,
-                "usage": {
-                    "prompt_tokens": usage.get("prompt_tokens") or 0,
-                    "completion_tokens": usage.get("completion_tokens") or 0,
-                },
+                "usage": usage,
+                "usage_known": known,
             }
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:

@@ -30,10 +30,10 @@ from judge.providers.base import (
     parse_retry_after,
     read_api_key,
     read_json_answer,
+    read_usage,
     rerank_fields,
     scores_in_input_order,
 )
-from judge.schema import Usage
 
 _ERRORS: ErrorTable = (
     (httpx.TimeoutException, RetryDecision(retry=True, kind="timeout")),
@@ -122,12 +122,14 @@ class HTTPRerankProvider:
                 request_id=response.headers.get("x-request-id"),
             )
         data = read_json_answer(response.content, self._endpoint, "a rerank answer")
-        usage = data.get("usage") if isinstance(data, dict) else None
-        tokens = (usage.get("total_tokens") or usage.get("prompt_tokens")) if usage else None
+        counts = data.get("usage") if isinstance(data, dict) else None
+        key = "total_tokens" if isinstance(counts, dict) and "total_tokens" in counts else None
+        usage, known = read_usage(counts, key or "prompt_tokens")
         return RerankResult(
             scores=scores_in_input_order(_pairs(data), len(request.documents), fields["top_n"]),
             model=(data.get("model") if isinstance(data, dict) else None) or request.model,
-            usage=Usage(prompt_tokens=int(tokens or 0)),
+            usage=usage,
+            usage_known=known,
         )
 
     def classify(self, exc: BaseException) -> RetryDecision:
