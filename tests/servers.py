@@ -344,6 +344,8 @@ class ScriptedServer:
     def _fail(self, handler: _Handler, route: Route, request: Recorded, fault: Fault) -> None:
         if fault.kind == "status":
             extra = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+            if fault.location is not None:
+                extra["Location"] = fault.location
             self._count(f"status_{fault.status}")
             handler.reply(fault.status, route.error(fault.status), extra)
             return

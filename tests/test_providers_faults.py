@@ -241,3 +241,16 @@ def test_a_dashscope_run_through_faults_prints_no_traceback(
     served = server.outcomes
     assert served["malformed"] + served["wrong_shape"] + served["cut"] >= 1, served
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["openai", "cohere"])
+def test_a_redirect_is_named_and_final_not_followed(
+    server: ScriptedServer, fake_key: str, protocol: str
+) -> None:
+    """Our HTTP clients do not follow a POST's redirect: it is a client error naming where it
+    points, not an unreadable empty answer retried six times."""
+    server.enqueue(Fault("status", 308, location="https://elsewhere.test/v1/x"))
+    _, exc, provider = run(call_once(PROTOCOLS[protocol], server))
+    assert exc is not None and "redirected to https://elsewhere.test/v1/x" in str(exc)
+    assert provider.classify(exc) == RetryDecision(retry=False, kind="client")
+    assert len(server.requests) == 1

@@ -477,3 +477,23 @@ def test_a_web_page_where_the_api_should_be_stops_the_run_in_one_clear_line(
     # Each answer taken as final (no retries); nothing sent after the third, but what was in
     # flight then (at most twice the concurrency of 2).
     assert 3 <= asked <= 7, asked
+
+
+@pytest.mark.parametrize("status", [301, 307, 308])
+def test_a_redirect_is_named_with_its_target_and_not_retried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: int
+) -> None:
+    """A base_url the server redirects (http to https, a moved API) is not followed by a POST:
+    the run stops after the first few answers, naming where the redirect points."""
+    target = "https://api.example.test/v1/chat/completions"
+    fault = Fault("status", status, location=target)
+    with ScriptedServer(responder=lambda _r: fault) as srv:
+        config = write_config(
+            tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": {"concurrency": 1}}
+        )
+        code = main(["run", str(config), "--out", str(tmp_path / "out")])
+        asked = len(srv.requests)
+    assert code == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"HTTP {status}: redirected to {target}: set base_url to the API's own" in last
+    assert 3 <= asked < 20, asked  # none retried; stopped after the first refusals

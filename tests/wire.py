@@ -65,6 +65,7 @@ class Fault:
     status: int = 500
     retry_after: str | None = None
     seconds: float = 5.0
+    location: str | None = None  # a status fault's Location header (a redirect's target)
 
 
 def rate_limit(retry_after: str | None = "1") -> Fault:

@@ -345,6 +345,16 @@ def _not_json(raw: bytes) -> str:
     return f"with text that is not JSON ({text!r})"
 
 
+def redirect_message(status: int, location: str | None) -> str:
+    """What a redirect answer says: judge does not follow one (a POST redirected is a base URL
+    that is not the API's own address), so it names where to point instead."""
+    where = f"redirected to {location}" if location else "a redirect with no Location"
+    return (
+        f"{where}: set base_url to the API's own address (a POST is not followed through a "
+        f"{status} redirect)"
+    )
+
+
 def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecision:
     """An HTTP status decides via :func:`status_decision`; otherwise the first matching
     entry of ``table``, then of the common table (timeouts, dropped connections, bodies

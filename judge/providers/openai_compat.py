@@ -42,6 +42,7 @@ from judge.providers.base import (
     read_api_key,
     read_json_answer,
     read_usage,
+    redirect_message,
     sampling_fields,
     status_decision,
 )
@@ -236,6 +237,9 @@ def _status_error(response: Response) -> ProviderStatusError:
     millis = parse_retry_after(headers.get("retry-after-ms"))
     if retry_after is None and millis is not None:
         retry_after = millis / 1000
+    if response.status < 400:
+        where = redirect_message(response.status, headers.get("location"))
+        return ProviderStatusError(where, status=response.status)
     message = response.content.decode("utf-8", "replace").strip()[:500]
     try:
         error = json.loads(response.content).get("error")
@@ -320,7 +324,7 @@ class OpenAICompatProvider:
             # Serialised as the SDK serialises a body: the same bytes on the wire.
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             response = await self._lean.post("/chat/completions", data.encode(), timeout=timeout)
-            if response.status >= 400:
+            if response.status >= 300:  # a redirect too: named, not followed (base.py)
                 raise _status_error(response)
             return to_completion(response.content, request.model, self._chat_url)
         # The SDK's documented way to POST a body we built ourselves: the same request as

@@ -31,6 +31,7 @@ from judge.providers.base import (
     read_api_key,
     read_json_answer,
     read_usage,
+    redirect_message,
     rerank_fields,
     scores_in_input_order,
 )
@@ -114,9 +115,13 @@ class HTTPRerankProvider:
             headers=headers,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
-        if response.status_code >= 400:
+        if response.status_code >= 300:  # a redirect too: named, not followed (base.py)
+            redirected = response.status_code < 400
+            location = response.headers.get("location")
             raise ProviderStatusError(
-                _error_message(response, self._key),
+                redirect_message(response.status_code, location)
+                if redirected
+                else _error_message(response, self._key),
                 status=response.status_code,
                 retry_after=parse_retry_after(response.headers.get("retry-after")),
                 request_id=response.headers.get("x-request-id"),
