@@ -309,6 +309,34 @@ def test_chunked_and_gzipped_answers_are_read_whole(raw: Callable[..., RawServer
     assert server.heads[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
 
 
+def test_an_answer_that_decodes_past_the_limit_is_refused_not_inflated(
+    raw: Callable[..., RawServer],
+) -> None:
+    """A small gzip body that would decode to gigabytes is refused at MAX_DECODED, naming why,
+    instead of being inflated whole (2 MB of gzip took 6.4 GB)."""
+    from judge.providers.lean_http import MAX_DECODED
+
+    bomb = gzip.compress(b" " * (MAX_DECODED + 2**20) + BODY)
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(bomb), bomb)
+    )
+    server = raw([answer])
+    provider = make_chat_provider(resolve_spec("local", {"base_url": server.url}))
+
+    async def go() -> BaseException | None:
+        try:
+            await provider.complete(CHAT, timeout=10)
+        except Exception as exc:
+            return exc
+        finally:
+            await provider.aclose()
+        return None
+
+    failure = run(go())
+    assert failure is not None and "decodes to more than 64 MiB" in str(failure)
+
+
 def test_a_connection_the_server_closes_is_not_reused(raw: Callable[..., RawServer]) -> None:
     keep_alive = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
     until_close = b"HTTP/1.0 200 OK\r\n\r\n" + BODY

@@ -204,8 +204,25 @@ class _Connection(asyncio.Protocol):
             body = bytes(data[start:])
         encoding = headers.get("content-encoding", "").lower()
         if encoding in ("gzip", "deflate") and body:
-            body = zlib.decompress(body, 47 if encoding == "gzip" else 15)
+            body = _inflate(body, 47 if encoding == "gzip" else 15)
         return Response(status, headers, body)
+
+
+# An answer decoded past this is refused: no chat or rerank answer comes near it (a long
+# answer with logprobs is a few MB), and a small compressed body can decode to gigabytes.
+MAX_DECODED = 64 * 2**20
+
+
+def _inflate(body: bytes, wbits: int) -> bytes:
+    """``body`` decompressed, at most :data:`MAX_DECODED` bytes of it (ValueError past it)."""
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(body, MAX_DECODED)
+    if inflater.unconsumed_tail:
+        raise ValueError(
+            f"its {len(body)}-byte compressed body decodes to more than "
+            f"{MAX_DECODED // 2**20} MiB, more than any answer: refused"
+        )
+    return out + inflater.flush()
 
 
 def _cut(head: tuple[int, dict[str, str], int] | None) -> str:
