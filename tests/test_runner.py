@@ -497,3 +497,22 @@ def test_a_redirect_is_named_with_its_target_and_not_retried(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"HTTP {status}: redirected to {target}: set base_url to the API's own" in last
     assert 3 <= asked < 20, asked  # none retried; stopped after the first refusals
+
+
+def test_a_retry_after_longer_than_a_retry_may_wait_is_final_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 429 asking for a day's wait is not retried after capped waits (five 60 s sleeps per
+    call): each call fails at once, and the line says what the server asked for."""
+    fault = Fault("status", 429, retry_after="86400")
+    with ScriptedServer(responder=lambda _r: fault) as srv:
+        config = write_config(
+            tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": {"concurrency": 2}}
+        )
+        code = main(["run", str(config), "--out", str(tmp_path / "out")])
+        asked = len(srv.requests)
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "the server asks to wait 86400 s, more than run.max_backoff_s 60 s allows" in err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["retries"] == 0 and asked == summary["run"]["requests"]

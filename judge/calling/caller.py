@@ -704,8 +704,10 @@ class Caller:
         _IN_FLIGHT_S.set(cell)
         try:
             answer = await policy.run(once)
-        except (ProviderError, BudgetExceeded):
+        except (ProviderError, BudgetExceeded) as exc:
             self.stats.failures += 1
+            if isinstance(exc, ProviderError) and (asked := policy.asked(exc)):
+                raise ProviderError(f"{exc}{asked}", kind=exc.kind) from None
             raise
         except Exception as exc:
             self.stats.failures += 1

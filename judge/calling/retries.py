@@ -76,6 +76,11 @@ class RetryPolicy:
             else:
                 decision = self.classify(exc)
             self.stats.errors[decision.kind] += 1
+            wait = decision.retry_after
+            if decision.retry and wait is not None and wait > self.limits.max_backoff_s:
+                # The server asks for a longer wait than a retry may take: retrying sooner
+                # would only be refused again (a day's Retry-After was five 60 s waits).
+                decision = RetryDecision(retry=False, kind=decision.kind, retry_after=wait)
             self._last = (exc, decision)
             if decision.kind == "not_api":
                 self._not_the_api(exc)
@@ -94,7 +99,7 @@ class RetryPolicy:
         """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if it
         sent one, else full jitter: uniform(0, min(base * 2^(failed-1), max_backoff))."""
         decision = self.decide(exc) if exc is not None else None
-        if decision is not None and decision.retry_after is not None:
+        if decision is not None and decision.retry_after:  # > 0: a wait of 0 or less is none
             return min(decision.retry_after, self.limits.max_backoff_s) + random.uniform(0, 0.1)
         ceiling = self.limits.backoff_base_s * 2 ** (failed - 1)
         return random.uniform(0, min(ceiling, self.limits.max_backoff_s))
@@ -138,7 +143,19 @@ class RetryPolicy:
         saying which call)."""
         kind = self.decide(exc).kind
         return ProviderError(
-            f"{what}{kind} after {self.attempts} attempt(s): {type(exc).__name__}: {exc}",
+            f"{what}{kind} after {self.attempts} attempt(s): {type(exc).__name__}: "
+            f"{exc}{self.asked(exc)}",
             kind=kind,
             attempts=self.attempts,
+        )
+
+    def asked(self, exc: BaseException) -> str:
+        """What the server asked for that made ``exc`` final: a wait longer than a retry may
+        take (said after the error; "" otherwise)."""
+        wait = self.decide(exc).retry_after
+        if wait is None or wait <= self.limits.max_backoff_s:
+            return ""
+        return (
+            f" (the server asks to wait {wait:.0f} s, more than run.max_backoff_s "
+            f"{self.limits.max_backoff_s:g} s allows)"
         )
