@@ -358,6 +358,11 @@ class ScriptedServer:
             handler.reply(200, {"status": "fine", "data": [1, 2, 3]})
         elif fault.kind == "empty":
             handler.reply(200, route.body(Answer(scores=()), request))
+        elif fault.kind == "error_200":
+            said = "invalid api token"
+            handler.reply(
+                200, {"error": {"message": said, "code": "invalid_api_key"}, "message": said}
+            )
         elif fault.kind == "web_page":
             handler.reply(200, None, raw=WEB_PAGE_BODY, content_type="text/html; charset=utf-8")
         else:  # truncated, cut: half of a real answer's body

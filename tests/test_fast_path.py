@@ -337,6 +337,47 @@ def test_an_answer_that_decodes_past_the_limit_is_refused_not_inflated(
     assert failure is not None and "decodes to more than 64 MiB" in str(failure)
 
 
+def _answer(status: str, body: bytes) -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    return head.encode() + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("client", ["lean", "sdk"])
+def test_an_account_out_of_credit_and_an_error_in_a_200_are_final_in_the_servers_words(
+    raw: Callable[..., RawServer], client: str
+) -> None:
+    """A 429 whose code says the account has no credit left is final (no wait cures it: it
+    was retried as a rate limit), and an error object answered with 200 is the server's own
+    message, final (it was 'malformed chat completion: choices', retried six times)."""
+    quota = (
+        b'{"error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}}'
+    )
+    server = raw([_answer("429 Too Many Requests", quota), _answer("200 OK", quota)])
+    provider = make_chat_provider(
+        resolve_spec("local", {"base_url": server.url, "options": {"client": client}})
+    )
+
+    async def go() -> list[BaseException]:
+        failures = []
+        try:
+            for _ in range(2):
+                try:
+                    await provider.complete(CHAT, timeout=5)
+                except Exception as exc:
+                    failures.append(exc)
+        finally:
+            await provider.aclose()
+        return failures
+
+    rate, in_200 = run(go())
+    assert "You exceeded your current quota" in str(rate)
+    assert provider.classify(rate) == RetryDecision(retry=False, kind="client")
+    assert f"an error in a 200 answer from {server.url}/chat/completions: You exceeded" in str(
+        in_200
+    )
+    assert provider.classify(in_200) == RetryDecision(retry=False, kind="client")
+
+
 def test_a_connection_the_server_closes_is_not_reused(raw: Callable[..., RawServer]) -> None:
     keep_alive = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
     until_close = b"HTTP/1.0 200 OK\r\n\r\n" + BODY

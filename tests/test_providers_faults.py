@@ -254,3 +254,14 @@ def test_a_redirect_is_named_and_final_not_followed(
     assert exc is not None and "redirected to https://elsewhere.test/v1/x" in str(exc)
     assert provider.classify(exc) == RetryDecision(retry=False, kind="client")
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("protocol", ["openai", "cohere"])
+def test_an_error_object_in_a_200_answer_is_final_in_the_servers_words(
+    server: ScriptedServer, fake_key: str, protocol: str
+) -> None:
+    server.enqueue(Fault("error_200"))
+    _, exc, provider = run(call_once(PROTOCOLS[protocol], server))
+    assert exc is not None and "an error in a 200 answer" in str(exc)
+    assert "invalid api token" in str(exc)
+    assert provider.classify(exc) == RetryDecision(retry=False, kind="client")

@@ -22,7 +22,16 @@ from typing import Any, Literal, NamedTuple
 from judge.judging.prompts import MARK
 
 FaultKind = Literal[
-    "status", "hang", "drop", "cut", "malformed", "truncated", "wrong_shape", "empty", "web_page"
+    "status",
+    "hang",
+    "drop",
+    "cut",
+    "malformed",
+    "truncated",
+    "wrong_shape",
+    "empty",
+    "web_page",
+    "error_200",
 ]
 
 
@@ -58,7 +67,8 @@ class Fault:
     200 with invalid JSON; truncated: 200 with half a JSON body (consistent length);
     wrong_shape: 200 with valid JSON that is not the protocol's answer;
     empty: 200 with empty content (null in OpenAI, "" in DashScope, no rerank results);
-    web_page: 200 with an HTML page (text/html), as a web UI at the API's address answers.
+    web_page: 200 with an HTML page (text/html), as a web UI at the API's address answers;
+    error_200: 200 with an error object (OpenAI's and Cohere's shapes) instead of an answer.
     """
 
     kind: FaultKind
@@ -84,6 +94,7 @@ FAULTS: dict[str, Fault] = {  # by name, for --faults
     "wrong_shape": Fault("wrong_shape"),
     "empty": Fault("empty"),
     "web_page": Fault("web_page"),
+    "error_200": Fault("error_200"),
 }
 RATE_LIMIT = FAULTS["rate_limit"]
 SERVER_ERROR = FAULTS["server_error"]

@@ -286,18 +286,30 @@ class ProviderStatusError(ProviderError):
         status: int,
         retry_after: float | None = None,
         request_id: str | None = None,
+        code: str | None = None,
     ) -> None:
         self.status = status
         self.retry_after = retry_after
         self.request_id = request_id
+        self.code = code  # the error body's own code, where it gives one
         suffix = f" (request_id {request_id})" if request_id else ""
         # Its kind is its status's, wherever it surfaces (a span, a hedge race's loser).
-        kind = status_decision(status, retry_after).kind
+        kind = status_decision(status, retry_after, code).kind
         super().__init__(f"HTTP {status}: {message}{suffix}", kind=kind)
 
 
-def status_decision(status: int, retry_after: float | None = None) -> RetryDecision:
-    """429 -> rate_limit; 408, 409 and 5xx -> server; any other status -> client (final)."""
+# Error codes that no wait cures, whatever their status (OpenAI's 429 for an account out of
+# credit): final, not retried as a rate limit.
+FINAL_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+
+
+def status_decision(
+    status: int, retry_after: float | None = None, code: str | None = None
+) -> RetryDecision:
+    """429 -> rate_limit; 408, 409 and 5xx -> server; any other status, or an error code no
+    wait cures (:data:`FINAL_CODES`) -> client (final)."""
+    if code in FINAL_CODES:
+        return RetryDecision(retry=False, kind="client")
     if status == 429:
         return RetryDecision(retry=True, kind="rate_limit", retry_after=retry_after)
     if status in (408, 409) or status >= 500:
@@ -360,7 +372,7 @@ def classify_by_type(exc: BaseException, table: ErrorTable = ()) -> RetryDecisio
     entry of ``table``, then of the common table (timeouts, dropped connections, bodies
     that are not the protocol's JSON); anything else is "unexpected" and final."""
     if isinstance(exc, ProviderStatusError):
-        return status_decision(exc.status, exc.retry_after)
+        return status_decision(exc.status, exc.retry_after, exc.code)
     for types, decision in (*table, *_COMMON):
         if isinstance(exc, types):
             return decision

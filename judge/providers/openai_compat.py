@@ -177,6 +177,13 @@ _NOT_THE_API = "is base_url the API's root? (for most OpenAI-compatible servers 
 
 def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     """:func:`to_completion` of a body already read as JSON (a batch output line holds one)."""
+    if isinstance(data, dict) and "choices" not in data and data.get("error"):
+        # An error object with a success status (some gateways answer so): the server's own
+        # words, final as its status says (a 200 is a client error here), not "malformed".
+        message, code = _error_of(json.dumps(data).encode())
+        raise ProviderStatusError(
+            f"an error in a 200 answer from {where}: {message}", status=200, code=code
+        )
     try:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
@@ -240,19 +247,27 @@ def _status_error(response: Response) -> ProviderStatusError:
     if response.status < 400:
         where = redirect_message(response.status, headers.get("location"))
         return ProviderStatusError(where, status=response.status)
-    message = response.content.decode("utf-8", "replace").strip()[:500]
-    try:
-        error = json.loads(response.content).get("error")
-        found = error.get("message") if isinstance(error, dict) else error
-        message = str(found) if found else message
-    except (AttributeError, ValueError):
-        pass
+    message, code = _error_of(response.content)
     return ProviderStatusError(
         message or "no message",
         status=response.status,
         retry_after=retry_after,
         request_id=headers.get("x-request-id"),
+        code=code,
     )
+
+
+def _error_of(body: bytes) -> tuple[str, str | None]:
+    """An error body's message (its ``error.message``, else its text) and code."""
+    message, code = body.decode("utf-8", "replace").strip()[:500], None
+    try:
+        error = json.loads(body).get("error")
+    except (AttributeError, ValueError):
+        return message, code
+    if isinstance(error, dict):
+        code = error.get("code") if isinstance(error.get("code"), str) else None
+        error = error.get("message")
+    return (str(error) if error else message), code
 
 
 class OpenAICompatProvider:
@@ -403,7 +418,8 @@ class OpenAICompatProvider:
             millis = parse_retry_after(headers.get("retry-after-ms"))
             if retry_after is None and millis is not None:
                 retry_after = millis / 1000
-            return status_decision(exc.status_code, retry_after)
+            code = exc.code if isinstance(exc.code, str) else None
+            return status_decision(exc.status_code, retry_after, code)
         return classify_by_type(exc, _errors())
 
     async def aclose(self) -> None:

@@ -65,6 +65,10 @@ def _pairs(data: Any) -> list[tuple[int, float]]:
         raise ResponseError(f"rerank answer has a malformed result: {exc!r}") from exc
 
 
+# Where an error body says what went wrong (Cohere, OpenAI, FastAPI shapes).
+_ERROR_KEYS = frozenset({"error", "message", "detail"})
+
+
 def _error_message(response: httpx.Response, key: str) -> str:
     """The server's own error text (Cohere, OpenAI, FastAPI shapes), without our key."""
     try:
@@ -127,6 +131,10 @@ class HTTPRerankProvider:
                 request_id=response.headers.get("x-request-id"),
             )
         data = read_json_answer(response.content, self._endpoint, "a rerank answer")
+        if isinstance(data, dict) and "results" not in data and _ERROR_KEYS & data.keys():
+            # An error object with a success status: the server's own words, final.
+            said = _error_message(response, self._key)
+            raise ProviderStatusError(f"an error in a 200 answer: {said}", status=200)
         counts = data.get("usage") if isinstance(data, dict) else None
         key = "total_tokens" if isinstance(counts, dict) and "total_tokens" in counts else None
         usage, known = read_usage(counts, key or "prompt_tokens")
