@@ -17,7 +17,7 @@ import httpx
 import httpx2
 import pytest
 
-from judge.errors import ProviderConfigError, ResponseError
+from judge.errors import NotTheApiError, ProviderConfigError, ResponseError
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
 from judge.providers.base import RetryDecision
 from judge.providers.openai_compat import OpenAICompatProvider
@@ -265,3 +265,11 @@ def test_an_error_object_in_a_200_answer_is_final_in_the_servers_words(
     assert exc is not None and "an error in a 200 answer" in str(exc)
     assert "invalid api token" in str(exc)
     assert provider.classify(exc) == RetryDecision(retry=False, kind="client")
+
+
+def test_an_unasked_event_stream_is_named_as_one() -> None:
+    from judge.providers.base import read_json_answer
+
+    stream = b'data: {"choices": [{"delta": {"content": "yes"}}]}\n\ndata: [DONE]\n\n'
+    with pytest.raises(NotTheApiError, match="answered with a stream of server-sent events"):
+        read_json_answer(stream, "http://h/v1/chat/completions", "a chat completion")

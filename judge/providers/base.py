@@ -341,6 +341,11 @@ def read_json_answer(raw: bytes, where: str, what: str, hint: str = "") -> Any:
         return from_json(raw)  # pydantic's JSON parser: half json.loads' CPU on logprobs
     except ValueError as exc:
         head = raw.lstrip()[:1]
+        if raw.lstrip().startswith((b"data:", b"event:")):  # an event stream, not asked for
+            raise NotTheApiError(
+                f"{where} answered with a stream of server-sent events, which judge does not "
+                f"ask for, not {what}: the server (or a proxy before it) streams every answer"
+            ) from None
         if head and head not in b'{["' and not head.isdigit() and head not in b"-tfn":
             hint = hint or "does base_url point at the API?"
             raise NotTheApiError(f"{where} answered {_not_json(raw)}, not {what}: {hint}") from None
