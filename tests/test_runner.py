@@ -516,3 +516,22 @@ def test_a_retry_after_longer_than_a_retry_may_wait_is_final_and_said(
     assert "the server asks to wait 86400 s, more than run.max_backoff_s 60 s allows" in err
     summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
     assert summary["run"]["retries"] == 0 and asked == summary["run"]["requests"]
+
+
+def test_a_server_that_never_answers_stops_the_run_after_a_few_retries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It takes the connection and says nothing: before, every call's every attempt waited
+    the timeout out (374 s on the sample at 60 s); now three retries that time out too, with
+    nothing ever answered, stop the run, saying so."""
+    hang = Fault("hang", seconds=30)
+    with ScriptedServer(responder=lambda _r: hang) as srv:
+        run = {"concurrency": 2, "timeout_s": 0.5, "backoff_base_s": 0.01, "hedge_share": 0}
+        config = write_config(tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": run})
+        code = main(["run", str(config), "--out", str(tmp_path / "out")])
+        asked = len(srv.requests)
+    assert code == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"no answer from {srv.openai_base_url}/chat/completions: 3 requests" in last
+    assert "requests timed out on a retry and none was answered" in last
+    assert asked < 20, asked

@@ -143,6 +143,9 @@ MISSED_MAX = 100_000
 # Attempts in a row that make no connection, before any success, after which a provider is
 # unreachable: a closed port or a wrong host fails fast instead of through every retry.
 UNREACHABLE_ATTEMPTS = 8
+# Retries that time out too, before any success, after which a provider is unreachable: a
+# server that never answers fails after a first attempt and a retry, not after all of them.
+SILENT_RETRIES = 3
 
 
 def _url_of(exc: BaseException) -> str | None:
@@ -647,6 +650,8 @@ class Caller:
             self.stats.hedges -= unsent and hedge
             if unsent:
                 self._unconnected(exc)
+            elif kind == "timeout" and attempt >= 2:
+                self._silent(exc)
             if kind == "rate_limit":
                 slot.throttled()
             elif not unsent:
@@ -661,6 +666,22 @@ class Caller:
         slot.success(latency)
         self.stats.unconnected = 0
         return answer
+
+    def _silent(self, exc: BaseException) -> None:
+        """Count a retry that timed out too; before any success, the ``SILENT_RETRIES``-th
+        makes the provider unreachable, as a closed port does: a server that takes the
+        connection and never answers failed only after every call's every attempt (374 s on
+        the sample at the 60 s timeout), saying only that a read timed out."""
+        stats = self.stats
+        stats.silent += 1
+        if stats.successes or stats.silent < SILENT_RETRIES or stats.unreachable:
+            return
+        where = _url_of(exc) or "the provider"
+        stats.unreachable = (
+            f"no answer from {where}: {stats.silent} requests timed out on a retry and none "
+            f"was answered ({_root_cause(exc)}): it takes connections and says nothing; check "
+            "that base_url is the API and that it is up"
+        )
 
     def _unknown_usage(self, lane: str) -> None:
         """Said once per lane: answers whose token counts are not counts are counted at their

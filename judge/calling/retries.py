@@ -46,6 +46,7 @@ class CallStats:
     # provider is taken to be unreachable once there were UNREACHABLE_ATTEMPTS of them.
     unconnected: int = 0
     unreachable: str | None = None
+    silent: int = 0  # retries that timed out too, before any success (Caller._silent)
 
 
 class RetryPolicy:
