@@ -645,17 +645,7 @@ class Caller:
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
             spent = billed_on_failure(exc, kind, spent)
-            unsent = never_sent(exc)
-            self.stats.requests -= unsent  # no connection: the server never saw it
-            self.stats.hedges -= unsent and hedge
-            if unsent:
-                self._unconnected(exc)
-            elif kind == "timeout" and attempt >= 2:
-                self._silent(exc)
-            if kind == "rate_limit":
-                slot.throttled()
-            elif not unsent:
-                slot.failed()
+            self._failed(exc, kind, lane, attempt, hedge)
             raise
         finally:
             self.budget.settle(reservation, spent)
@@ -666,6 +656,21 @@ class Caller:
         slot.success(latency)
         self.stats.unconnected = 0
         return answer
+
+    def _failed(self, exc: BaseException, kind: str, lane: str, attempt: int, hedge: bool) -> None:
+        """What a failed request tells the counters, the lane's limit and the checks for a
+        provider never reached or never answering."""
+        unsent = never_sent(exc)
+        self.stats.requests -= unsent  # no connection: the server never saw it
+        self.stats.hedges -= unsent and hedge
+        if unsent:
+            self._unconnected(exc)
+        elif kind == "timeout" and attempt >= 2:
+            self._silent(exc)
+        if kind == "rate_limit":
+            self.slots[lane].throttled()
+        elif not unsent:
+            self.slots[lane].failed()
 
     def _silent(self, exc: BaseException) -> None:
         """Count a retry that timed out too; before any success, the ``SILENT_RETRIES``-th
