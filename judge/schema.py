@@ -336,6 +336,9 @@ class JudgedQuery(Record):
     # Nugget support and source credibility, when those dimensions are on (judge/aspects.py).
     coverage: Coverage | None = None
     credibility: tuple[Credibility, ...] | None = None
+    # A digest of the dataset row it was judged from (data/results.py input_digest), so a
+    # rerun into the same directory judges a unit again when its row has changed since.
+    input_digest: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

@@ -535,3 +535,35 @@ def test_a_server_that_never_answers_stops_the_run_after_a_few_retries(
     assert f"no answer from {srv.openai_base_url}/chat/completions: 3 requests" in last
     assert "requests timed out on a retry and none was answered" in last
     assert asked < 20, asked
+
+
+def test_a_rerun_into_the_same_directory_follows_the_dataset_as_it_is_now(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finished units were matched by (query id, engine, repeat) alone: a nightly dataset whose
+    passages changed kept last night's verdicts (0 requests, the old metrics), and queries
+    taken out stayed in the summary. Now a unit whose dataset row changed is judged again
+    (only its changed passages are paid for: the rest come from the cache), and the summary
+    holds the dataset's units only."""
+    data = tmp_path / "d.jsonl"
+    write_dataset(data, n_queries=6, n_passages=3)
+    out = tmp_path / "out"
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(tmp_path / "c.toml", srv, tmp_path / "cache.sqlite")
+        assert main(["run", str(config), str(data), "--out", str(out)]) in (0, 1)
+        assert len(srv.requests) == 18
+        rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+        rows[0]["passages"][1]["text"] = "a passage rewritten since last night"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        assert main(["run", str(config), str(data), "--out", str(out)]) in (0, 1)
+        assert len(srv.requests) == 19  # the one changed passage, nothing else
+        latest = {jq.key: jq for jq in read_results(out / RESULTS_FILE)}
+        (unit,) = [jq for key, jq in latest.items() if key[0] == "q0"]
+        assert unit.query.passages[1].text == "a passage rewritten since last night"
+        fewer = tmp_path / "fewer.jsonl"
+        fewer.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]), encoding="utf-8")
+        assert main(["run", str(config), str(fewer), "--out", str(out)]) in (0, 1)
+        assert len(srv.requests) == 19
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["counts"]["queries"] == 4
+    assert "not in this run's dataset or sample: left out of its summary" in caplog.text

@@ -85,12 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     preload = threading.Thread(target=_import_report_stage, name="judge-import", daemon=True)
     preload.start()
     outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
+    plan = {(q.query_id, q.engine, r) for q in queries for r in range(config.run.repeats)}
     del queries  # the summary reads the results; a large dataset need not stay in memory
     preload.join()
     from judge.report.finish import finish_run
 
     gc.freeze()
-    summary = finish_run(config, out_dir, outcome, kept)
+    summary = finish_run(config, out_dir, outcome, kept, plan)
     _print_outcome(outcome, summary, out_dir)
     if args.junit:
         from judge.report.junit import write_junit

@@ -8,6 +8,7 @@ engines and repeats into one grade (``majority``: most frequent, ties to the low
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -22,19 +23,21 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from judge.config import RunConfig
 from judge.data.lines import Row, Sink, read_bytes, text_lines
 from judge.errors import ConfigError, InputError
-from judge.schema import JudgedQuery, Scale, VerdictStatus
+from judge.schema import JudgedQuery, Query, Scale, VerdictStatus
 
 __all__ = [
     "REPEAT_POLICIES",
     "RESULTS_FILE",
     "append_result",
     "compact_results",
+    "input_digest",
     "latest_rows",
     "load_engines",
     "load_results",
     "read_qrels",
     "read_results",
     "resolve_scale",
+    "stale_units",
     "unit_statuses",
     "write_qrels",
 ]
@@ -182,8 +185,8 @@ class _Supports(BaseModel):
 
 
 class _Unit(BaseModel):
-    """The part of a results line that says which unit it is and how its verdicts (and nugget
-    supports and credibility grades, when judged) ended."""
+    """The part of a results line that says which unit it is, what it was judged from and how
+    its verdicts (and nugget supports and credibility grades, when judged) ended."""
 
     model_config = ConfigDict(extra="ignore")
     query: _UnitKey
@@ -191,6 +194,7 @@ class _Unit(BaseModel):
     verdicts: tuple[_Status, ...]
     coverage: _Supports | None = None
     credibility: tuple[_Status, ...] | None = None
+    input_digest: str | None = None
 
     def statuses(self) -> frozenset[str]:
         supports = self.coverage.supports if self.coverage else ()
@@ -200,16 +204,40 @@ class _Unit(BaseModel):
 UnitKey = tuple[str, str, int]
 
 
-def unit_statuses(path: Path) -> tuple[dict[UnitKey, frozenset[str]], int]:
+def unit_statuses(
+    path: Path, inputs: dict[UnitKey, str | None] | None = None
+) -> tuple[dict[UnitKey, frozenset[str]], int]:
     """Each (query_id, engine, repeat) unit's verdict statuses in its last line, and how many
     lines the file holds: what a resumed run needs, read without building the records
-    (several times faster than :func:`read_results`). Bad lines are reported as it does."""
+    (several times faster than :func:`read_results`). Bad lines are reported as it does.
+    ``inputs``, when given, receives each unit's :func:`input_digest` (None: not recorded)."""
     units: dict[UnitKey, frozenset[str]] = {}
     lines = _read_lines(path, _Unit)
     for unit in lines:
         key = (unit.query.query_id, unit.query.engine, unit.repeat)
         units[key] = unit.statuses()
+        if inputs is not None:
+            inputs[key] = unit.input_digest
     return units, len(lines)
+
+
+def input_digest(query: Query) -> str:
+    """What a unit is judged from, as a digest: the dataset row's query, passages and labels
+    (not where in the file it stood). Equal digests, equal inputs."""
+    row = query.model_dump_json(exclude={"source"}).encode()
+    return hashlib.blake2b(row, digest_size=12).hexdigest()
+
+
+def stale_units(
+    done: set[UnitKey], inputs: dict[UnitKey, str | None], queries: Iterable[Query]
+) -> set[UnitKey]:
+    """Of the ``done`` units, those recorded from another input than ``queries`` now give
+    (a dataset changed between runs into one directory): to be judged again, not trusted."""
+    recorded = {key[:2]: was for key in done if (was := inputs.get(key)) is not None}
+    if not recorded:  # a new directory, or rows an older judge wrote: nothing to compare
+        return set()
+    changed = {q.key for q in queries if q.key in recorded and input_digest(q) != recorded[q.key]}
+    return {key for key in done if key[:2] in changed}
 
 
 def _majority(grades: Sequence[int]) -> int:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from judge.analysis.compare import Comparison
 from judge.config import RunConfig
-from judge.data.results import RESULTS_FILE, load_results, write_qrels
+from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.report.compared import verdict_lines
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import history_rows_for_report, record_run, source_key
@@ -71,21 +71,31 @@ def finish_run(
     out_dir: Path,
     outcome: RunOutcome | None = None,
     results: Sequence[JudgedQuery] | None = None,
+    plan: Collection[UnitKey] | None = None,
 ) -> Summary:
     """Summarise ``out_dir``'s results and write summary.json, history, reports and qrels.
 
     ``outcome`` is what :func:`judge.run.runner.run_async` returned (None when the run was
     judged elsewhere or earlier); it is kept in the summary as ``run``. ``results``: the
     directory's rows as :func:`load_results` reads them, when already in memory (empty or
-    None: read). Raises :class:`~judge.errors.InputError` when the directory has no results
+    None: read). ``plan``: the run's (query_id, engine, repeat) units; rows of others the
+    directory holds (queries since taken out of the dataset, another sample) are left out of
+    the summary. Raises :class:`~judge.errors.InputError` when the directory has no results
     yet.
     """
     out_dir = Path(out_dir)
-    current = _made_from(config, out_dir)
+    current = _made_from(config, out_dir, plan)
     if outcome is not None and outcome.resumed == outcome.planned and _still(out_dir, current):
         log.info("nothing new to judge: %s's summary and reports are current", out_dir)
         return load_summary(out_dir / SUMMARY_FILE)
     results = results or load_results(out_dir)
+    if plan is not None and (others := sum(jq.key not in plan for jq in results)):
+        log.warning(
+            "%d unit(s) in %s are not in this run's dataset or sample: left out of its summary",
+            others,
+            out_dir,
+        )
+        results = [jq for jq in results if jq.key in plan]
     summary = build_summary(config, results, run=outcome)
     comparison = run_comparison(summary, results)
     said = _verdict(summary, comparison)
@@ -134,14 +144,19 @@ def _digest(path: Path) -> str | None:
         return None
 
 
-def _made_from(config: RunConfig, out_dir: Path) -> dict[str, str | None]:
-    """What ``out_dir``'s summary and reports are made from, as digests."""
+def _made_from(
+    config: RunConfig, out_dir: Path, plan: Collection[UnitKey] | None = None
+) -> dict[str, str | None]:
+    """What ``out_dir``'s summary and reports are made from, as digests (the units summarised
+    too: a dataset that lost queries changes no result, but the summary)."""
     baseline = config.thresholds.baseline
+    units = "\n".join(sorted(f"{q}\x1f{e}\x1f{r}" for q, e, r in plan)) if plan else None
     return {
         "judge": __version__,
         "config": hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
         "results": _digest(out_dir / RESULTS_FILE),
         "baseline": _digest(Path(baseline)) if baseline else None,
+        "units": hashlib.sha256(units.encode()).hexdigest() if units else None,
     }
 
 

@@ -101,7 +101,7 @@ def estimate(
     again, as the run judges them) without calling anything.
     Long because it walks every first-round request once, counting calls, cache hits, tokens
     and the worst case together."""
-    done = set() if fresh else finished_units(out_dir / RESULTS_FILE, redo)
+    done = set() if fresh else finished_units(out_dir / RESULTS_FILE, queries, redo)
     cache_file = config.cache_path()
     cache_db = open_cache(cache_file if cache_file.exists() else None)
     with planning_only():

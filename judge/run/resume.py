@@ -17,15 +17,15 @@ import contextlib
 import fcntl
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from judge.config import RunConfig
 from judge.data.nuggets import NUGGETS_FILE
-from judge.data.results import RESULTS_FILE, UnitKey, unit_statuses
+from judge.data.results import RESULTS_FILE, UnitKey, stale_units, unit_statuses
 from judge.errors import ConfigError
-from judge.schema import Verdict
+from judge.schema import Query, Verdict
 from judge.version import __version__
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,16 @@ _TAIL = 1 << 16  # bytes read at a time when looking for a partial last line
 Redo = frozenset[Literal["error", "unparsed"]]
 
 
-def finished_units(results_path: Path, redo: Redo = frozenset()) -> set[UnitKey]:
-    """(query_id, engine, repeat) units a rerun skips (see :func:`finished_of`)."""
+def finished_units(
+    results_path: Path, queries: Iterable[Query], redo: Redo = frozenset()
+) -> set[UnitKey]:
+    """(query_id, engine, repeat) units a rerun of ``queries`` skips: see :func:`finished_of`;
+    a unit recorded from another dataset row than ``queries`` gives now is not one."""
     if not results_path.exists():
         return set()
-    return finished_of(unit_statuses(results_path)[0], redo)
+    inputs: dict[UnitKey, str | None] = {}
+    done = finished_of(unit_statuses(results_path, inputs)[0], redo)
+    return done - stale_units(done, inputs, queries)
 
 
 def finished_of(recorded: dict[UnitKey, frozenset[str]], redo: Redo = frozenset()) -> set[UnitKey]:

@@ -29,7 +29,9 @@ from judge.data.results import (
     RESULTS_FILE,
     UnitKey,
     compact_results,
+    input_digest,
     latest_rows,
+    stale_units,
     unit_statuses,
 )
 from judge.errors import BudgetExceeded, ConfigError, ProviderError, TemplateError
@@ -120,8 +122,17 @@ async def run_async(
         check_fingerprint(out_dir, config, fresh=fresh)
         results_path = out_dir / RESULTS_FILE
         repair_results(results_path)
-        recorded, lines = unit_statuses(results_path) if results_path.exists() else ({}, 0)
+        inputs: dict[UnitKey, str | None] = {}
+        recorded, lines = unit_statuses(results_path, inputs) if results_path.exists() else ({}, 0)
         done = finished_of(recorded, redo)
+        if stale := stale_units(done, inputs, queries):
+            log.warning(
+                "%d unit(s) in %s were judged from other dataset rows than these (the dataset "
+                "changed): judged again (unchanged passages come from the cache)",
+                len(stale),
+                out_dir,
+            )
+            done -= stale
         units = [
             (q, r)
             for r in range(config.run.repeats)
@@ -213,6 +224,8 @@ class _Batch:
 
     def __post_init__(self) -> None:
         self.cache = self.given_cache or open_cache(self.config)
+        # What each unit is judged from, recorded with its row (a rerun compares it).
+        self.inputs = {q.key: input_digest(q) for q in {q.key: q for q, _ in self.units}.values()}
         self.judge = Judge.from_config(
             self.config, cache=self.cache, limits=Limits.from_config(self.config)
         )
@@ -348,6 +361,7 @@ class _Batch:
         ready, self._ready = self._ready, []
         self._flushed = time.monotonic()
         for jq in self.judge.finish_many(ready) if ready else ():
+            jq = jq.model_copy(update={"input_digest": self.inputs[jq.query.key]})
             self.writer.add(jq)
             if self.keeping:
                 self.kept.append(jq)
