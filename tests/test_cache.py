@@ -177,6 +177,9 @@ def test_cache_stats_prune_and_clear_from_the_cli(
     out = capsys.readouterr().out
     assert "4 answers" in out and "old-model" not in out
 
+    # clear removes every answer: given an age (as prune takes), it refuses rather than that
+    assert main(["cache", "clear", "--older-than", "5", *where]) == 2
+    assert "judge cache clear takes no --older-than" in capsys.readouterr().err
     assert main(["cache", "clear", *where]) == 0
     assert "removed 4 answers" in capsys.readouterr().out
     assert main(["cache", "stats", *where]) == 0

@@ -20,6 +20,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from judge.errors import CacheError
 
     config = load_config(args.config, overrides(args))
+    if args.older_than is not None and args.action != "prune":  # clear would remove them all
+        raise ConfigError(
+            f"judge cache {args.action} takes no --older-than (judge cache prune --older-than "
+            "DAYS removes answers older than that; clear removes every one)"
+        )
     if args.action == "prune":  # before the cache is opened: a bad age removes nothing
         days = args.older_than
         if days is None:
