@@ -137,6 +137,24 @@ def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
     summary = json.loads((tmp_path / "night2" / "summary.json").read_text(encoding="utf-8"))
     assert any(c["check"] == "drop ap" for c in summary["thresholds"]["checks"])
     capsys.readouterr()
+    # A night judged on another scale compares with nothing made on this one: refused before
+    # any request, and baseline set refuses such a run for this config.
+    asked = len(server.requests)
+    night3 = str(tmp_path / "night3")
+    other = ["--set", "judge.scale=graded", "--set", "dataset.label_scale=graded"]
+    assert main(["run", str(config), str(dataset), "--out", night3, *other]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "thresholds.baseline was judged on the 'binary' scale, this run judges on 'graded'" in err
+    )
+    assert len(server.requests) == asked
+    tonight = ["run", str(config), str(dataset), "--out", night3, *other, "--first-night"]
+    assert main(tonight) in (0, 1)  # let through: its drop checks are skipped, and said so
+    summary = json.loads((tmp_path / "night3" / "summary.json").read_text(encoding="utf-8"))
+    notes = [c["note"] for c in summary["thresholds"]["checks"] if c["check"] == "baseline"]
+    assert notes == [f"{baseline} was judged on the 'binary' scale: drop checks skipped"]
+    assert main(["baseline", "set", night3, "--config", str(config)]) == 2
+    assert "that run was judged on the 'graded' scale" in capsys.readouterr().err
 
 
 def test_a_graded_judge_with_coarser_labels_is_refused_before_paying(

@@ -26,6 +26,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             f"{source}: that run is incomplete ({summary.run.reason}); a baseline should be a "
             "finished run (--force to use it anyway)"
         )
+    if (made := summary.config.scale.name) != (now := config.scale().name):
+        raise ConfigError(
+            f"{source}: that run was judged on the '{made}' scale, {args.config} judges on "
+            f"'{now}': the nightly drop checks would compare the two scales' metrics"
+        )
     target = Path(config.thresholds.baseline)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")

@@ -57,6 +57,23 @@ def _baseline_problems(config: RunConfig, queries: Sequence[Query], first_night:
         base = load_summary(path)
     except InputError as exc:
         return [f"{exc} (thresholds.baseline)"]
+    if (made := base.config.scale.name) != (now := config.scale().name):
+        if first_night:  # the summary skips the drop checks, saying why
+            log.warning("%s: a baseline of the '%s' scale: drop checks skipped", path, made)
+            return []
+        return [
+            f"{path}: thresholds.baseline was judged on the '{made}' scale, this run judges on "
+            f"'{now}': its metrics do not compare (pass --first-night to skip the drop checks "
+            "tonight, then judge baseline set RUN_DIR --config CONFIG)"
+        ]
+    if (was := base.config.judge.get("model")) != config.judge.model:
+        log.warning(
+            "%s: thresholds.baseline was judged by model '%s', this run by '%s': a drop may be "
+            "the judge's, not the engines'",
+            path,
+            was,
+            config.judge.model,
+        )
     engines = sorted({q.engine for q in queries})
     if engines and not set(engines) & set(base.engines):
         return [

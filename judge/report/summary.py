@@ -440,7 +440,12 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
         note = f"{th.baseline} not found: drop checks skipped"
         checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
     elif th.baseline and th.max_drop:
-        checks += _drop_checks(summary, load_summary(th.baseline), th.max_drop)
+        base = load_summary(th.baseline)
+        if (made := base.config.scale.name) != summary.config.scale.name:  # (--first-night)
+            note = f"{th.baseline} was judged on the '{made}' scale: drop checks skipped"
+            checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
+        else:
+            checks += _drop_checks(summary, base, th.max_drop)
     if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
         health = summary.health
         problems = " ".join(health.problems or health.notes[:1]) or "not degenerate"
