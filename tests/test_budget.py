@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from judge.cli.main import main
+from judge.config import load_config
+from judge.report.history import list_runs
 from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
 from tests.test_runner import verdict_labels, write_config, write_dataset
 from tests.wire import Answer
@@ -62,7 +64,12 @@ def _config(tmp_path: Path, server: ScriptedServer, concurrency: int) -> Path:
             "dataset": {"path": str(dataset), "label_scale": "binary"},
             # No hedges: a hedge is a second paid answer by design (tests/test_hedging.py),
             # which a busy machine's slow answer may draw; these tests count answers paid once.
-            "run": {"concurrency": concurrency, "max_attempts": 4, "hedge_share": 0},
+            "run": {
+                "concurrency": concurrency,
+                "max_attempts": 4,
+                "hedge_share": 0,
+                "history": str(tmp_path / "history.sqlite"),
+            },
             'prices."judge-test"': PRICE,
         },
     )
@@ -82,6 +89,8 @@ def test_cost_cap_holds_at_high_concurrency_and_a_larger_cap_resumes(
     cap = 0.1  # room for 76 of the 240 calls
 
     assert main(["run", str(config), "--out", str(out), "--max-cost", str(cap)]) == EXIT_BUDGET
+    history = load_config(config).history_path()
+    assert list_runs(history) == []  # a stopped night is no night of the history's
     err = capsys.readouterr().err
     spent = metered.billed * EACH
     assert 0 < spent <= cap
@@ -95,6 +104,7 @@ def test_cost_cap_holds_at_high_concurrency_and_a_larger_cap_resumes(
     assert main(["run", str(config), "--out", str(out), "--max-cost", "10"]) == 0
     final = verdict_labels(out)
     assert len(final) == 240 and {k: final[k] for k in partial} == partial
+    assert len(list_runs(history)) == 1  # the finished rerun is
     # Every passage was paid for exactly once over the two runs.
     assert metered.billed == 240
     assert metered.billed - first == 240 - first

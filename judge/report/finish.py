@@ -103,7 +103,10 @@ def finish_run(
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
-    run_id = record_run(history, summary, out_dir)
+    # The history holds finished runs: a stopped one's partial means would join the trend as a
+    # night of its own (its rerun, once finished, is recorded).
+    stopped = outcome is not None and outcome.status != "complete"
+    run_id = None if stopped else record_run(history, summary, out_dir)
     rows = history_rows_for_report(
         history,
         list(summary.engines),
@@ -125,8 +128,8 @@ def finish_run(
     write_qrels(out_dir / QRELS_FILE, results)
     (out_dir / FINISHED_FILE).write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
     log.debug(
-        "run %d recorded in %s; wrote %s, %s and %s",
-        run_id,
+        "run %s recorded in %s; wrote %s, %s and %s",
+        "not (incomplete)" if run_id is None else run_id,
         history,
         SUMMARY_FILE,
         ", ".join(p.name for p in written),
