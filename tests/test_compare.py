@@ -595,3 +595,33 @@ def test_a_run_without_judged_rows_among_several_is_refused_not_dropped(
     args = ["compare", str(empty), str(judged), "--metric", "ndcg", "--fail-if-worse", "ndcg"]
     with pytest.raises(InputError, match=rf"^{re.escape(str(empty))}: no judged rows"):
         run_cli(args)
+
+
+def test_compare_guards_its_inputs_and_its_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output over an input (``--json RUN/verdicts.jsonl`` replaced the run's own file), a
+    run given twice (merged into one and its engines compared with each other), resample
+    counts below 1 (a negative count gave a false p < 0.0001) and an output into a missing
+    directory (a traceback, exit 1) are each one line, exit 2, nothing written."""
+    from judge.cli.main import main
+
+    results = sample_results()
+    old = write_run(tmp_path / "old", [jq for jq in results if jq.key[0] != "q9"])
+    new = write_run(tmp_path / "new", [jq for jq in results if jq.key[0] != "q8"])
+    before = (old / "verdicts.jsonl").read_bytes()
+    assert main(["compare", str(old), str(new), "--json", str(old / "verdicts.jsonl")]) == 2
+    assert "--json" in (err := capsys.readouterr().err) and "that is an input" in err
+    assert (old / "verdicts.jsonl").read_bytes() == before
+    assert main(["compare", str(old), str(old)]) == 2
+    assert "a source is given twice" in capsys.readouterr().err
+    for flag in ("--permutations", "--n-boot"):
+        with pytest.raises(SystemExit) as exited:
+            main(["compare", str(old), str(new), flag, "-3"])
+        assert exited.value.code == 2
+        assert "must be at least 1, got -3" in capsys.readouterr().err
+    missing = tmp_path / "no" / "such" / "page.html"
+    assert main(["compare", str(old), str(new), "--html", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"judge: {missing}: cannot write or read: No such file or directory" in err
+    assert "Traceback" not in err

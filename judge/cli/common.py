@@ -103,3 +103,15 @@ def print_dry_run(est: Estimate) -> int:
             f"{est.reranker_passages} passages labelled by the reranker{bound}"
         )
     return EXIT_OK
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (resamples, permutations); argparse says what is
+    wrong in one line and exits 2 otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -554,6 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("judge: interrupted; rerun the same command to resume", file=sys.stderr)
         return EXIT_INCOMPLETE
+    except BrokenPipeError:  # `judge history | head`: the reader left; nothing more to say
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- so exit's flush is quiet
+        return EXIT_OK
+    except OSError as exc:  # an output path the commands write (a report, --json, --html)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"judge: {where}cannot write or read: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return code
 
 

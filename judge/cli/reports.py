@@ -31,7 +31,7 @@ from judge.analysis.compare import (
     compare,
 )
 from judge.analysis.judged_pool import borrow_verdicts
-from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, judged_input
+from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError
@@ -194,6 +194,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.baseline = args.baseline or "baseline"
 
     no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
+    _outputs_spare_inputs(args.sources, {"--json": args.json, "--html": args.html})
+    if len({str(Path(split_source(s)[1]).resolve()) for s in args.sources}) < len(args.sources):
+        raise ConfigError(f"judge compare: a source is given twice: {' '.join(args.sources)}")
 
     def read() -> list[JudgedQuery]:
         return load_engines(args.sources, read_source)
@@ -238,6 +241,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.html).write_text(page, encoding="utf-8")
         print(args.html)
     return _check_worse(cmp, args.fail_if_worse or ())
+
+
+def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]) -> None:
+    """Refuse an output path that is one of the inputs, or a file a run directory given as
+    one is read from (``--json RUN/summary.json`` replaced the run's own summary)."""
+    read: set[Path] = set()
+    for source in sources:
+        path = Path(split_source(source)[1]).resolve()
+        read |= {path, *(path.glob("*") if path.is_dir() else ())}
+    for flag, out in outputs.items():
+        if out is not None and Path(out).resolve() in read:
+            raise ConfigError(f"judge compare {flag} {out}: that is an input; write elsewhere")
 
 
 def _without_pooled(args: argparse.Namespace, metrics: list[str]) -> list[str]:
@@ -405,11 +420,14 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     c.add_argument(
         "--n-boot",
-        type=int,
+        type=at_least_one,
         help=f"bootstrap resamples for the CIs (default: the run's, else {N_BOOT})",
     )
     c.add_argument(
-        "--permutations", type=int, default=N_PERMUTATIONS, help="sign-flip permutations for p"
+        "--permutations",
+        type=at_least_one,
+        default=N_PERMUTATIONS,
+        help="sign-flip permutations for p",
     )
     c.add_argument("--seed", type=int, help="random seed (default: the run's, else 0)")
     c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
