@@ -84,7 +84,7 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
 
 
 def test_junit_marks_breached_and_unevaluated_checks_and_an_incomplete_run(
-    tmp_path: Path, make_server: Callable[..., ScriptedServer]
+    tmp_path: Path, make_server: Callable[..., ScriptedServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = make_server(responder=keyword_responder({}, "no"))
     config = write_config(
@@ -92,16 +92,30 @@ def test_junit_marks_breached_and_unevaluated_checks_and_an_incomplete_run(
     )
     junit = tmp_path / "judge.xml"
     out = tmp_path / "out"
+    step = tmp_path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     assert main(["run", str(config), "--out", str(out), "--junit", str(junit)]) == 1
+    # The CI page's summary says why it failed, not only that it did.
+    text = step.read_text(encoding="utf-8")
+    assert text.startswith("### JUDGE UNRELIABLE · judge\n\n- **judge unreliable: ")
+    assert "min ap" in text
     suite = ET.parse(junit).getroot()
     failed = {
-        c.get("name"): c.find("skipped")
+        c.get("name"): c.find("failure")
         for c in suite.iter("testcase")
         if c.find("failure") is not None or c.find("skipped") is not None
     }
-    # Every passage "no": AP is undefined for every query, so min ap cannot be evaluated.
+    # Every passage "no": AP is undefined for every query, so min ap cannot be evaluated; it
+    # fails the run (exit 1), so it is a failure here too, saying why (it was "skipped", and
+    # the suite said 0 failures of a failed run).
     assert failed and all(v is not None for v in failed.values()), failed
     assert all(n.startswith("min ap") for n in failed)
+    assert all(
+        (v.get("message") or "").startswith("not evaluated, counted as breached: ")
+        for v in failed.values()
+        if v is not None
+    )
+    assert suite.get("failures") == str(len(failed)) and suite.get("skipped") == "0"
     unwritable = tmp_path / "file"
     unwritable.write_text("x")
     argv = ["run", str(config), "--out", str(tmp_path / "o2"), "--cache", str(tmp_path / "new")]

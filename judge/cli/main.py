@@ -128,7 +128,7 @@ def _exit_code(outcome: RunOutcome, summary: Summary) -> int:
         )
         return EXIT_INCOMPLETE
     for b in summary.thresholds.breaches:
-        said = "breached" if b.evaluated else "not evaluated"
+        said = "breached" if b.evaluated else "not evaluated, counted as breached"
         print(f"judge: threshold {said}: {describe_check(b)}", file=sys.stderr)
     for c in summary.thresholds.checks:  # not made, but no breach: a baseline without it
         if c.ok and not c.evaluated:
@@ -207,8 +207,10 @@ def _step_summary(summary: Summary) -> None:
     if not path:
         return
     outcome = summary.outcome.status if summary.outcome else "judge run"
+    reasons = summary.outcome.reasons if summary.outcome else ()
     names = list(summary.metric_names)
-    lines = [f"### {outcome} · judge", "", *(f"- {v}" for v in summary.verdict), ""]
+    lines = [f"### {outcome} · judge", "", *(f"- **{r}**" for r in reasons)]
+    lines += [*(f"- {v}" for v in summary.verdict), ""]
     lines += ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for engine, data in summary.engines.items():
         means = [data.mean(n) for n in names]

@@ -1,10 +1,11 @@
 """``judge run --junit PATH``: the run as JUnit XML, the format CI systems read test results in.
 
 One test suite, ``judge``: a case ``run complete`` (failed when the run stopped before every
-unit was judged, with the reason), a case per threshold check (failed when breached, skipped
-when it could not be evaluated), and a case per engine verdict (the sentence saying which
-engine is better; always passed: a comparison is information, a threshold is a rule). Written
-with the standard library's ElementTree, atomically.
+unit was judged, with the reason), a case per threshold check (failed when breached, or when
+it could not be evaluated and fails the run; skipped when it could not be evaluated and does
+not), and a case per engine verdict (the sentence saying which engine is better; always
+passed: a comparison is information, a threshold is a rule). Written with the standard
+library's ElementTree, atomically.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def junit_xml(summary: Summary) -> bytes:
     for check in summary.thresholds.checks:
         where = f" ({check.engine})" if check.engine else ""
         case = _case(suite, "thresholds", f"{check.check}{where}")
-        if not check.evaluated:
+        if not check.ok:  # one that could not be evaluated and fails the run fails here too
+            said = "breached" if check.evaluated else "not evaluated, counted as breached"
+            ET.SubElement(case, "failure", message=f"{said}: {describe_check(check)}")
+        elif not check.evaluated:
             ET.SubElement(case, "skipped", message=f"not evaluated: {describe_check(check)}")
-        elif not check.ok:
-            ET.SubElement(case, "failure", message=f"breached: {describe_check(check)}")
     for line in summary.verdict:
         name = line.split(":", 1)[0] if not line.startswith("Trust:") else "trust"
         case = _case(suite, "verdict", name)
