@@ -229,3 +229,25 @@ def test_unparsed_and_failed_answers_are_never_cached(
     assert len(server.requests) == 3  # asked again, and this time the answer is kept
     assert _judge_once(server, tmp_path, "third") == ["ok"]
     assert len(server.requests) == 3
+
+
+def test_a_database_that_is_not_a_cache_is_refused_not_written_into_nor_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run history (or any SQLite file of other tables) named as the cache: cache commands
+    wrote the cache's tables into it (and clear would have moved it aside as damaged)."""
+    import sqlite3
+
+    other = tmp_path / "history.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
+    conn.close()
+    for action in ("stats", "check", "clear"):
+        assert main(["cache", action, "--cache", str(other)]) == 2
+        assert f"{other}: not a judge cache (it holds other tables: runs)" in (
+            capsys.readouterr().err
+        )
+    with sqlite3.connect(other) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    conn.close()
+    assert tables == {"runs"} and other.exists()

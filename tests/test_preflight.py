@@ -427,3 +427,21 @@ def test_validate_reads_a_trec_run_config_as_judge_run_does(
     out = capsys.readouterr().out
     assert f"{data / 'sample.run'}: " in out and "ready to run; no problems found" in out
     assert server.requests == []
+
+
+def test_one_file_for_cache_and_history_or_a_directory_as_either_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """judge validate said "ready to run" where judge run then failed (a directory for the
+    cache) or mixed two databases in one file (the cache named as the history)."""
+    same = tmp_path / "state.sqlite"
+    config = write_config(tmp_path / "c.toml", server, same, {"run": {"history": str(same)}})
+    dataset = _dataset(tmp_path)
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert "run.cache and run.history are one file" in err
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    config = write_config(tmp_path / "d.toml", server, folder)
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert f"run.cache: {folder} is a directory, not a file" in err
+    assert server.requests == []

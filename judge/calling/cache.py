@@ -45,7 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from judge.calling.cache_file import answer_queries, damaged, open_file
+from judge.calling.cache_file import NotACache, answer_queries, damaged, open_file
 from judge.config import RunConfig
 from judge.errors import CacheError
 from judge.schema import Record
@@ -109,6 +109,8 @@ class Cache:
                     raise
                 self._move_aside(exc)
                 self._conn = open_file(self.path)
+        except NotACache as exc:
+            raise CacheError(f"{exc}: refused as a cache (is run.cache another file?)") from None
         except (sqlite3.Error, OSError) as exc:
             raise CacheError(f"{self.path}: cannot open cache: {exc}") from None
 

@@ -43,6 +43,7 @@ def open_file(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            _check_ours(conn, path)
             conn.executescript(_SCHEMA)
             upgrade(conn)
             return conn
@@ -54,6 +55,19 @@ def open_file(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
         except BaseException:
             conn.close()
             raise
+
+
+class NotACache(Exception):
+    """A SQLite file of other tables (a run history, say): not one to add a cache's to."""
+
+
+def _check_ours(conn: sqlite3.Connection, path: Path) -> None:
+    """A file with tables but no ``answers`` is someone else's database: refused, so neither
+    the cache's tables are written into it nor is it moved aside as damaged."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if tables and "answers" not in tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise NotACache(f"{path}: not a judge cache (it holds other tables: {shown})")
 
 
 def upgrade(conn: sqlite3.Connection) -> None:

@@ -77,6 +77,9 @@ def _check_cache(path: Path) -> int:
         problems = cache.check()
         cache.close()
     except CacheError as exc:
+        if "not a judge cache" in str(exc):  # another program's database, not a damaged cache
+            print(f"judge: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         problems = [str(exc)]
     for problem in problems[:20]:
         print(f"error: {path}: {problem}", file=sys.stderr)

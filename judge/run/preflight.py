@@ -105,6 +105,10 @@ def _config_problems(config: RunConfig) -> list[str]:
         )
     for key, path in (("run.cache", config.cache_path()), ("run.history", config.history_path())):
         problems += [f"{where}: {key}: {p}" for p in _writable(path.parent, str(path))]
+        if path.is_dir():  # what the run would fail on, after paying (judge validate too)
+            problems.append(f"{where}: {key}: {path} is a directory, not a file")
+    if config.cache_path().resolve() == config.history_path().resolve():
+        problems.append(f"{where}: run.cache and run.history are one file: give each its own")
     try:
         config.comparable_label_scale()
     except ConfigError as exc:
