@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from judge.config import load_config
-from judge.errors import CacheError
+from judge.errors import CacheError, ConfigError
 from judge.report.history import (
     history_rows_for_report,
     list_runs,
@@ -185,3 +185,5 @@ def test_cli_lists_runs_and_flags_the_regression(
     assert "REGRESSION" not in dense
     assert run_cli(["history", "--history", str(tmp_path / "none.sqlite")]) == 0
     assert "no runs recorded" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="unknown metric 'nosuch'"):  # an empty table, rc 0
+        run_cli(["history", "--config", str(config), "--metric", "nosuch"])

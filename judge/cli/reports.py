@@ -35,6 +35,7 @@ from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError
+from judge.metrics.facts import parse_metric_name
 from judge.schema import JudgedQuery, MetricPolicy, Query
 
 if TYPE_CHECKING:
@@ -377,6 +378,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     ]
     print(columns(head, rows, "><>>>><"))
     flags = regressions(runs, config.thresholds.max_drop)
+    for name in args.metric or ():  # as compare and metrics check a name: one line, exit 2
+        parse_metric_name(name)
     names = args.metric or list(
         dict.fromkeys(m for r in runs for v in r.metrics.values() for m in v)
     )
