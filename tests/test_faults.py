@@ -318,3 +318,33 @@ def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
     assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
     assert len(verdict_labels(out)) == 120
     assert server.successes == 120  # every passage answered once over both runs
+
+
+def test_a_cache_that_cannot_be_written_stops_the_run_as_incomplete(tmp_path: Path) -> None:
+    """A full disk (here: a file-size limit) failing the cache's writes mid-run: exit 2, "bad
+    input", after paying. Now the run stops as a signal stops it: exit 3, one line naming the
+    file, resumable."""
+    import resource
+
+    data = write_dataset(tmp_path / "d.jsonl", n_queries=40, n_passages=5)
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(
+            tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": {"history": "h.sqlite"}}
+        )
+
+        def small_files() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+        command = [sys.executable, "-m", "judge", "run", str(config), str(data)]
+        done = subprocess.run(
+            [*command, "--out", str(tmp_path / "out")],
+            cwd=REPO,
+            preexec_fn=small_files,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == EXIT_INCOMPLETE, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"{tmp_path / 'cache.sqlite'}: cannot write cache" in last and "full disk?" in last
+    assert "Traceback" not in done.stderr

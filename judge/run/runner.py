@@ -34,7 +34,13 @@ from judge.data.results import (
     stale_units,
     unit_statuses,
 )
-from judge.errors import BudgetExceeded, ConfigError, ProviderError, TemplateError
+from judge.errors import (
+    BudgetExceeded,
+    CacheError,
+    ConfigError,
+    ProviderError,
+    TemplateError,
+)
 from judge.judging.cascade import Band
 from judge.judging.dimensions import unit_statuses_of
 from judge.judging.judge import Judge
@@ -335,6 +341,9 @@ class _Batch:
                 judged = await self.judge.averdicts(query, repeat)
             except BudgetExceeded as exc:
                 self.stop(str(exc), "budget")
+                return None
+            except CacheError as exc:  # a full disk, say: stop as a signal does, keep the rest
+                self.stop(f"{exc} (a full disk?); free the space (or fix the cache)", "errors")
                 return None
             except TemplateError as exc:
                 # Found only on this query's data (a field a template reads is missing): no
