@@ -107,3 +107,18 @@ def test_a_cut_no_better_than_chance_is_not_written(
     assert main(["calibrate", str(results), "--config", str(config), "--write"]) == 2
     assert "no better than chance" in capsys.readouterr().err
     assert load_config(config).metrics.relevance_threshold is None
+
+
+def test_labels_above_the_judges_scale_without_a_config_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TREC's 0-3 labels on a binary judge's results, no --config: they were read as yes or
+    no and a cut fitted to that (0.18 against 0.53 read as graded)."""
+    results = tmp_path / "verdicts.jsonl"
+    for jq in lenient_judge(40, seed=2):
+        graded = {pid: 3 * grade for pid, grade in (jq.query.labels or {}).items()}
+        query = jq.query.model_copy(update={"labels": graded})
+        append_result(results, jq.model_copy(update={"query": query}))
+    assert main(["calibrate", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert "human labels go up to 3, the judge's 'binary' scale to 1: pass --config" in err

@@ -118,6 +118,8 @@ def _emit(
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     config, results, scale = judged_input(args, lambda: load_engines(args.sources))
+    if config is None:
+        _labels_fit(results, scale)
     if not scale.is_binary:
         return _graded(args, config, results, scale)
     labels = config.label_scale() if config else scale
@@ -126,6 +128,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
     threshold = ("relevance_threshold", round(cal.threshold, 4), f"{cal.threshold:.4f}")
     return _emit(args, config, cal, describe(cal), threshold)
+
+
+def _labels_fit(results: list[JudgedQuery], scale: Scale) -> None:
+    """Without --config the human labels are read on the judge's scale: labels above its top
+    grade (the 0-3 of TREC on a binary judge) would be read as yes or no, and the cut fitted
+    to that; refused instead, saying what to pass."""
+    top = max((g for jq in results for g in (jq.query.labels or {}).values()), default=None)
+    most = max(label.grade for label in scale.labels)
+    if top is not None and top > most:
+        raise ConfigError(
+            f"judge calibrate: human labels go up to {top}, the judge's '{scale.name}' scale to "
+            f"{most}: pass --config with the run's config ([dataset] label_scale says how to "
+            "read them)"
+        )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
