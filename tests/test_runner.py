@@ -567,3 +567,23 @@ def test_a_rerun_into_the_same_directory_follows_the_dataset_as_it_is_now(
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["counts"]["queries"] == 4
     assert "not in this run's dataset or sample: left out of its summary" in caplog.text
+
+
+def test_a_rebuilt_report_keeps_how_the_run_went_and_which_engine_is_better(
+    tmp_path: Path,
+) -> None:
+    """judge report --rebuild lost the verdict, the trust line, the run's outcome and its
+    dataset ("dataset not recorded"): the summary it writes is whole again."""
+    data = tmp_path / "d.jsonl"
+    write_dataset(data, n_queries=4, n_passages=3)
+    out = tmp_path / "out"
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(tmp_path / "c.toml", srv, tmp_path / "cache.sqlite")
+        assert main(["run", str(config), str(data), "--out", str(out)]) in (0, 1)
+        before = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        assert main(["report", str(out), "--rebuild", "--config", str(config)]) == 0
+        asked = len(srv.requests)
+    after = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for field in ("verdict", "run", "outcome", "dataset"):
+        assert after[field] == before[field], field
+    assert after["dataset"] == str(data) and asked == 12

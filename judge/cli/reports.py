@@ -310,8 +310,9 @@ def _metrics(
 
 def cmd_report(args: argparse.Namespace) -> int:
     from judge.report.document import write_reports
+    from judge.report.finish import complete_summary
     from judge.report.history import history_rows_for_report, source_key
-    from judge.report.summary import SUMMARY_FILE, build_summary, load_summary, write_summary
+    from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
 
     out_dir = Path(args.run_dir)
     results = load_results(out_dir)
@@ -320,8 +321,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if summary_path.exists() and not args.rebuild:
         summary = load_summary(summary_path)
     else:
+        # Rebuilt, it keeps what the results cannot say: how the run went, and its dataset.
+        old = load_summary(summary_path) if summary_path.exists() else None
+        run, dataset = (old.run, old.dataset) if old else (None, None)
         try:
-            summary = build_summary(config or load_config(None), results)
+            summary, _ = complete_summary(config or load_config(None), results, run, dataset)
         except (ConfigError, InputError) as exc:
             if config is not None:
                 raise

@@ -96,11 +96,7 @@ def finish_run(
             out_dir,
         )
         results = [jq for jq in results if jq.key in plan]
-    summary = build_summary(config, results, run=outcome)
-    comparison = run_comparison(summary, results)
-    said = _verdict(summary, comparison)
-    summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
-    summary = summary.model_copy(update={"outcome": outcome_of(summary)})
+    summary, comparison = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
     # The history holds finished runs: a stopped one's partial means would join the trend as a
@@ -136,6 +132,26 @@ def finish_run(
         QRELS_FILE,
     )
     return summary
+
+
+def complete_summary(
+    config: RunConfig,
+    results: Sequence[JudgedQuery],
+    outcome: RunOutcome | None,
+    dataset: str | None = None,
+) -> tuple[Summary, Comparison | None]:
+    """The summary a run's reports are made from, whole: its numbers, which engine is better
+    and the trust line, its outcome; and the comparison behind the verdict. ``dataset``: where
+    the rows came from, when known better than the config says (a rebuilt summary keeps the
+    run's: its dataset may have been given on the command line)."""
+    summary = build_summary(config, results, run=outcome)
+    if dataset is not None:
+        summary = summary.model_copy(update={"dataset": dataset})
+    comparison = run_comparison(summary, results)
+    said = _verdict(summary, comparison)
+    summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
+    summary = summary.model_copy(update={"outcome": outcome_of(summary)})
+    return summary, comparison
 
 
 def _digest(path: Path) -> str | None:
