@@ -88,14 +88,7 @@ def finish_run(
     if outcome is not None and outcome.resumed == outcome.planned and _still(out_dir, current):
         log.info("nothing new to judge: %s's summary and reports are current", out_dir)
         return load_summary(out_dir / SUMMARY_FILE)
-    results = results or load_results(out_dir)
-    if plan is not None and (others := sum(jq.key not in plan for jq in results)):
-        log.warning(
-            "%d unit(s) in %s are not in this run's dataset or sample: left out of its summary",
-            others,
-            out_dir,
-        )
-        results = [jq for jq in results if jq.key in plan]
+    results = _of_plan(results or load_results(out_dir), plan, out_dir)
     summary, comparison = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
@@ -132,6 +125,21 @@ def finish_run(
         QRELS_FILE,
     )
     return summary
+
+
+def _of_plan(
+    results: Sequence[JudgedQuery], plan: Collection[UnitKey] | None, out_dir: Path
+) -> Sequence[JudgedQuery]:
+    """The rows of the run's own units (all of them without a plan): a directory may hold
+    others, of queries since taken out of the dataset or of another sample."""
+    if plan is None or not (others := sum(jq.key not in plan for jq in results)):
+        return results
+    log.warning(
+        "%d unit(s) in %s are not in this run's dataset or sample: left out of its summary",
+        others,
+        out_dir,
+    )
+    return [jq for jq in results if jq.key in plan]
 
 
 def complete_summary(

@@ -42,13 +42,29 @@ Redo = frozenset[Literal["error", "unparsed"]]
 def finished_units(
     results_path: Path, queries: Iterable[Query], redo: Redo = frozenset()
 ) -> set[UnitKey]:
-    """(query_id, engine, repeat) units a rerun of ``queries`` skips: see :func:`finished_of`;
-    a unit recorded from another dataset row than ``queries`` gives now is not one."""
+    """(query_id, engine, repeat) units a rerun of ``queries`` skips: see :func:`recorded`."""
+    return recorded(results_path, queries, redo)[2]
+
+
+def recorded(
+    results_path: Path, queries: Iterable[Query], redo: Redo = frozenset()
+) -> tuple[dict[UnitKey, frozenset[str]], int, set[UnitKey]]:
+    """Each unit the results file records (its statuses), the file's lines, and the units a
+    rerun of ``queries`` skips: see :func:`finished_of`; a unit recorded from another dataset
+    row than ``queries`` gives now is not one (the dataset changed: it is judged again)."""
     if not results_path.exists():
-        return set()
+        return {}, 0, set()
     inputs: dict[UnitKey, str | None] = {}
-    done = finished_of(unit_statuses(results_path, inputs)[0], redo)
-    return done - stale_units(done, inputs, queries)
+    units, lines = unit_statuses(results_path, inputs)
+    done = finished_of(units, redo)
+    if stale := stale_units(done, inputs, queries):
+        log.warning(
+            "%d unit(s) in %s were judged from other dataset rows than these (the dataset "
+            "changed): judged again (unchanged passages come from the cache)",
+            len(stale),
+            results_path.parent,
+        )
+    return units, lines, done - stale
 
 
 def finished_of(recorded: dict[UnitKey, frozenset[str]], redo: Redo = frozenset()) -> set[UnitKey]:

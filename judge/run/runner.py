@@ -31,8 +31,6 @@ from judge.data.results import (
     compact_results,
     input_digest,
     latest_rows,
-    stale_units,
-    unit_statuses,
 )
 from judge.errors import (
     BudgetExceeded,
@@ -51,12 +49,14 @@ from judge.run.resume import (
     Redo,
     add_elapsed,
     check_fingerprint,
-    finished_of,
     partial_line,
     partial_units,
     repair_results,
     run_lock,
     settle_partial,
+)
+from judge.run.resume import (
+    recorded as recorded_units,
 )
 from judge.run.writer import ResultsWriter
 from judge.schema import JudgedQuery, Query, Record, Verdict
@@ -128,17 +128,7 @@ async def run_async(
         check_fingerprint(out_dir, config, fresh=fresh)
         results_path = out_dir / RESULTS_FILE
         repair_results(results_path)
-        inputs: dict[UnitKey, str | None] = {}
-        recorded, lines = unit_statuses(results_path, inputs) if results_path.exists() else ({}, 0)
-        done = finished_of(recorded, redo)
-        if stale := stale_units(done, inputs, queries):
-            log.warning(
-                "%d unit(s) in %s were judged from other dataset rows than these (the dataset "
-                "changed): judged again (unchanged passages come from the cache)",
-                len(stale),
-                out_dir,
-            )
-            done -= stale
+        recorded, lines, done = recorded_units(results_path, queries, redo)
         units = [
             (q, r)
             for r in range(config.run.repeats)
