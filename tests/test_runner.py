@@ -587,3 +587,26 @@ def test_a_rebuilt_report_keeps_how_the_run_went_and_which_engine_is_better(
     for field in ("verdict", "run", "outcome", "dataset"):
         assert after[field] == before[field], field
     assert after["dataset"] == str(data) and asked == 12
+
+
+def test_the_same_results_summarised_again_are_one_night_of_the_history(
+    tmp_path: Path,
+) -> None:
+    """A finished night summarised again (other metric names; a new baseline does the same)
+    judges nothing and added a second, identical row to the history's trend."""
+    from judge.config import load_config
+    from judge.report.history import list_runs
+
+    data = tmp_path / "d.jsonl"
+    write_dataset(data, n_queries=4, n_passages=3)
+    out = tmp_path / "out"
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        run = {"history": str(tmp_path / "h.sqlite")}
+        config = write_config(tmp_path / "c.toml", srv, tmp_path / "cache.sqlite", {"run": run})
+        assert main(["run", str(config), str(data), "--out", str(out)]) in (0, 1)
+        again = ["--set", 'metrics.names=["ap", "ndcg@3"]']
+        assert main(["run", str(config), str(data), "--out", str(out), *again]) in (0, 1)
+        assert len(srv.requests) == 12
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert "ndcg@3" in summary["metric_names"]  # made again, with the new names
+    assert len(list_runs(load_config(config).history_path())) == 1

@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from judge.analysis.compare import Comparison
 from judge.config import RunConfig
@@ -95,7 +96,9 @@ def finish_run(
     # The history holds finished runs: a stopped one's partial means would join the trend as a
     # night of its own (its rerun, once finished, is recorded).
     stopped = outcome is not None and outcome.status != "complete"
-    run_id = None if stopped else record_run(history, summary, out_dir)
+    run_id = (
+        None if stopped or _recorded(out_dir, current) else record_run(history, summary, out_dir)
+    )
     rows = history_rows_for_report(
         history,
         list(summary.engines),
@@ -115,7 +118,8 @@ def finish_run(
         baseline=load_summary(base) if base and Path(base).is_file() else None,
     )
     write_qrels(out_dir / QRELS_FILE, results)
-    (out_dir / FINISHED_FILE).write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
+    made = {**current, "recorded": run_id is not None or _recorded(out_dir, current)}
+    (out_dir / FINISHED_FILE).write_text(json.dumps(made, indent=1) + "\n", encoding="utf-8")
     log.debug(
         "run %s recorded in %s; wrote %s, %s and %s",
         "not (incomplete)" if run_id is None else run_id,
@@ -187,11 +191,28 @@ def _made_from(
     }
 
 
-def _still(out_dir: Path, current: dict[str, str | None]) -> bool:
-    """Whether ``out_dir``'s summary, reports and qrels exist and were made from ``current``."""
+def _made(out_dir: Path) -> dict[str, Any]:
+    """What ``out_dir``'s summary and reports were last made from ({}: never, or unreadable)."""
     try:
         made = json.loads((out_dir / FINISHED_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return {}
+    return made if isinstance(made, dict) else {}
+
+
+def _still(out_dir: Path, current: dict[str, str | None]) -> bool:
+    """Whether ``out_dir``'s summary, reports and qrels exist and were made from ``current``."""
+    made = _made(out_dir)
     files = (SUMMARY_FILE, QRELS_FILE, *_REPORTS)
-    return made == current and all((out_dir / name).is_file() for name in files)
+    return {k: made.get(k) for k in current} == current and all(
+        (out_dir / name).is_file() for name in files
+    )
+
+
+def _recorded(out_dir: Path, current: dict[str, str | None]) -> bool:
+    """Whether these very results (of these units) are in the history already: a summary made
+    again (a new baseline, other metric names, --fresh judging nothing new) is the same night,
+    not another row of the trend."""
+    made = _made(out_dir)
+    same = all(made.get(k) == current[k] for k in ("judge", "results", "units"))
+    return same and made.get("recorded") is True
