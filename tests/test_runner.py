@@ -610,3 +610,27 @@ def test_the_same_results_summarised_again_are_one_night_of_the_history(
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert "ndcg@3" in summary["metric_names"]  # made again, with the new names
     assert len(list_runs(load_config(config).history_path())) == 1
+
+
+def test_what_a_run_paid_is_said_as_at_most_when_some_usage_was_never_reported(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """An unreadable answer is counted at its request's worst case (it may have been billed):
+    the report said "this run paid" that sum, 2.5x what a server billed; now "at most", with
+    how many requests were counted so."""
+    from tests.wire import MALFORMED
+
+    server = make_server(responder=hashed_responder(), fault_rate=0.3, faults=(MALFORMED,), seed=1)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) in (0, 1)
+    run = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))["run"]
+    malformed = server.outcomes["malformed"]
+    assert malformed > 0 and run["worst_counted"] == malformed
+    report = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "this run paid at most " in report
+    assert f"({malformed} of them counted at their worst case: no usage was reported" in report
+    clean = make_server(responder=hashed_responder())
+    config = write_config(tmp_path / "d.toml", clean, tmp_path / "cache2.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "clean")]) in (0, 1)
+    report = (tmp_path / "clean" / "report.md").read_text(encoding="utf-8")
+    assert "this run paid " in report and "at most" not in report

@@ -641,10 +641,12 @@ class Caller:
             if not answer.usage_known:  # counts that are not counts: the worst case, as reserved
                 answer = answer.model_copy(update={"usage": reservation.usage})
                 self._unknown_usage(lane)
+                self.stats.worst_counted += 1
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
             spent = billed_on_failure(exc, kind, spent)
+            self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge)
             raise
         finally:

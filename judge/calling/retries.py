@@ -47,6 +47,7 @@ class CallStats:
     unconnected: int = 0
     unreachable: str | None = None
     silent: int = 0  # retries that timed out too, before any success (Caller._silent)
+    worst_counted: int = 0  # requests whose usage was not reported: counted at the worst case
 
 
 class RetryPolicy:

@@ -79,6 +79,13 @@ def _paid(summary: Summary) -> str:
     run = summary.run
     if run is None:
         return ""
+    if run.worst_counted:  # their usage unknown: counted at the worst case, as the budget did
+        return (
+            f"; this run paid at most {format_value(run.cost_usd)} USD for {run.requests} "
+            f"request(s), {run.prompt_tokens} + {run.completion_tokens} tokens ("
+            f"{run.worst_counted} of them counted at their worst case: no usage was reported "
+            "for them)"
+        )
     return (
         f"; this run paid {format_value(run.cost_usd)} USD for {run.requests} request(s), "
         f"{run.prompt_tokens} + {run.completion_tokens} tokens"

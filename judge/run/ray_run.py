@@ -309,6 +309,7 @@ class _Waves:
             cost_usd=sum(o.cost_usd for o in outcomes),
             elapsed_s=elapsed,
             errors_by_kind=errors,
+            worst_counted=sum(o.worst_counted for o in outcomes),
             cascade_band=next((o.cascade_band for o in outcomes if o.cascade_band), None),
         )
 

@@ -93,6 +93,9 @@ class RunOutcome(Record):
     # run counts its earlier ones too; an invocation killed outright is not counted).
     elapsed_s: float
     errors_by_kind: dict[str, int]
+    # Requests counted at their worst case, their usage not reported (lost in flight, an
+    # unreadable answer, counts that are not counts): the tokens and cost are at most these.
+    worst_counted: int = 0
     # The band of reranker scores a [judge.cascade] run sent to the LLM judge (None: no cascade,
     # or it stopped before the band was known).
     cascade_band: Band | None = None
@@ -409,6 +412,7 @@ class _Batch:
             cost_usd=spent.cost,
             elapsed_s=elapsed_s,
             errors_by_kind=dict(s.errors),
+            worst_counted=s.worst_counted,
             cascade_band=self.judge.cascade.band if self.judge.cascade else None,
         )
 
