@@ -93,12 +93,7 @@ def finish_run(
     summary, comparison = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     history = config.history_path()
-    # The history holds finished runs: a stopped one's partial means would join the trend as a
-    # night of its own (its rerun, once finished, is recorded).
-    stopped = outcome is not None and outcome.status != "complete"
-    run_id = (
-        None if stopped or _recorded(out_dir, current) else record_run(history, summary, out_dir)
-    )
+    run_id = _record(history, summary, out_dir, outcome, current)
     rows = history_rows_for_report(
         history,
         list(summary.engines),
@@ -129,6 +124,22 @@ def finish_run(
         QRELS_FILE,
     )
     return summary
+
+
+def _record(
+    history: Path,
+    summary: Summary,
+    out_dir: Path,
+    outcome: RunOutcome | None,
+    current: dict[str, str | None],
+) -> int | None:
+    """The run recorded in the history (its id), unless it stopped before it finished (its
+    partial means would join the trend as a night of its own; its rerun, once finished, is
+    recorded) or these very results are there already."""
+    stopped = outcome is not None and outcome.status != "complete"
+    if stopped or _recorded(out_dir, current):
+        return None
+    return record_run(history, summary, out_dir)
 
 
 def _of_plan(
