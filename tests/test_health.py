@@ -592,3 +592,15 @@ def test_a_summary_whose_health_predates_the_measured_sentences_still_loads(
     health = load_summary(tmp_path / "older.json").health
     assert health.known and health.degenerate and health.findings == () and health.sources == {}
     assert health.said() == health.problems + health.notes
+
+
+def test_judgements_of_repeats_are_not_counted_as_passages() -> None:
+    """Three repeats of 160 labelled passages were said as "480 human-labelled passages"."""
+    rows = with_labels(balanced(), lambda g: 1 - g)
+    repeated = [jq.model_copy(update={"repeat": r}) for r in range(3) for jq in rows]
+    health = judge_health(repeated, BINARY)
+    assert health.human is not None and health.human.passages == 160
+    assert health.problems[0].startswith(
+        "The judge disagrees with the human labels: on 480 judgements of 160 human-labelled "
+        "passages (240 relevant), relevance kappa -1.00"
+    )

@@ -145,6 +145,8 @@ class HumanCheck(Record):
     kappa: float | None
     auc: float | None
     n_with_probability: int
+    # Distinct labelled passages judged (n counts each repeat's verdict; 0: not counted).
+    passages: int = 0
 
 
 class BandCheck(Record):
@@ -357,12 +359,20 @@ def _human(results: Sequence[JudgedQuery], scale: Scale) -> HumanCheck | None:
     relevant = sum(
         sum(row) for g, row in zip(grades, stats.confusion, strict=True) if g >= scale.threshold
     )
+    passages = {
+        (jq.query.query_id, jq.query.engine, v.passage_id)
+        for jq in results
+        if jq.query.labels
+        for v in jq.verdicts
+        if v.status == "ok" and v.passage_id in jq.query.labels
+    }
     return HumanCheck(
         n=stats.n,
         relevant=relevant,
         kappa=stats.relevance_kappa,
         auc=stats.auc if stats.n_with_probability >= MIN_LABELLED else None,
         n_with_probability=stats.n_with_probability,
+        passages=len(passages),
     )
 
 
@@ -393,6 +403,8 @@ def _human_sentences(check: HumanCheck, scale: Scale) -> tuple[list[str], list[s
     if not said:
         return [], [], [f"On {n} human-labelled passages the judge's agreement is undefined."]
     where = f"on {n} human-labelled passages ({rel} relevant)"
+    if check.passages and check.passages != n:  # repeats: each passage judged several times
+        where = f"on {n} judgements of {check.passages} human-labelled passages ({rel} relevant)"
     bars = f"kappa {KAPPA_BAR}, AUC {AUC_BAR}"
     if k_low or auc_low:
         problem = (
