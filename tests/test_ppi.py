@@ -96,3 +96,15 @@ def test_the_summary_and_report_show_metrics_corrected_by_human_labels(tmp_path:
         for jq in results
     ]
     assert "corrected by human" not in markdown(build_summary(config, bare, n_boot=50), bare)
+
+
+def test_intervals_of_a_metric_near_its_bound_stay_within_0_and_1() -> None:
+    """A hit rate of 8 in 9 had a human-only interval up to 1.09: past 1 it says nothing."""
+    y = np.array([1.0] * 8 + [0.0])
+    f = np.array([1.0] * 9)
+    got = ppi_mean(y, f, np.array([1.0] * 30))
+    assert got is not None and 0.0 <= got[0].ci_low <= got[0].ci_high <= 1.0
+    from judge.analysis.ppi import _clt
+
+    human = _clt(y, 0.95)
+    assert human is not None and human.ci_high == 1.0 and 0.0 < human.ci_low < human.mean

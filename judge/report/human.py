@@ -62,7 +62,9 @@ def corrected_section(summary: Summary) -> Section | None:
         "Judge only: every query, the judge's verdicts (precise, possibly biased). Human only: "
         "the queries whose passages all carry human labels. PPI-corrected (prediction-powered "
         "inference, power-tuned): the judge's bias measured on the labelled queries and removed, "
-        "its precision kept; 'CI narrower' compares its 95% CI with the human-only one.",
+        "its precision kept; 'CI narrower' compares its 95% CI with the human-only one. These "
+        "CIs are normal approximations (PPI's own), cut to [0, 1]: the Metrics table's are a "
+        "bootstrap over queries, so the judge-only ones differ from it slightly.",
         "muted",
     )
     return Section("corrected", "Metrics corrected by human labels", [Table(head, rows), why])
