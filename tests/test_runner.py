@@ -634,3 +634,20 @@ def test_what_a_run_paid_is_said_as_at_most_when_some_usage_was_never_reported(
     assert main(["run", str(config), "--out", str(tmp_path / "clean")]) in (0, 1)
     report = (tmp_path / "clean" / "report.md").read_text(encoding="utf-8")
     assert "this run paid " in report and "at most" not in report
+
+
+def test_a_sample_stays_the_same_queries_as_the_dataset_grows() -> None:
+    """Ten queries added to thirty: the twenty sampled before stay sampled but for those the
+    new ones outrank (a seeded shuffle swapped 9 of 20); and the sample is reproducible."""
+    from judge.run.queries import sample_queries
+    from judge.schema import Query
+
+    def queries(n: int) -> list[Query]:
+        return [Query(query_id=f"q{i}", query=f"question {i}") for i in range(n)]
+
+    before = {q.query_id for q in sample_queries(queries(30), 20, seed=7)}
+    after = {q.query_id for q in sample_queries(queries(40), 20, seed=7)}
+    assert len(before) == len(after) == 20
+    assert before == {q.query_id for q in sample_queries(queries(30), 20, seed=7)}
+    assert after - before <= {f"q{i}" for i in range(30, 40)}  # only new ids come in
+    assert before != {q.query_id for q in sample_queries(queries(30), 20, seed=8)}
