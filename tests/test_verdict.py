@@ -123,3 +123,19 @@ def test_junit_marks_breached_and_unevaluated_checks_and_an_incomplete_run(
     asked = len(server.requests)
     assert main(argv) == 2  # refused before anything is sent
     assert len(server.requests) == asked
+
+
+def test_a_verdict_by_a_judge_found_unreliable_says_so_in_its_own_sentence(
+    tmp_path: Path, make_server: Callable[..., ScriptedServer]
+) -> None:
+    """The sentence saying which engine is better stood unqualified above a JUDGE UNRELIABLE
+    trust line: each now says by whom it was measured."""
+    server = make_server(responder=keyword_responder({}, "no"))  # every passage "no"
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    main(["run", str(config), "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["health"]["degenerate"]
+    *said, trust = summary["verdict"]
+    assert said and all(s.endswith("(by a judge found unreliable: see Trust)") for s in said)
+    assert trust.startswith("Trust: ")

@@ -64,6 +64,8 @@ def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
             f"no verdict on the engines: none of the {c.verdicts} passages was judged "
             f"({c.error} error, {c.unparsed} unparsed)"
         ]
+    if summary.health.degenerate:  # a difference a judge found unreliable measured is no verdict
+        return [f"{line} (by a judge found unreliable: see Trust)" for line in said]
     return said
 
 
