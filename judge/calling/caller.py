@@ -681,13 +681,14 @@ class Caller:
         the sample at the 60 s timeout), saying only that a read timed out."""
         stats = self.stats
         stats.silent += 1
-        if stats.successes or stats.silent < SILENT_RETRIES or stats.unreachable:
-            return
-        where = _url_of(exc) or "the provider"
-        stats.unreachable = (
-            f"no answer from {where}: {stats.silent} requests timed out on a retry and none "
-            f"was answered ({_root_cause(exc)}): it takes connections and says nothing; check "
-            "that base_url is the API and that it is up"
+        stats.unanswered(
+            stats.silent,
+            SILENT_RETRIES,
+            lambda: (
+                f"no answer from {_url_of(exc) or 'the provider'}: {stats.silent} requests timed "
+                f"out on a retry and none was answered ({_root_cause(exc)}): it takes "
+                "connections and says nothing; check that base_url is the API and that it is up"
+            ),
         )
 
     def _unknown_usage(self, lane: str) -> None:
@@ -714,11 +715,13 @@ class Caller:
         it fails at once, saying where and why (a run stops on it, resumable)."""
         stats = self.stats
         stats.unconnected += 1
-        if stats.successes or stats.unconnected < UNREACHABLE_ATTEMPTS or stats.unreachable:
-            return
-        stats.unreachable = (
-            f"cannot reach {_url_of(exc) or 'the provider'} ({_root_cause(exc)}; "
-            f"{stats.unconnected} attempts, none connected)"
+        stats.unanswered(
+            stats.unconnected,
+            UNREACHABLE_ATTEMPTS,
+            lambda: (
+                f"cannot reach {_url_of(exc) or 'the provider'} ({_root_cause(exc)}; "
+                f"{stats.unconnected} attempts, none connected)"
+            ),
         )
 
     async def _call(

@@ -49,6 +49,13 @@ class CallStats:
     silent: int = 0  # retries that timed out too, before any success (Caller._silent)
     worst_counted: int = 0  # requests whose usage was not reported: counted at the worst case
 
+    def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
+        """Before any success, once ``count`` (of one kind of failure) reaches ``limit``, the
+        provider is unreachable, ``why()`` saying so: every call after fails at once (a closed
+        port, a web page where the API should be, a server that never answers)."""
+        if not self.successes and self.unreachable is None and count >= limit:
+            self.unreachable = why()
+
 
 class RetryPolicy:
     """Retry decisions and waits for one call (the provider classifies, we decide)."""
@@ -92,10 +99,11 @@ class RetryPolicy:
         """Before any success, the ``NOT_API_ANSWERS``-th answer that is not the API at all (a
         web page where it should be) makes the provider unreachable, as a closed port does:
         every call after it fails at once, saying what answered (a run stops on it)."""
-        stats = self.stats
-        if stats.successes or stats.unreachable or stats.errors["not_api"] < NOT_API_ANSWERS:
-            return
-        stats.unreachable = f"the server does not speak the API (not retried): {exc}"
+        self.stats.unanswered(
+            self.stats.errors["not_api"],
+            NOT_API_ANSWERS,
+            lambda: f"the server does not speak the API (not retried): {exc}",
+        )
 
     def delay(self, failed: int, exc: BaseException | None) -> float:
         """Seconds to wait after ``failed`` attempts: the server's Retry-After (capped) if it
