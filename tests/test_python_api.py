@@ -438,6 +438,52 @@ def test_ctrl_c_cancels_the_batch_and_the_judge_still_works(in_loop: bool) -> No
     assert label == "yes" and total < 7
 
 
+def test_ctrl_c_in_one_thread_leaves_another_threads_call_on_the_same_judge_alone() -> None:
+    """Two threads share one Judge (one loop, one pool); Ctrl-C stops the main thread's
+    batch, and the worker's batch finishes with every verdict, none cancelled or failed."""
+    mine = [row(f"m{i}", "bm25", [f"slow mainpassage {i}"]) for i in range(20)]
+    theirs = [row(f"w{i}", "bm25", [f"pale workerpassage {i}"]) for i in range(6)]
+    with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no"), latency=0.3) as srv:
+        j = make_judge(srv, limits=Limits(concurrency=2, adaptive=False, timeout_s=10.0))
+        worker: dict[str, Any] = {}
+
+        def other_thread() -> None:
+            try:
+                worker["got"] = j.judge_many(theirs, progress=False)
+            except BaseException as exc:  # what the old code gave: its tasks cancelled
+                worker["raised"] = exc
+
+        def sent(marker: str) -> bool:
+            return any(marker in json.dumps(body) for body in srv.bodies())
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 30
+            while not (sent("mainpassage") and sent("workerpassage")):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            t = threading.Thread(target=other_thread)
+            t.start()
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                j.judge_many(mine, progress=False)
+            t.join(timeout=60)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            j.close()
+        main_sent = sum("mainpassage" in json.dumps(body) for body in srv.bodies())
+    assert not t.is_alive()
+    assert "raised" not in worker, worker.get("raised")
+    got = worker["got"]
+    assert [v.status for jq in got for v in jq.verdicts] == ["ok"] * 6
+    assert [v.label for jq in got for v in jq.verdicts] == ["yes"] * 6
+    assert 1 <= main_sent < 20
+
+
 @pytest.mark.embedded
 def test_the_notebooks_offline_judges_serve_every_call_of_a_running_loop() -> None:
     """The embedded judges of configs/cascade.toml (its band open: the LLM judges every

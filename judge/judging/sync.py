@@ -12,16 +12,20 @@ server's atexit hook stops that server).
 
 The coroutine runs in a copy of the caller's context variables: in Jupyter they say which cell
 is running, so what the coroutine prints (a progress bar, a warning) lands in that cell.
-Ctrl-C in a script, or "interrupt kernel" in Jupyter, cancels the work on the private loop and
-waits for it to wind down before the KeyboardInterrupt goes on: nothing is left running, and
-paid for, in the background.
+Ctrl-C in a script, or "interrupt kernel" in Jupyter, cancels the interrupted call's work on
+the private loop (its task and every task started under it, found by a context variable the
+loop's task factory reads) and waits for it to wind down before the KeyboardInterrupt goes on:
+nothing of it is left running, and paid for, in the background, and a call another thread
+made on the same Judge goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
-from collections.abc import Coroutine
+import weakref
+from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 __all__ = ["OwnLoop"]
@@ -29,10 +33,38 @@ __all__ = ["OwnLoop"]
 T = TypeVar("T")
 
 
-async def _settle() -> None:
-    """Cancel every other task on this loop and wait until they have ended."""
+Family = weakref.WeakSet["asyncio.Task[Any]"]
+
+# The tasks of one sync call: its own and those started under it (in its context, or in a
+# copy of it). Read by the loop's task factory when a task is created.
+_CALL: contextvars.ContextVar[Family | None] = contextvars.ContextVar("judge_call", default=None)
+
+
+def _task_factory(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
+    **kwargs: Any,
+) -> asyncio.Task[Any]:
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    family = _CALL.get()
+    if family is not None:
+        family.add(task)
+    return task
+
+
+async def _in_family(coro: Coroutine[Any, Any, T], family: Family) -> T:
+    """Run ``coro`` as a member of ``family``, and every task it starts with it."""
     me = asyncio.current_task()
-    others = [task for task in asyncio.all_tasks() if task is not me]
+    assert me is not None
+    family.add(me)
+    _CALL.set(family)  # this task's own context: what it starts inherits it
+    return await coro
+
+
+async def _settle(tasks: Family | None = None) -> None:
+    """Cancel ``tasks`` (None: every other task on this loop) and wait until they have ended."""
+    me = asyncio.current_task()
+    others = [t for t in (asyncio.all_tasks() if tasks is None else list(tasks)) if t is not me]
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
@@ -59,6 +91,7 @@ class OwnLoop:
     def _started(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             loop = asyncio.new_event_loop()
+            loop.set_task_factory(_task_factory)
             thread = threading.Thread(target=loop.run_forever, name="judge-loop", daemon=True)
             thread.start()
             self._loop, self._thread = loop, thread
@@ -67,12 +100,13 @@ class OwnLoop:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the private loop and wait for its result."""
         loop = self._started()
+        family: Family = weakref.WeakSet()
         # The task is created in a copy of this thread's context (call_soon_threadsafe copies it).
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        future = asyncio.run_coroutine_threadsafe(_in_family(coro, family), loop)
         try:
             return future.result()
-        except KeyboardInterrupt:
-            asyncio.run_coroutine_threadsafe(_settle(), loop).result()
+        except KeyboardInterrupt:  # this call's tasks only: another thread's call goes on
+            asyncio.run_coroutine_threadsafe(_settle(family), loop).result()
             raise
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
