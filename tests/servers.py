@@ -360,9 +360,12 @@ class ScriptedServer:
             handler.reply(200, route.body(Answer(scores=()), request))
         elif fault.kind == "error_200":
             said = "invalid api token"
-            handler.reply(
-                200, {"error": {"message": said, "code": "invalid_api_key"}, "message": said}
-            )
+            if request.path.startswith("/api/v1/"):  # DashScope's error shape
+                handler.reply(200, {"code": "InvalidApiKey", "message": said, "request_id": "r"})
+            else:
+                handler.reply(
+                    200, {"error": {"message": said, "code": "invalid_api_key"}, "message": said}
+                )
         elif fault.kind == "web_page":
             handler.reply(200, None, raw=WEB_PAGE_BODY, content_type="text/html; charset=utf-8")
         else:  # truncated, cut: half of a real answer's body

@@ -179,6 +179,7 @@ def test_a_dollar_cap_without_a_price_is_refused_before_any_call(
     assert server.requests == []
 
 
+@pytest.mark.parametrize("provider", ["local", "dashscope"])
 @pytest.mark.parametrize(
     ("usage", "name"),
     [((-1_000_000, -5), "negative"), (("100", "ten"), "text"), ((2.7, 3), "fractional")],
@@ -189,13 +190,15 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
     usage: tuple[Any, Any],
     name: str,
+    provider: str,
 ) -> None:
     """A server whose usage counts are not counts neither lifts the budget (a negative count
-    was a negative spend: all 56 requests went out past the cap) nor costs the
-    verdict (text counts failed the answer, retried six times): the answer is kept and counted
-    at the worst case its request reserved."""
+    was a negative spend: all 56 requests went out past the cap, on either wire protocol) nor
+    costs the verdict (text counts failed the answer, retried six times): the answer is kept
+    and counted at the worst case its request reserved."""
     inner = hashed_responder()
 
     def odd(request: Recorded) -> Item:
@@ -204,14 +207,19 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
         return dataclasses.replace(answer, usage=usage)
 
     server = make_server(responder=odd)
-    config = write_config(
-        tmp_path / "run.toml", server, tmp_path / "cache.sqlite", {"run": {"concurrency": 4}}
-    )
+    tables: dict[str, dict[str, Any]] = {"run": {"concurrency": 4}}
+    if provider == "dashscope":
+        monkeypatch.setenv("DASHSCOPE_API_KEY", "sk-test")
+        tables |= {
+            "judge": {"provider": "dashscope"},
+            "provider": {"base_url": server.dashscope_base_url},
+        }
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite", tables)
     code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "8000"])
     err = capsys.readouterr().err
     assert code == EXIT_BUDGET, err
     assert "token usage that is not a count" in caplog.text
-    answered = [r for r in server.requests if r.path == "/v1/chat/completions"]
+    answered = [r for r in server.requests if r.path.endswith(("/chat/completions", "/generation"))]
     assert 1 <= len(answered) < 20  # each answer priced at its worst case, under the cap
     labels = verdict_labels(tmp_path / "o")
     assert labels and all(label is not None for label in labels.values())

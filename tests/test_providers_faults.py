@@ -256,7 +256,7 @@ def test_a_redirect_is_named_and_final_not_followed(
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize("protocol", ["openai", "cohere"])
+@pytest.mark.parametrize("protocol", ["openai", "cohere", "dashscope", "dashscope-rerank"])
 def test_an_error_object_in_a_200_answer_is_final_in_the_servers_words(
     server: ScriptedServer, fake_key: str, protocol: str
 ) -> None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import ssl
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,11 +44,11 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    read_usage,
     rerank_fields,
     sampling_fields,
     scores_in_input_order,
 )
-from judge.schema import Usage
 
 DEFAULT_BASE_URL = "https://dashscope.aliyuncs.com/api/v1"
 
@@ -65,6 +66,11 @@ _ERRORS: ErrorTable = (
 class _Attempt:
     sent: bool = False
     failure: BaseException | None = None
+    # The answer's first bytes: the SDK drops a 200's error ``code`` and ``message``.
+    body: bytearray = field(default_factory=bytearray)
+
+
+_BODY_KEPT = 1 << 16
 
 
 _ATTEMPT: ContextVar[_Attempt | None] = ContextVar("judge_dashscope_attempt", default=None)
@@ -87,6 +93,25 @@ async def _on_request_exception(
     attempt = _ATTEMPT.get()
     if attempt is not None and attempt.failure is None:
         attempt.failure = params.exception
+
+
+async def _on_response_chunk(
+    session: aiohttp.ClientSession, context: SimpleNamespace, params: Any
+) -> None:
+    attempt = _ATTEMPT.get()
+    if attempt is not None and len(attempt.body) < _BODY_KEPT:
+        attempt.body += params.chunk[: _BODY_KEPT - len(attempt.body)]
+
+
+def _error_in(body: bytes | bytearray) -> tuple[str, str] | None:
+    """(code, message) of a DashScope error object in ``body``, if it is one."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and data.get("code") and not data.get("output"):
+        return str(data["code"]), str(data.get("message") or "")
+    return None
 
 
 @functools.cache
@@ -149,6 +174,7 @@ class _DashScopeBase:
             trace = aiohttp.TraceConfig()
             trace.on_request_start.append(_on_request_start)
             trace.on_request_exception.append(_on_request_exception)
+            trace.on_response_chunk_received.append(_on_response_chunk)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=_ssl_context()),
                 trust_env=True,
@@ -162,12 +188,21 @@ class _DashScopeBase:
         }
         if timeout is not None:
             arguments["request_timeout"] = timeout
-        token = _ATTEMPT.set(_Attempt())
+        attempt = _Attempt()
+        token = _ATTEMPT.set(attempt)
         try:
             response = await api.call(**arguments)
         except (TypeError, KeyError, AttributeError) as exc:
             # The SDK builds its response objects unchecked: a 200 without the expected
-            # fields fails inside it like this.
+            # fields fails inside it like this. An error object in it is the server's word,
+            # final (as an OpenAI-compatible server's), not a malformed answer to retry.
+            if said := _error_in(attempt.body):
+                code, message = said
+                raise ProviderStatusError(
+                    f"an error in a 200 answer: {code}: {message}".replace(self._key, "***"),
+                    status=200,
+                    code=code,
+                ) from None
             raise ResponseError(f"malformed DashScope answer: {exc!r}") from exc
         except aiohttp.ContentTypeError as exc:
             if not 200 <= exc.status < 300:  # an error page: the status decides
@@ -211,16 +246,16 @@ class DashScopeProvider(_DashScopeBase):
         response = await self._call(dashscope.AioGeneration, timeout, arguments)
         try:
             choice = response.output.choices[0]
-            usage = response.usage
+            # Counts that are not counts (negative, text) leave the usage unknown: the Caller
+            # counts the request's worst case, never a negative spend that lifts the budget.
+            usage, known = read_usage(response.usage, "input_tokens", "output_tokens")
             return Completion(
                 text=_text(choice.message.content if choice.message else None),
                 model=request.model,
                 finish_reason=choice.finish_reason,
                 logprobs=_logprobs(choice),
-                usage=Usage(
-                    prompt_tokens=usage.input_tokens or 0,
-                    completion_tokens=usage.output_tokens or 0,
-                ),
+                usage=usage,
+                usage_known=known,
             )
         except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
             raise ResponseError(f"malformed DashScope generation answer: {exc!r}") from exc
@@ -238,11 +273,12 @@ class DashScopeRerankProvider(_DashScopeBase):
         response = await self._call(dashscope.AioTextReRank, timeout, arguments)
         try:
             pairs = [(int(r.index), float(r.relevance_score)) for r in response.output.results]
-            tokens = response.usage.total_tokens if response.usage else 0
+            usage, known = read_usage(response.usage, "total_tokens")
         except (AttributeError, TypeError, ValueError) as exc:
             raise ResponseError(f"malformed DashScope rerank answer: {exc!r}") from exc
         return RerankResult(
             scores=scores_in_input_order(pairs, len(request.documents), fields["top_n"]),
             model=request.model,
-            usage=Usage(prompt_tokens=int(tokens or 0)),
+            usage=usage,
+            usage_known=known,
         )
