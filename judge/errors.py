@@ -66,7 +66,11 @@ class TemplateError(JudgeError):
 
 
 class ProviderError(JudgeError):
-    """A provider call failed (after the runner's retries, where retrying applied)."""
+    """A provider call failed (after the runner's retries, where retrying applied). Raised
+    out of a command, it ends it incomplete (exit 3): requests may have been sent and paid,
+    so it is not "bad input, nothing was sent" (exit 2)."""
+
+    exit_code = 3
 
     def __init__(self, message: str, *, kind: str = "provider", attempts: int = 0) -> None:
         self.kind = kind
@@ -75,7 +79,10 @@ class ProviderError(JudgeError):
 
 
 class ProviderConfigError(ProviderError):
-    """A provider is misconfigured: unknown kind, missing key variable, bad base URL."""
+    """A provider is misconfigured: unknown kind, missing key variable, bad base URL (found
+    before anything is sent: exit 2)."""
+
+    exit_code = 2
 
 
 class ResponseError(ProviderError):

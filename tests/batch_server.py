@@ -18,7 +18,8 @@ body as the chat endpoint would, and the answers go to the output file. Injected
 ``lose_create_answers`` (that many creates make the batch but answer 500), ``hold_create``
 (a create waits, before or after making its batch, until :meth:`release`: time for a test to
 kill the client), ``fail_retrieves`` (that many status checks answer 503), ``refuse_deletes``
-(every file delete answers 403), ``expire_after``
+(every file delete answers 403), ``repeat_lines`` (the output file
+repeats that many of its lines, as a faulty provider might), ``expire_after``
 (only that many lines run; the batch ends "expired" and the rest go to the error file as
 ``batch_expired``), ``fail_batch`` (the batch ends "failed" with that validation error and no
 files), ``cancel`` (the lines it answered before the cancel: ``answer_before_cancel``; the rest
@@ -89,6 +90,7 @@ class BatchServer(ScriptedServer):
         hold_create: Literal["before", "after"] | None = None,
         fail_retrieves: int = 0,
         refuse_deletes: bool = False,
+        repeat_lines: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -103,6 +105,7 @@ class BatchServer(ScriptedServer):
         self.hold_create = hold_create
         self.fail_retrieves = fail_retrieves
         self.refuse_deletes = refuse_deletes
+        self.repeat_lines = repeat_lines
         self._release = threading.Event()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -299,6 +302,9 @@ class BatchServer(ScriptedServer):
             self.executed.append(line["custom_id"])  # answered: billed
             body = _CHAT.body(item, request)
             output.append(_output_line(line, 200, body))
+        output += [{**copy, "id": f"batch_req_{uuid.uuid4().hex[:8]}"} for copy in output][
+            : self.repeat_lines
+        ]
         view = batch["view"]
         view["status"] = status
         view["output_file_id"] = self._store(_jsonl(output)) if output else None

@@ -334,6 +334,36 @@ def test_failed_lines_are_asked_again_in_real_time_and_only_they(
     assert _summary(out)["run"]["requests"] == 3
 
 
+def test_repeated_output_lines_count_once_and_usage_not_a_count_is_the_worst_case(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch output that repeats lines is counted once a custom id (it said 25 of 20
+    answered, and billed 25); answers whose token counts are not counts are counted at their
+    share of the reserved worst case (a negative count made the batch free, and gave the
+    real-time follow-up the whole budget)."""
+    inner = metered()
+
+    def negative(request: Recorded) -> Item:
+        answer = inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=(-100_000, -5))
+
+    server = make_batch_server(batch_responder=negative, repeat_lines=5)
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    (record,) = _state(out)["batches"]
+    assert record["answered"] == 20
+    assert record["usage"]["prompt_tokens"] >= record["reserved"]["prompt_tokens"] > 0
+    assert record["cost"] == pytest.approx(record["reserved_cost"], rel=0.01)
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(record["cost"])
+    assert "repeat a custom_id" in caplog.text and "not a count" in caplog.text
+    assert _chats(server) == []
+
+
 def _garbled(*passages: str) -> Responder:
     """Answers that do not parse for ``passages``, the hashed judge's for the rest."""
     good, bad = metered(), _about(*passages)

@@ -613,3 +613,20 @@ def test_a_run_counts_flagged_passages_per_engine_and_calls_out_the_one_flagged_
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "Flagged passages: stuffer: 3 echo of 6 passages flagged" in report
     assert report.count("[echo]") == 3  # each echo passage marked in its query's table
+
+
+def test_a_side_reranker_that_keeps_failing_stops_the_run_incomplete_naming_it(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [rerank] provider whose answers never read (here a NaN score) ends the run as
+    incomplete (exit 3: requests were paid), naming the reranker and the query, with the
+    summary written; it was exit 2, "bad input, nothing was sent", and no summary."""
+    server = make_server(scorer=lambda query, text: float("nan"))
+    config = write_config(tmp_path, server, None, run={"max_attempts": 2})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "the reranker failed on query 'q" in err and "score nan" in err, err
+    assert "Traceback" not in err
+    assert (out / "summary.json").exists()
+    assert calls(server, RERANK) >= 2

@@ -262,12 +262,22 @@ class Phase:
         """Store the answers that parse; the others, and the errors, are left over."""
         leftovers: dict[str, Leftover] = {}
         usage, answered = Usage(), 0
+        seen: set[str] = set()
+        twice = unknown = 0
         for line in lines:
+            if line.custom_id in seen:  # the first line of a custom id is its answer
+                twice += 1
+                continue
+            seen.add(line.custom_id)
             first = record.first_id(line.custom_id)
             if line.completion is None:  # an error line (an expired batch's say so)
                 leftovers[first] = Leftover(reason=reason, detail=line.error or "")
                 continue
-            usage = usage + line.completion.usage  # billed, wanted or not
+            if line.completion.usage_known:
+                usage = usage + line.completion.usage  # billed, wanted or not
+            else:  # counts that are not counts: the line's share of the reserved worst case
+                unknown += 1
+                usage = usage + _share(record)
             item = self.plan.get(first)
             if item is None:  # answered meanwhile (another run); nothing to store
                 continue
@@ -281,6 +291,20 @@ class Phase:
             else:
                 text = line.completion.text
                 leftovers[first] = Leftover(reason="unparsed", detail=str(error), answer=text)
+        if twice:
+            log.warning(
+                "batch %s: %d output lines repeat a custom_id already answered; the first "
+                "answer of each is kept and counted once",
+                record.batch_id,
+                twice,
+            )
+        if unknown:
+            log.warning(
+                "batch %s: %d answers gave token usage that is not a count; each is counted "
+                "at its share of the batch's worst case",
+                record.batch_id,
+                unknown,
+            )
         return leftovers, usage, answered
 
     def _left(self, round_: int) -> list[tuple[Item, Leftover]]:
@@ -355,3 +379,13 @@ def _show(jobs: list[BatchJob], next_s: float | None) -> None:
         sys.stderr.flush()
     else:
         log.info("%s", line)
+
+
+def _share(record: BatchRecord) -> Usage:
+    """One request's share of the worst case ``record`` reserved (rounded up): what an answer
+    whose usage is unknown is counted, so that a batch counts no less than its worst case."""
+    n = max(len(record.custom_ids), 1)
+    return Usage(
+        prompt_tokens=-(-record.reserved.prompt_tokens // n),
+        completion_tokens=-(-record.reserved.completion_tokens // n),
+    )

@@ -344,6 +344,12 @@ class _Batch:
                 where = query.source or f"query '{query.query_id}'"
                 self.stop(f"{where}: query '{query.query_id}' ({query.engine}): {exc}", "template")
                 return None
+            except ProviderError as exc:
+                # The LLM's failures are the verdicts' own (status "error"); what escapes is
+                # the side reranker's ([rerank]), after its retries: stop as for errors.
+                what = f"query '{query.query_id}' ({query.engine})"
+                self.stop(f"the reranker failed on {what}: {exc}", "errors")
+                return None
             span.judged(judged[2])
             return judged
 
