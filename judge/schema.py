@@ -348,12 +348,12 @@ class JudgedQuery(Record):
 class SamplingParams(Record):
     """Everything besides the messages that changes the answer (all part of the cache key)."""
 
-    temperature: float = 0.0
-    top_p: float | None = None
-    max_tokens: int | None = 512
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=512, ge=1)
     seed: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # "json_object", "json_schema" or None (plain text).
     response_format: Literal["json_object", "json_schema"] | None = None
     json_schema: dict[str, Any] | None = None
@@ -363,6 +363,31 @@ class SamplingParams(Record):
     # Request fields never to send, e.g. ["temperature", "max_tokens"] for reasoning models
     # that accept only their defaults (put "max_completion_tokens" in extra_body instead).
     omit: tuple[OmittableParam, ...] = ()
+
+    @field_validator("extra_body", "json_schema")
+    @classmethod
+    def _finite(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """JSON has no NaN or infinity: a request carrying one could never be sent."""
+        if value is not None and (where := _not_finite(value)):
+            raise ValueError(f"{where} is not a finite number: JSON cannot carry it")
+        return value
+
+
+def _not_finite(value: Any, path: str = "") -> str | None:
+    """The path of the first NaN or infinity in ``value`` (None: there is none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "a value"
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list | tuple)
+        else ()
+    )
+    for key, inner in items:
+        if found := _not_finite(inner, f"{path}.{key}" if path else str(key)):
+            return found
+    return None
 
 
 Gain = Literal["linear", "exponential"]

@@ -221,7 +221,7 @@ def test_run_exits_1_naming_each_breached_threshold(
         tmp_path / "c.toml",
         server,
         tmp_path / "cache.sqlite",
-        {"run": {"history": str(history)}, "thresholds.min": {"ap": 1.5}},
+        {"run": {"history": str(history)}, "thresholds.min": {"ap": 0.99}},
     )
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 1
@@ -234,7 +234,7 @@ def test_run_exits_1_naming_each_breached_threshold(
     assert re.search(r"^  bm25: relevancy_mean \d\.\d{4}", captured.out, re.M)
     breaches = [line for line in captured.err.splitlines() if "threshold breached" in line]
     assert sorted(breaches) == [
-        f"judge: threshold breached: min ap ({engine}): {mean:.4f}; at least 1.5000 required"
+        f"judge: threshold breached: min ap ({engine}): {mean:.4f}; at least 0.9900 required"
         for engine, mean in sorted(read_means(out, "ap").items())
     ]
     for name in ("summary.json", "report.md", "report.html", "qrels.txt"):

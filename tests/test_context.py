@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from judge.calling.limits import Limits
+from judge.cli.main import main
 from judge.data.passages import TRUNCATION_MARKER
+from judge.errors import InputError
 from judge.judging.context import count_tokens
 from judge.judging.judge import EMBEDDED_CONTEXT, Judge
 from judge.providers.base import Message
 from judge.providers.embedded import server
 from judge.schema import Passage, Query, SamplingParams
 from tests.servers import ScriptedServer, hashed_responder
+from tests.test_runner import write_config
 
 LONG = " ".join(f"word{i} kettles boil water quickly" for i in range(3000))  # ~20k tokens
 FAST = Limits(max_attempts=2, backoff_base_s=0.01, timeout_s=10.0)
@@ -57,3 +65,38 @@ def test_a_listwise_request_fits_with_every_passage_sharing_the_room() -> None:
 
 def test_the_embedded_window_matches_the_servers_default() -> None:
     assert server._DEFAULTS["n_ctx"] == EMBEDDED_CONTEXT
+
+
+def test_a_query_that_leaves_no_room_for_a_passage_is_refused_before_any_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A query too long for the window cut its passage to the bare marker, and the verdict
+    on a passage the judge never saw counted (exit 0, ndcg 1.0): refused by `judge validate`
+    and `judge run` alike, naming file, line and field, with no request sent."""
+    data = tmp_path / "data.jsonl"
+    rows = [
+        {"query_id": "ok", "query": "kettles", "passages": [{"id": "1", "text": "They boil."}]},
+        {"query_id": "long", "query": LONG, "passages": [{"id": "1", "text": "Kettles boil."}]},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        config = write_config(
+            tmp_path / "run.toml",
+            srv,
+            tmp_path / "cache.sqlite",
+            {"judge": {"context_tokens": 8192}, "dataset": {"path": str(data)}},
+        )
+        assert main(["validate", str(config)]) == 2
+        said = capsys.readouterr().err
+        assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2
+        assert srv.requests == []
+    assert f"{data}:2: field 'query': query 'long' takes ~" in said, said
+    assert "context window" in capsys.readouterr().err
+
+
+def test_the_python_api_refuses_a_passage_it_would_cut_to_nothing() -> None:
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        with _judge(srv, "pointwise") as judge:
+            with pytest.raises(InputError, match="leaves 0 tokens for 1 passage"):
+                judge.judge(LONG, ["Kettles boil water."])
+        assert srv.requests == []

@@ -445,3 +445,42 @@ def test_one_file_for_cache_and_history_or_a_directory_as_either_is_refused_befo
     for err in _both(config, dataset, tmp_path / "out", capsys):
         assert f"run.cache: {folder} is a directory, not a file" in err
     assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (["thresholds.min.ndcg=1.5"], "thresholds.min.ndcg: 1.5 is outside [0, 1]"),
+        (['thresholds.max."precision@5"=-1'], "thresholds.max.precision@5: -1.0 is outside [0, 1]"),
+        (["thresholds.min.ndcg=nan"], "thresholds.min.ndcg: nan is not a finite number"),
+        (
+            ["thresholds.max_drop.ap=-0.1", "thresholds.baseline=runs/x"],
+            "thresholds.max_drop.ap: -0.1 is below 0",
+        ),
+        (
+            ["thresholds.min.ap=0.6", "thresholds.max.ap=0.5"],
+            "ap must be at least 0.6 and at most 0.5: no run can pass",
+        ),
+        (["judge.params.temperature=nan"], "judge.params.temperature: Input should be a finite"),
+        (["judge.params.extra_body={seed = nan}"], "extra_body: seed is not a finite number"),
+        (["judge.params.max_tokens=0"], "judge.params.max_tokens: Input should be greater"),
+    ],
+)
+def test_thresholds_no_run_can_meet_and_params_no_request_can_carry_are_refused(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sets: list[str],
+    said: str,
+) -> None:
+    """A bound outside the metric's range (or NaN) failed every run with exit 1 after paying
+    for it; a NaN temperature made every request fail, exit 3 "rerun to resume"."""
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    extra = [arg for s in sets for arg in ("--set", s)]
+    for err in _both(config, SAMPLE, tmp_path / "out", capsys, *extra):
+        assert said in err, err
+        assert "Traceback" not in err
+    assert server.requests == []
+    # A bound at the end of the range, and a sampling temperature, are fine.
+    ok = ["--set", "thresholds.min.ndcg=0", "--set", "judge.params.temperature=0.7"]
+    assert main(["validate", str(config), str(SAMPLE), *ok]) == 0

@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from judge.data.passages import TRUNCATION_MARKER
+from judge.errors import InputError
 from judge.providers import EMBEDDED_CONTEXT, context_window
 from judge.providers.base import Message, ProviderSpec
 from judge.schema import Passage, Query
@@ -26,10 +27,14 @@ from judge.schema import Passage, Query
 __all__ = [
     "DEFAULT_ANSWER_TOKENS",
     "EMBEDDED_CONTEXT",
+    "MIN_PASSAGE_TOKENS",
+    "PROMPT_ALLOWANCE",
     "SAFETY",
+    "context_room",
     "count_tokens",
     "fit_to_context",
     "preset_context",
+    "query_tokens",
 ]
 
 SAFETY = 1.15
@@ -37,6 +42,11 @@ SAFETY = 1.15
 DEFAULT_ANSWER_TOKENS = 1024
 # What a chat template adds around the messages (role markers, the assistant priming).
 FRAMING = 16
+# The least a passage is cut to: below it a passage would be judged unseen, so a query that
+# leaves less is refused (before the run: run/preflight.py, from the query's own tokens and
+# the instructions' ~PROMPT_ALLOWANCE; in it: fit_to_context, from the rendered prompt).
+MIN_PASSAGE_TOKENS = 32
+PROMPT_ALLOWANCE = 150
 
 
 @cache
@@ -50,6 +60,17 @@ def count_tokens(messages: Sequence[Message]) -> int:
     """cl100k tokens of a chat, with the ~4 tokens/message framing OpenAI adds."""
     enc = _encoder()
     return sum(len(enc.encode(m.content)) + 4 for m in messages) + 2
+
+
+def context_room(context_tokens: int, max_tokens: int | None) -> int:
+    """The tokens a request's prompt may take in a ``context_tokens`` window: what the
+    answer (``max_tokens``, else DEFAULT_ANSWER_TOKENS) and the framing leave, less SAFETY."""
+    return int(context_tokens / SAFETY) - (max_tokens or DEFAULT_ANSWER_TOKENS) - FRAMING
+
+
+def query_tokens(text: str) -> int:
+    """cl100k tokens of ``text``."""
+    return len(_encoder().encode(text))
 
 
 def _cut(passage: Passage, tokens: int) -> Passage:
@@ -81,21 +102,38 @@ def fit_to_context(
     ``render(query, passages)`` gives the messages of one request (one passage pointwise, all
     of them listwise); it is called with emptied passages to measure the prompt around them.
     """
-    room = int(context_tokens / SAFETY) - answer_tokens - FRAMING
+    room = context_room(context_tokens, answer_tokens)
     passages = list(query.passages)
     if not passages:
         return query
     empty = [p.model_copy(update={"text": ""}) for p in passages]
     if listwise:
-        fitted = _fit(query, passages, room - count_tokens(render(query, empty)), room, render)
+        free = room - count_tokens(render(query, empty))
+        _room_for(query, free, len(passages), context_tokens)
+        fitted = _fit(query, passages, free, room, render)
     else:
-        fitted = [
-            _fit(query, [p], room - count_tokens(render(query, [e])), room, render)[0]
-            for p, e in zip(passages, empty, strict=True)
-        ]
+        fitted = []
+        for p, e in zip(passages, empty, strict=True):
+            free = room - count_tokens(render(query, [e]))
+            _room_for(query, free, 1, context_tokens)
+            fitted.append(_fit(query, [p], free, room, render)[0])
     if all(a is b for a, b in zip(fitted, passages, strict=True)):
         return query
     return query.model_copy(update={"passages": tuple(fitted)})
+
+
+def _room_for(query: Query, free: int, passages: int, context_tokens: int) -> None:
+    """Refuse a prompt that leaves ``passages`` less than MIN_PASSAGE_TOKENS each: they would
+    be cut to nothing and judged unseen (a verdict on a passage the judge never read)."""
+    if free < MIN_PASSAGE_TOKENS * passages:
+        raise InputError(
+            f"query '{query.query_id}' ({query.engine}): its prompt leaves {max(free, 0)} "
+            f"tokens for {passages} passage(s) in a {context_tokens}-token context window "
+            "(judge.context_tokens, less the answer's max_tokens): shorten the query or "
+            "widen the window",
+            file=query.source,
+            field="query",
+        )
 
 
 def _fit(

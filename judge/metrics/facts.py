@@ -61,6 +61,7 @@ class Metric(Generic[K]):
     family: Family
     kernel: K
     better: Better = "higher"
+    unit: bool = True  # its values lie in [0, 1] (not so a count: sites)
 
     @property
     def needs_judge(self) -> bool:
@@ -91,7 +92,7 @@ _ROWS: tuple[Metric[Any], ...] = (
     Metric("label.ap", "label", label_based.label_ap),
     Metric("label.ndcg", "label", label_based.label_ndcg),
     Metric("near_dup", "source", sources.NEAR_DUP, better="lower"),
-    Metric("sites", "source", sources.SITES),
+    Metric("sites", "source", sources.SITES, unit=False),
     Metric("authority", "source", sources.AUTHORITY),
     Metric("low_quality", "source", sources.LOW_QUALITY, better="lower"),
     Metric("coverage", "coverage", coverage.coverage_at),

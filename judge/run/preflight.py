@@ -16,6 +16,7 @@ baseline when drop thresholds are set.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -26,7 +27,15 @@ from judge.config import RunConfig
 from judge.data.nuggets import given_sets
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.judging.cascade import label_problem
-from judge.metrics.facts import parse_metric_name
+from judge.judging.context import (
+    DEFAULT_ANSWER_TOKENS,
+    MIN_PASSAGE_TOKENS,
+    PROMPT_ALLOWANCE,
+    context_room,
+    preset_context,
+    query_tokens,
+)
+from judge.metrics.facts import metric_of, parse_metric_name
 from judge.providers import judges_by_score, resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
@@ -61,6 +70,7 @@ def preflight(
     if later is not None:
         problems += later(config, queries, first_night)
     problems += _cascade_problems(config, queries)
+    problems += _context_problems(config, queries)
     problems += _nugget_problems(config, queries, out_dir)
     rows = _row_problems(config, queries)
     if not problems and not rows:
@@ -139,7 +149,31 @@ def _threshold_problems(config: RunConfig) -> list[str]:
                     f"{where}: thresholds.{key}: '{name}' is not a metric this run computes "
                     f"(add it to [metrics] names; computed: {', '.join(computed)})"
                 )
+            elif why := _unmeetable(name, table[name], key):
+                problems.append(f"{where}: thresholds.{key}.{name}: {table[name]} {why}")
+    for name in th.min.keys() & th.max.keys():
+        if th.min[name] > th.max[name]:
+            problems.append(
+                f"{where}: thresholds: {name} must be at least {th.min[name]} and at most "
+                f"{th.max[name]}: no run can pass"
+            )
     return problems
+
+
+def _unmeetable(name: str, limit: float, key: str) -> str | None:
+    """Why a bound on ``name`` could never be evaluated as the user meant (None: it can):
+    not a number, or outside the [0, 1] the metric's values lie in (a bound of 1.5 would fail
+    every run after paying for it, a max_drop below 0 every run that does not improve)."""
+    if not math.isfinite(limit):
+        return "is not a finite number"
+    metric = metric_of(name)
+    if key == "max_drop":
+        if limit < 0:
+            return "is below 0: a drop is how far a metric may fall, 0 or more"
+        return None
+    if metric is not None and metric.unit and not 0 <= limit <= 1:
+        return f"is outside [0, 1], where every value of {name} lies: no run could pass"
+    return None
 
 
 def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
@@ -181,6 +215,43 @@ def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     except ConfigError:
         return []  # an unknown label scale is reported with the config problems
     return [f"{where}: {problem}"] if problem else []
+
+
+def _context_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
+    """A context window (``[judge] context_tokens``, or the provider's own) with no room for
+    a passage beside a query and the answer: the run would cut its passages to nothing and
+    judge them unseen, so it is refused here (one line per query, long queries first)."""
+    try:
+        spec = resolve_spec(config.judge.provider, config.provider.overrides())
+    except JudgeError:
+        return []  # reported with the config problems
+    window = config.judge.context_tokens or preset_context(spec)
+    if window is None or judges_by_score(spec):
+        return []
+    where, answer = config.source or "<config>", config.judge.params.max_tokens
+    room = context_room(window, answer)
+    if room < PROMPT_ALLOWANCE + MIN_PASSAGE_TOKENS:
+        return [
+            f"{where}: judge.context_tokens: a {window}-token window leaves {max(room, 0)} "
+            f"after the answer's {answer or DEFAULT_ANSWER_TOKENS} (judge.params.max_tokens): "
+            "no room for the prompt and a passage"
+        ]
+    listwise = config.judge.mode == "listwise"
+    problems, seen = [], set()
+    for q in queries:
+        passages = len(q.passages) if listwise else min(len(q.passages), 1)
+        if (q.query, passages) in seen or not passages:
+            continue
+        seen.add((q.query, passages))
+        need = query_tokens(q.query)
+        if need + PROMPT_ALLOWANCE + MIN_PASSAGE_TOKENS * passages > room:
+            problems.append(
+                f"{q.source or where}: field 'query': query '{q.query_id}' takes ~{need} "
+                f"tokens, leaving its passages no room in a {window}-token context window "
+                "(judge.context_tokens, less the answer's max_tokens); shorten it or widen "
+                "the window"
+            )
+    return problems
 
 
 def _writable(directory: Path, what: str) -> list[str]:

@@ -36,6 +36,7 @@ from judge.errors import (
     BudgetExceeded,
     CacheError,
     ConfigError,
+    InputError,
     ProviderError,
     TemplateError,
 )
@@ -338,11 +339,13 @@ class _Batch:
             except CacheError as exc:  # a full disk, say: stop as a signal does, keep the rest
                 self.stop(f"{exc} (a full disk?); free the space (or fix the cache)", "errors")
                 return None
-            except TemplateError as exc:
-                # Found only on this query's data (a field a template reads is missing): no
-                # new unit starts, and those in flight end and are kept, paid for once.
+            except (TemplateError, InputError) as exc:
+                # Found only on this query's data (a field a template reads is missing, no
+                # room for a passage beside the query): no new unit starts, and those in
+                # flight end and are kept, paid for once.
                 where = query.source or f"query '{query.query_id}'"
-                self.stop(f"{where}: query '{query.query_id}' ({query.engine}): {exc}", "template")
+                said = f"{where}: query '{query.query_id}' ({query.engine}): {exc}"
+                self.stop(str(exc) if isinstance(exc, InputError) else said, "template")
                 return None
             except ProviderError as exc:
                 # The LLM's failures are the verdicts' own (status "error"); what escapes is
