@@ -98,6 +98,37 @@ def test_units_left_in_error_are_incomplete_not_a_regression_and_a_rerun_finishe
     assert (out / RESULTS_FILE).read_bytes().count(b"\n") == 8
 
 
+def test_once_too_many_errors_stop_the_run_no_request_leaves_after_the_decision(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every answer unreadable (retried as a protocol error): the run stops at
+    abort_error_rate, and the units in flight neither retry nor send their next passages
+    (every one of the 300 possible requests was still sent after the decision)."""
+    server = make_server(responder=lambda request: Fault("malformed"))
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=10, n_passages=10)
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {
+            "dataset": {"path": str(dataset), "label_scale": "binary"},
+            "run": {
+                "max_attempts": 3,
+                "concurrency": 8,
+                "adaptive_concurrency": False,
+                "hedge_share": 0,
+            },
+        },
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "o")]) == EXIT_INCOMPLETE
+    err = capsys.readouterr().err
+    assert "too many errors" in err and "Traceback" not in err
+    # The decision comes as the 20th passage fails (its 3 attempts: 60 requests); passages
+    # started meanwhile (a failed attempt's backoff frees its slot) add a few tens, and
+    # nothing leaves after it: 85-90 requests here, all 300 before.
+    assert len(server.requests) <= 120, len(server.requests)
+
+
 def test_a_server_that_is_down_is_incomplete(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
 ) -> None:

@@ -298,6 +298,8 @@ class _Batch:
         if not verdict.cached and verdict.status != "error":
             self.partial_writer.add_line(partial_line(key, verdict))
             self.partial.add(key)
+        elif verdict.status == "error" and not self.stopped.is_set():
+            self._check_errors(verdict.error or "")  # as it fails, not when its unit ends
 
     async def _prepare(self) -> bool:
         """What the units need first (judging/judge.py ``Judge.prepare``: a cascade's band from
@@ -324,6 +326,11 @@ class _Batch:
         if self.reason is None:
             self.reason, self.stopped_by = reason, kind
         self.stopped.set()
+        if kind in ("errors", "refused") and self.caller.stopping is None:
+            # A provider failing this much would fail what is in flight too: no request
+            # leaves after the decision, not a retry nor a unit's next passage (90 passages
+            # were still sent three times each after "21 of 21 failed").
+            self.caller.stopping = reason
 
     def cancel(self) -> None:
         for task in self.tasks:
@@ -382,15 +389,19 @@ class _Batch:
 
     def _check_health(self, jq: JudgedQuery) -> None:
         """Stop when every call is refused, or when too many passages end in errors."""
+        if (why := refusal(self.judge.caller.stats, jq.verdicts)) is not None:
+            self.stop(why, "refused")
+        else:
+            self._check_errors(next((v.error for v in jq.verdicts if v.error), ""))
+
+    def _check_errors(self, example: str) -> None:
+        """Stop when more than abort_error_rate of the passages so far ended in errors."""
         finished = self.progress.passages
         errors = self.progress.status["error"]
         rate = self.config.run.abort_error_rate
-        if (why := refusal(self.judge.caller.stats, jq.verdicts)) is not None:
-            self.stop(why, "refused")
-        elif finished >= MIN_FOR_ERROR_RATE and errors / finished > rate:
+        if finished >= MIN_FOR_ERROR_RATE and errors / finished > rate:
             kinds = self.judge.caller.stats.errors
             kind = max(kinds, key=lambda k: kinds[k]) if kinds else "unknown"
-            example = next((v.error for v in jq.verdicts if v.error), "")
             self.stop(
                 f"too many errors: {errors} of {finished} passages failed "
                 f"(abort_error_rate {rate}), mostly {kind}; for example: {example}",
