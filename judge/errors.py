@@ -95,6 +95,11 @@ class NotTheApiError(ResponseError):
     is not retried."""
 
 
+class BatchGone(ProviderError):
+    """The provider does not know a recorded batch (HTTP 404): deleted, or asked with another
+    key, organisation or base URL than the one that submitted it. Waiting cannot cure it."""
+
+
 class ParseError(JudgeError):
     """A completion could not be read as a verdict on the scale."""
 

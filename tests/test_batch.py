@@ -185,7 +185,10 @@ def test_the_budget_holds_the_batch_worst_case_at_batch_prices(
 
 
 def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
-    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     server = make_batch_server(polls_in_progress=10**9)  # never ends until told
     config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
@@ -208,6 +211,13 @@ def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
     (record,) = _state(out)["batches"]
     assert record["batch_id"] in server.batches and not record["collected"]
     assert (server.calls["upload"], server.calls["create"]) == (1, 1)
+
+    # Rerun without --batch: refused before any call (it paid all 20 again in real time,
+    # while the provider went on to answer, and bill, the batch).
+    assert main(["run", str(config), "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert f"batch {record['batch_id']} may still answer" in said and "--batch" in said, said
+    assert _chats(server) == []
 
     server.polls_in_progress = 0  # the provider finishes it
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
@@ -578,3 +588,42 @@ def test_the_dry_run_prices_batch_only_where_the_provider_has_one_and_gives_a_ce
         ceiling = re.search(r"verdict calls at most \$(\d+\.\d+) if every answer ran", printed)
         assert estimate and ceiling, printed
         assert float(ceiling.group(1)) > float(estimate.group(1))
+
+
+def test_a_recorded_batch_the_provider_does_not_know_is_said_and_can_be_given_up(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A batch deleted at the provider (or asked for with another key) answers 404: the run
+    says so and how to give it up, not "rerun to keep waiting" forever; `judge batch cancel`
+    gives it up, and the next run asks its requests again, once."""
+    server = make_batch_server(polls_in_progress=10**9)
+    config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while server.calls["retrieve"] < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    server.batches.clear()  # deleted at the provider
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    said = capsys.readouterr().err
+    assert "the provider does not know it" in said and "judge batch cancel" in said, said
+    assert "keep waiting" not in said
+    assert main(["batch", "cancel", str(out)]) == 0
+    assert "given up" in capsys.readouterr().out
+    (record,) = _state(out)["batches"]
+    assert record["collected"] and len(record["leftovers"]) == 20
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(_chats(server)) == 20  # asked again in real time (batch_followup), once each
+    assert len(verdict_labels(out)) == 20

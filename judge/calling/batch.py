@@ -30,7 +30,7 @@ from judge.calling.limits import (
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy
-from judge.errors import BudgetExceeded, ParseError
+from judge.errors import BatchGone, BudgetExceeded, ParseError
 from judge.providers.base import ChatRequest, Completion, RetryDecision
 from judge.schema import Usage
 
@@ -119,7 +119,16 @@ async def managed(
         return await policy.run(once)
     except Exception as exc:
         stats.failures += 1
-        raise policy.gave_up(exc, f"{what}: ") from None
+        failed = policy.gave_up(exc, f"{what}: ")
+        if _status_of(exc) == 404:
+            raise BatchGone(str(failed), kind=failed.kind, attempts=failed.attempts) from None
+        raise failed from None
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a provider's error (the SDK's ``status_code``, ours ``status``)."""
+    status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
 
 
 def store_answer(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from judge.cli.common import EXIT_OK
-from judge.errors import ConfigError
+from judge.errors import BatchGone, ConfigError
 
 if TYPE_CHECKING:
     from judge.providers.openai_compat import BatchJob
@@ -33,8 +33,9 @@ def _pending(out_dir: Path) -> tuple[BatchState, list[str]]:
     return state, [b.batch_id for b in state.batches if not b.collected and b.batch_id]
 
 
-async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob]:
-    """The provider's view of batches ``ids`` (after cancelling them, with ``cancel``)."""
+async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob | BatchGone]:
+    """The provider's view of batches ``ids`` (after cancelling them, with ``cancel``); a
+    batch the provider does not know (404) as its error."""
     from judge.calling.batch import managed
     from judge.calling.limits import Limits
     from judge.calling.retries import CallStats
@@ -43,7 +44,7 @@ async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob
     provider = OpenAICompatProvider(state.provider)
     limits, stats = Limits(max_attempts=3, backoff_base_s=0.5), CallStats()
     try:
-        out = []
+        out: list[BatchJob | BatchGone] = []
         for batch_id in ids:
             method = provider.cancel_batch if cancel else provider.get_batch
             what = f"{'cancelling' if cancel else 'checking'} batch {batch_id}"
@@ -52,7 +53,10 @@ async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob
                 job: BatchJob = await m(b, timeout=30.0)
                 return job
 
-            out.append(await managed(call, provider.classify, limits, stats, what))
+            try:
+                out.append(await managed(call, provider.classify, limits, stats, what))
+            except BatchGone as gone:
+                out.append(gone)
         return out
     finally:
         await provider.aclose()
@@ -81,7 +85,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{len(b.custom_ids)} requests; {read}"
         )
     jobs = asyncio.run(_ask(state, pending, cancel=False)) if pending else []
-    for job in jobs:
+    for batch_id, job in zip(pending, jobs, strict=True):
+        if isinstance(job, BatchGone):
+            print(
+                f"  {batch_id} at the provider: unknown ({job}); `judge batch cancel` gives it up"
+            )
+            continue
         print(
             f"  {job.id} at the provider: {job.status}, {job.completed} answered, "
             f"{job.failed} failed of {job.total}"
@@ -97,13 +106,38 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if not pending:
         print(f"{out_dir}: no batch in flight; nothing to cancel")
         return EXIT_OK
-    for job in asyncio.run(_ask(state, pending, cancel=True)):
+    for batch_id, job in zip(pending, asyncio.run(_ask(state, pending, cancel=True)), strict=True):
+        if isinstance(job, BatchGone):
+            _give_up(out_dir, batch_id, str(job))
+            print(
+                f"{batch_id}: unknown to the provider ({job}); given up: the next run asks its "
+                "requests again (paid again; if the batch exists under another key, it may be "
+                "billed there too)"
+            )
+            continue
         print(f"{job.id}: {job.status} ({job.completed} answered before the cancel are kept)")
     print(
         "the next `judge run --batch` with this run directory reads what they answered and asks "
         "the rest as [run] batch_followup says"
     )
     return EXIT_OK
+
+
+def _give_up(out_dir: Path, batch_id: str, why: str) -> None:
+    """Record the batch ``batch_id`` as read, every request of it left over ("given up")."""
+    from judge.run.batch_state import Leftover, load_state, save_state
+
+    state = load_state(out_dir)
+    assert state is not None  # read by _pending just before
+    for index, record in enumerate(state.batches):
+        if record.batch_id == batch_id:
+            left = {
+                record.first_id(c): Leftover(reason="given up", detail=why)
+                for c in record.custom_ids
+            }
+            update = {"status": "given up", "collected": True, "leftovers": left}
+            state = state.with_batch(index, record.model_copy(update=update))
+    save_state(out_dir, state)
 
 
 def add_commands(sub: Any) -> None:

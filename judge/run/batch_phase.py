@@ -21,7 +21,7 @@ from judge.calling.cache import Cache
 from judge.calling.caller import Caller
 from judge.calling.retries import CallStats
 from judge.config import RunConfig
-from judge.errors import BatchPending, BudgetExceeded, ProviderError
+from judge.errors import BatchGone, BatchPending, BudgetExceeded, ProviderError
 from judge.judging.judge import Judge
 from judge.judging.verdicts import reask_messages
 from judge.providers import resolve_spec
@@ -182,6 +182,14 @@ class Phase:
         incomplete (exit 3), and a rerun takes it up again."""
         try:
             return await self._call(what, call)
+        except BatchGone as exc:
+            raise BatchGone(
+                f"{exc}: the provider does not know it (deleted, or another key, organisation "
+                "or base_url than submitted it). If one of those changed, restore it and rerun; "
+                f"else `judge batch cancel {self.out_dir}` gives the batch up, and the next run "
+                "asks its requests again (paid again)",
+                kind=exc.kind,
+            ) from None
         except ProviderError as exc:
             raise BatchPending(
                 f"{exc}; the batch is recorded in {self.out_dir / 'batch.json'}: rerun the same "

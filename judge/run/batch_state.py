@@ -29,7 +29,7 @@ __all__ = ["STATE_FILE", "BatchRecord", "BatchState", "Leftover", "load_state", 
 
 STATE_FILE = "batch.json"
 
-LeftReason = Literal["unparsed", "failed", "expired", "cancelled"]
+LeftReason = Literal["unparsed", "failed", "expired", "cancelled", "given up"]
 
 
 class Leftover(Record):

@@ -25,6 +25,7 @@ from judge.config import RunConfig
 from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, stale_units, unit_statuses
 from judge.errors import ConfigError
+from judge.run.batch_state import load_state
 from judge.schema import Query, Verdict
 from judge.version import __version__
 
@@ -238,6 +239,8 @@ def _refusal(out_dir: Path, old: object, new: dict[str, Any]) -> str:
 def resume_problem(out_dir: Path, config: RunConfig) -> str | None:
     """Why ``out_dir`` cannot be resumed with ``config`` (None: it can, or holds no run yet);
     reads only (``judge run --dry-run`` says it as the run would)."""
+    if not config.run.batch and (pending := _pending_batch(out_dir)) is not None:
+        return pending
     run_file = out_dir / RUN_FILE
     if not run_file.exists():
         return None
@@ -252,6 +255,29 @@ def resume_problem(out_dir: Path, config: RunConfig) -> str | None:
     if _settings(old) != _settings(fingerprint):
         return _refusal(out_dir, old, fingerprint)
     return None
+
+
+def _pending_batch(out_dir: Path) -> str | None:
+    """A batch of this directory's that may still answer at the provider (submitted, or
+    uploaded and perhaps submitted, not yet collected): a run without ``--batch`` would pay
+    in real time for what it will answer, and the provider would bill that too."""
+    state = load_state(out_dir)
+    live = [
+        b
+        for b in (state.batches if state else ())
+        if not b.collected and (b.batch_id or b.input_file_id)
+    ]
+    if not live:
+        return None
+    first = live[0]
+    name = first.batch_id or f"the batch of {first.input_file_id}"
+    more = f" (and {len(live) - 1} more)" if len(live) > 1 else ""
+    return (
+        f"{out_dir}: batch {name}{more} may still answer at the provider (status "
+        f"{first.status}, {len(first.custom_ids)} requests, not collected): rerun with --batch "
+        "to collect it (without --batch its requests would be paid again in real time); "
+        f"`judge batch status {out_dir}` shows it, `judge batch cancel {out_dir}` stops it"
+    )
 
 
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
