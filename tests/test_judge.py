@@ -185,6 +185,34 @@ def test_listwise_missing_id_is_asked_again_and_extra_id_dropped() -> None:
     assert calls == [3, 1]
 
 
+def test_a_listwise_answer_numbering_passages_from_0_is_asked_again_not_shifted() -> None:
+    """A model counting from 0 answers ids 0-2 for positions 1-3: read as given, "1" and "2"
+    landed on the next passage's verdict and "0" was dropped. Its ids are not trusted: the
+    passages are asked again (one by one), and the verdicts are their own."""
+    answers: list[str] = []
+
+    def respond(request: Recorded) -> Answer:
+        blocks = re.findall(r'<passage id="([^"]+)">(.*?)</passage>', request.prompt, flags=re.S)
+        if blocks:  # the list, counted from 0
+            items = [
+                {"id": str(int(pid) - 1), "verdict": "yes" if "pale" in text.lower() else "no"}
+                for pid, text in blocks
+            ]
+            answers.append(json.dumps({"verdicts": items}))
+        else:  # one passage
+            answers.append(
+                json.dumps({"verdict": "yes" if "pale" in request.prompt.lower() else "no"})
+            )
+        return Answer(text=answers[-1])
+
+    with ScriptedServer(responder=respond) as srv:
+        with make_judge(srv, mode="listwise") as j:
+            jq = j.judge(PUPPY, PASSAGES)
+    assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
+    assert all(v.status == "ok" for v in jq.verdicts)
+    assert len(answers) >= 2 and '"id": "0"' in answers[0]
+
+
 def test_listwise_prompts_name_passages_by_position_and_answers_map_back_to_engine_ids() -> None:
     """Engine ids never reach the list prompt (positions cost the judge fewer tokens and
     cannot be miscopied); an answer naming positions, in any order and spelling, lands on the

@@ -18,9 +18,11 @@ What is accepted (anything else raises ParseError, whose message is the re-ask t
 
 Listwise answers are ``{"verdicts": [{"id": ..., "verdict": ...}, ...]}`` (also a bare array,
 or the list under ``results``/``judgments``/``judgements``/``passages``/``items``); the id is
-read from ``id``/``passage_id``/``pid`` (numbers become strings). Nothing is guessed: an id not
-asked for is reported in ``extra`` and dropped, an id never answered is in ``missing``, an
-answered id whose entry is unusable is in ``errors``.
+read from ``id``/``passage_id``/``pid`` (numbers become strings). Nothing is guessed: a position
+just outside those shown (0, or one past the last) makes the whole answer a ParseError (its
+numbering is shifted, so any of its ids may name the wrong passage); any other id not asked for is reported in
+``extra`` and dropped, an id never answered is in ``missing``, an answered id whose entry is
+unusable is in ``errors``.
 
 Probability (``Parsed.probability``), from the logprobs at the token where the verdict label
 starts (located by character offset; the token may carry a prefix such as ``"``, which the
@@ -259,6 +261,14 @@ def parse_listwise(
         position = _POSITION.fullmatch(said)
         n = str(int(position[1])) if position else said
         pid = at.get(n)
+        if pid is None and position and int(n) in (0, len(passage_ids) + 1):
+            # A position just outside those shown (0, or one past the last): the answer
+            # counts differently (from 0, say), so every id in it may name the passage next
+            # to the one it means. Not guessed. (A stray id such as 99 is dropped below.)
+            raise ParseError(
+                f'the answer gives id "{said}", but the passages were numbered 1 to '
+                f"{len(passage_ids)}: its ids cannot be trusted to name them" + _cut(completion)
+            )
         if pid is None:
             extra[said] = None
             continue
