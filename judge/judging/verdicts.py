@@ -20,9 +20,9 @@ Listwise answers are ``{"verdicts": [{"id": ..., "verdict": ...}, ...]}`` (also 
 or the list under ``results``/``judgments``/``judgements``/``passages``/``items``); the id is
 read from ``id``/``passage_id``/``pid`` (numbers become strings). Nothing is guessed: a position
 just outside those shown (0, or one past the last) makes the whole answer a ParseError (its
-numbering is shifted, so any of its ids may name the wrong passage); any other id not asked for is reported in
-``extra`` and dropped, an id never answered is in ``missing``, an answered id whose entry is
-unusable is in ``errors``.
+numbering is shifted, so any of its ids may name the wrong passage); any other id not asked
+for is reported in ``extra`` and dropped, an id never answered is in ``missing``, an answered
+id whose entry is unusable is in ``errors``.
 
 Probability (``Parsed.probability``), from the logprobs at the token where the verdict label
 starts (located by character offset; the token may carry a prefix such as ``"``, which the
