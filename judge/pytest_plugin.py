@@ -244,9 +244,22 @@ class JudgeSession:
             wanted[f"ndcg{at}"] = min_ndcg
         if min_precision is not None:
             wanted[f"precision{at}"] = min_precision
+        for name, floor in wanted.items():  # before paying: a bar that cannot be compared
+            if isinstance(floor, bool) or not isinstance(floor, int | float):
+                raise TypeError(
+                    f"assert_relevant: the bar for {name} must be a number, got {floor!r}"
+                )
+            if not 0 <= floor <= 1:  # NaN too: a NaN bar passed every test
+                raise ValueError(
+                    f"assert_relevant: the bar for {name} must be in [0, 1], got {floor}"
+                )
         judged = self.judge(query, passages)
         if not wanted:  # no bar given: every passage in the top k must be relevant
-            wanted[f"precision{at}"] = 1.0
+            # ...of those there are: three relevant passages asked at k=5 are all relevant
+            # (precision@5 would count two missing ones as not relevant, and fail).
+            shown = len(judged.judged.verdicts)
+            top = shown if k is None else min(k, shown)
+            wanted[f"precision@{top}" if top else "precision"] = 1.0
         short = []
         for name, floor in wanted.items():
             value = judged.metric(name)
@@ -354,9 +367,10 @@ def assert_relevant(
 ) -> Judged:
     """Judge ``passages`` for ``query`` with the session's judge and fail the test unless
     ``ndcg`` (``ndcg@k``) >= ``min_ndcg``, ``precision`` (``precision@k``) >= ``min_precision``
-    and every ``metrics`` name >= its value; with none of them, every passage (in the top k)
-    must be relevant. The failure lists the passages the judge did not find relevant, with its
-    reasons. Returns the :class:`Judged` query."""
+    and every ``metrics`` name >= its value (each bar a number in [0, 1]); with none of them,
+    every passage (in the top k, of those there are) must be relevant. The failure lists the
+    passages the judge did not find relevant, with its reasons. Returns the :class:`Judged`
+    query."""
     return _session().assert_relevant(
         query, passages, min_ndcg=min_ndcg, min_precision=min_precision, k=k, metrics=metrics
     )

@@ -102,6 +102,38 @@ def test_the_fixture_and_assert_relevant_read_naturally_and_failures_show_verdic
     result.stdout.fnmatch_lines(["judge: 5 requests, 3 answers from the cache, *"])
 
 
+def test_assert_relevant_at_k_over_fewer_passages_and_bars_that_cannot_be_compared(
+    pytester: pytest.Pytester, yes_if_pale: ScriptedServer
+) -> None:
+    """With no bar, every passage in the top k must be relevant, of those there are (three
+    relevant passages at k=5 failed: precision@5 0.600 < 1, "0 of 3 passages not
+    relevant"); a bar that is not a number in [0, 1] is refused before paying (a string was a
+    TypeError inside the plugin, NaN passed every test)."""
+    pytester.makefile(".toml", pyproject=pyproject(yes_if_pale))
+    pytester.makepyfile(
+        """
+        import pytest
+        from judge.pytest_plugin import assert_relevant
+
+        def test_all_relevant_fewer_than_k():
+            assert_relevant("why so wan?", ["pale a", "pale b", "pale c"], k=5)
+
+        def test_one_not_relevant_fewer_than_k():
+            assert_relevant("why so wan?", ["pale a", "dog food"], k=5)
+
+        @pytest.mark.parametrize("bar", ["0.5", float("nan"), 1.5, True])
+        def test_bad_bar(bar):
+            with pytest.raises((TypeError, ValueError), match="the bar for ndcg"):
+                assert_relevant("why so wan?", ["pale a"], min_ndcg=bar)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, failed=1)
+    out = result.stdout.str()
+    assert "judge: 'why so wan?': precision@2 0.500 < 1" in out
+    assert chat_calls(yes_if_pale) == 4  # pale a, b, c and dog food; no bad bar paid for
+
+
 def test_the_cache_is_shared_across_the_session_and_the_next_one(
     pytester: pytest.Pytester, yes_if_pale: ScriptedServer
 ) -> None:
