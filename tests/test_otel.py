@@ -7,6 +7,7 @@ attributes (tokens as the server reported them, cache hits marked), each verdict
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -268,6 +269,29 @@ def test_without_a_tracer_provider_nothing_is_imported_or_emitted(
         check=False,
     )
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stderr
+    assert len(server.requests) == 4
+
+
+def test_a_tracer_provider_that_cannot_be_had_costs_spans_not_the_run(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """OTEL_PYTHON_TRACER_PROVIDER naming no installed provider (a typo) raised inside every
+    provider call: two tracebacks and exit 1, which CI reads as a metric regression. Now the
+    run judges as without telemetry, and says once why it emits no spans."""
+    server = make_server(responder=_responder())
+    config = _config(tmp_path, server)
+    done = subprocess.run(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "no_such_provider"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("tracer provider cannot be used") == 1, done.stderr
     assert len(server.requests) == 4
 
 

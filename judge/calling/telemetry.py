@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import sys
@@ -58,6 +59,8 @@ from judge.version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CAPTURE_ENV", "NO_SPANS", "CallSpan", "QuerySpan", "RunState", "Spans", "spans"]
 
@@ -157,6 +160,8 @@ class Spans:
 NO_SPANS = Spans()
 # The spans for the last tracer provider seen: (provider, spans).
 _LAST: list[tuple[object, Spans]] = []
+# Why the tracer provider could not be had, once it could not: then no spans, for good.
+_BROKEN: list[str] = []
 
 
 def spans() -> Spans:
@@ -170,12 +175,23 @@ def spans() -> Spans:
             trace = importlib.import_module("opentelemetry.trace")
         except ImportError:
             return NO_SPANS
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+    if _BROKEN:
         return NO_SPANS
-    if not _LAST or _LAST[0][0] is not provider:
-        tracer = provider.get_tracer("judge", __version__)
-        _LAST[:] = [(provider, _OtelSpans(tracer, trace))]
+    try:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            return NO_SPANS
+        if not _LAST or _LAST[0][0] is not provider:
+            tracer = provider.get_tracer("judge", __version__)
+            _LAST[:] = [(provider, _OtelSpans(tracer, trace))]
+    except Exception as exc:  # telemetry never fails the judging it watches
+        # A tracer provider that cannot be had (OTEL_PYTHON_TRACER_PROVIDER naming none that
+        # is installed raised StopIteration inside every provider call): no spans, said once.
+        _BROKEN.append(repr(exc))
+        log.warning(
+            "OpenTelemetry's tracer provider cannot be used (%r): judge emits no spans", exc
+        )
+        return NO_SPANS
     return _LAST[0][1]
 
 
