@@ -429,6 +429,34 @@ def test_validate_reads_a_trec_run_config_as_judge_run_does(
     assert server.requests == []
 
 
+def test_an_empty_trec_run_or_two_datasets_in_one_config_are_refused(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty run file judged nothing, then failed its unparsed-rate threshold with exit 1
+    (a regression, to CI); [dataset] path beside trec_run judged the run file silently."""
+    data = Path(__file__).resolve().parent.parent / "datasets"
+    empty = tmp_path / "empty.run"
+    empty.write_text("", encoding="utf-8")
+    trec = {
+        "trec_run": str(empty),
+        "passage_store": str(data / "passages.jsonl"),
+        "queries": str(data / "queries.tsv"),
+    }
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    text = config.read_text(encoding="utf-8").replace(f'path = "{SAMPLE}"\n', "")
+    text = text.replace(
+        "[dataset]\n", "[dataset]\n" + "".join(f'{k} = "{v}"\n' for k, v in trec.items())
+    )
+    config.write_text(text, encoding="utf-8")
+    for command in (["validate", str(config)], ["run", str(config), "--out", str(tmp_path / "o")]):
+        assert main(command) == 2
+        assert f"{empty}: no run lines: nothing to judge" in capsys.readouterr().err
+    config.write_text(text.replace("[dataset]\n", f'[dataset]\npath = "{SAMPLE}"\n'), "utf-8")
+    assert main(["run", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "gives both path and trec_run" in capsys.readouterr().err
+    assert server.requests == []
+
+
 def test_one_file_for_cache_and_history_or_a_directory_as_either_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

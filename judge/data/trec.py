@@ -91,6 +91,8 @@ def read_trec_run(
     out = _queries(lists, store, texts, sink, name, max_passage_chars)
     for qid in sorted(texts.keys() - {q.query_id for q in out}):
         sink.note(f"query '{qid}' has no lines in the run (skipped)", name)
+    if not out and not sink.errors:  # an empty run judged nothing, then failed a threshold
+        sink.error("no run lines: nothing to judge", name, None)
     sink.raise_if_any()
     return DatasetReport(queries=tuple(out), problems=tuple(sink.problems), **counts(out))
 

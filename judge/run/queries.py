@@ -18,6 +18,16 @@ log = logging.getLogger(__name__)
 def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
     """The dataset named on the command line, else the config's [dataset]."""
     ds = config.dataset
+    if ds.trec_run and ds.path:
+        raise ConfigError(
+            f"{config.source}: [dataset] gives both path and trec_run: give one (which to judge?)"
+        )
+    if ds.trec_run and dataset is not None:
+        log.warning(
+            "the dataset on the command line (%s) is judged, not [dataset] trec_run (%s)",
+            dataset,
+            ds.trec_run,
+        )
     if ds.trec_run and dataset is None:
         if not (ds.passage_store and ds.queries):
             raise ConfigError(
@@ -26,6 +36,8 @@ def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
         trec = read_trec_run(
             ds.trec_run, ds.passage_store, ds.queries, max_passage_chars=ds.max_passage_chars
         )
+        for problem in trec.problems:  # a passage cut to the limit, a query with no lines
+            log.warning("%s", problem)
         return list(trec.queries)
     path = dataset or ds.path
     if path is None:
