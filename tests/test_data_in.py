@@ -118,6 +118,39 @@ def test_a_missing_column_is_one_line_naming_the_mapping_before_any_request(
         j.judge_many(odd, columns="langchain", progress=False)
 
 
+def test_a_frame_indexed_by_its_own_id_column_with_gaps_in_integer_ids_is_read(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """set_index("query_id", drop=False) gave pandas' "cannot insert query_id, already
+    exists"; integer ids in a column with a missing value are floats (1.0), refused as "a
+    number". Now the index copy is dropped and 1.0 is the id 1; the missing id is named."""
+    frame = pd.DataFrame(
+        {
+            "query_id": ["q1", "q2"],
+            "query": ["why so wan?", "why so wan?"],
+            "retrieved_texts": [["pale gums"], ["dog food"]],
+        }
+    ).set_index("query_id", drop=False)
+    with make_judge(yes_if_pale) as j:
+        got = j.judge_many(frame, progress=False)
+    assert [jq.query.query_id for jq in got] == ["q1", "q2"] and labels(got) == [["yes"], ["no"]]
+    gappy = pd.DataFrame(
+        {
+            "query_id": [1, None, 3],
+            "query": ["a?", "b?", "c?"],
+            "retrieved_texts": [["pale"], ["pale"], ["pale"]],
+        }
+    )
+    assert gappy["query_id"].dtype == "float64"
+    with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
+        j.judge_many(gappy, progress=False)
+    assert "rows[1]: field 'query_id'" in str(caught.value)
+    assert "rows[0]" not in str(caught.value) and "rows[2]" not in str(caught.value)
+    with make_judge(yes_if_pale) as j:
+        got = j.judge_many(gappy.dropna(), progress=False)
+    assert [jq.query.query_id for jq in got] == ["1", "3"]
+
+
 def judge_config_error() -> type[Exception]:
     from judge import ConfigError
 

@@ -146,12 +146,17 @@ def test_bad_rows_fail_together_naming_index_and_field_before_any_request(
         ("q", [{"text": 5}], "passages[0]: field 'text': Input should be a valid string"),
         (123, ["a"], "query: expected a string or a Query, got int"),
         (" ", ["a"], "query: empty"),
+        ("q", "DataFrame", "passages: got a DataFrame, whose iteration gives its column names"),
     ],
 )
 def test_judge_refuses_what_is_not_a_query_and_its_passages_before_any_request(
     yes_if_pale: ScriptedServer, query: Any, passages: Any, said: str
 ) -> None:
-    """A string where the list goes would be judged (and paid for) a character at a time."""
+    """A string where the list goes would be judged (and paid for) a character at a time, a
+    DataFrame a column name at a time."""
+    if passages == "DataFrame":
+        pandas = pytest.importorskip("pandas")
+        passages = pandas.DataFrame({"text": ["pale gums", "dog food"]})
     with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
         j.judge(query, passages)
     assert str(caught.value).startswith(said)
@@ -436,6 +441,36 @@ def test_ctrl_c_cancels_the_batch_and_the_judge_still_works(in_loop: bool) -> No
         total = len(srv.requests)
     assert 1 <= asked[0] < 5  # of the 20 the batch would have sent (0.5 s each, one at a time)
     assert label == "yes" and total < 7
+
+
+def test_two_threads_first_calls_at_once_share_one_loop_and_both_finish() -> None:
+    """Two threads' first calls on a new Judge at the same moment each made a loop of its own
+    (the lazily made loop had no lock): their clients and limits then belonged to the other
+    loop, and both waited forever."""
+    with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no"), latency=0.05) as srv:
+        for attempt in range(5):  # the race needs the two starts together: try a few times
+            j = make_judge(srv, limits=Limits(concurrency=8, adaptive=False, timeout_s=10.0))
+            start = threading.Barrier(2)
+            got: dict[str, Any] = {}
+
+            def call(name: str, j: Judge = j, start: threading.Barrier = start) -> None:
+                rows = [row(f"{name}{i}", "bm25", ["pale a", "dog b"]) for i in range(5)]
+                start.wait()
+                got[name] = j.judge_many(rows, progress=False)
+
+            threads = [threading.Thread(target=call, args=(n,), daemon=True) for n in "AB"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            loops = sum(t.name == "judge-loop" for t in threading.enumerate())
+            hung = [t for t in threads if t.is_alive()]
+            if not hung:
+                j.close()
+            assert not hung, f"attempt {attempt}: a call never returned"
+            assert loops == 1, f"attempt {attempt}: {loops} loops for one Judge"
+            assert sorted(got) == ["A", "B"]
+            assert all(len(got[n]) == 5 for n in "AB")
 
 
 def test_ctrl_c_in_one_thread_leaves_another_threads_call_on_the_same_judge_alone() -> None:

@@ -240,8 +240,13 @@ def as_table(rows: Any) -> Table | None:
     frame, dataset = _of("pandas", "DataFrame"), _of("datasets", "Dataset")
     arrow, splits = _of("pyarrow", "Table"), _of("datasets", "DatasetDict")
     if frame is not None and isinstance(rows, frame):
+        # Named index levels (Phoenix's span ids) are columns; a level named as a column is
+        # that column's copy (set_index(..., drop=False)) and is dropped, not a clash.
+        copies = [n for n in rows.index.names if n is not None and n in rows.columns]
+        if copies:
+            rows = rows.reset_index(level=copies, drop=True)
         if any(name is not None for name in rows.index.names):
-            rows = rows.reset_index()  # named index levels (Phoenix's span ids) are columns
+            rows = rows.reset_index()
         columns = tuple(str(c) for c in rows.columns)
         return Table("rows", columns, _cells(rows.to_dict(orient="records")))
     if splits is not None and isinstance(rows, splits):

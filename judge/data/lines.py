@@ -190,6 +190,8 @@ class Row:
         return text
 
     def ident(self, value: Any, field: str) -> str | None:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # an integer column with a gap is float in a DataFrame: 1.0
         if value is MISSING:
             self.bad(field, "missing")
         elif isinstance(value, bool) or not isinstance(value, str | int):

@@ -49,6 +49,11 @@ PassageLike = Passage | str | Mapping[str, Any]
 Rows = Iterable[QueryRow] | str | os.PathLike[str] | Any
 
 
+# Tables (pandas, pyarrow, Hugging Face datasets): rows of queries for judge_many, never one
+# query's passages.
+_TABLES = frozenset({"DataFrame", "Table", "Dataset", "DatasetDict"})
+
+
 def as_passages(
     passages: Iterable[PassageLike], *, max_passage_chars: int = 8000
 ) -> tuple[Passage, ...]:
@@ -60,6 +65,12 @@ def as_passages(
         raise InputError(
             "passages: expected a list of passages (strings, dicts or Passages), got one "
             f"{type(passages).__name__}"
+        )
+    if type(passages).__name__ in _TABLES:  # iterating a DataFrame gives its column names
+        raise InputError(
+            f"passages: got a {type(passages).__name__}, whose iteration gives its column "
+            "names (each would be judged, and paid for, as a passage): give a list, such as "
+            "df['text'].tolist() or df.to_dict('records'), or the whole table to judge_many"
         )
     out: list[Passage] = []
     for i, item in enumerate(passages):
@@ -125,15 +136,26 @@ class _Item(Row):
         self.sink.problems.append(f"{self.file}: {message}")
 
 
-def _one(item: Any, index: int, sink: Sink, opt: _Options, unused: dict[str, int]) -> Query | None:
+def _named(item: Any, opt: _Options) -> bool:
+    """Whether ``item`` gives its query id (under any name ``columns`` maps to query_id)."""
+    return isinstance(item, Mapping) and any(opt.top.get(k, k) == "query_id" for k in item)
+
+
+def _one(
+    item: Any, index: int, sink: Sink, opt: _Options, unused: dict[str, int], ids: bool
+) -> Query | None:
     if isinstance(item, Query):
         return item
     row = _Item(sink, index)
     if not isinstance(item, Mapping):
         row.bad(None, f"expected a dataset row (a dict) or a Query, got {type(item).__name__}")
         return None
-    # A row gives its query id under any name that ``columns`` maps to query_id, or gets one.
-    named = any(opt.top.get(key, key) == "query_id" for key in item)
+    # A row gives its query id, or gets one (``row<index>``); in a table whose other rows
+    # give one (``ids``), a row without one is missing it.
+    named = _named(item, opt)
+    if ids and not named:
+        row.bad("query_id", "missing (other rows give one)")
+        return None
     data = dict(item) if named else {"query_id": f"row{index}", **item}
     query = _parse_row(data, row, opt, unused)
     return None if query is None else query.model_copy(update={"source": row.file})
@@ -153,18 +175,19 @@ def _hint(fields: Iterable[Any], columns: Mapping[str, str] | str | None) -> str
 
 def _table_rows(
     rows: Any, columns: Mapping[str, str] | str | None, max_chars: int
-) -> tuple[Iterable[Any], dict[str, str], list[Query]]:
+) -> tuple[Iterable[Any], dict[str, str], list[Query], bool]:
     """What ``rows`` holds, as (rows to parse, the renames to parse them with, Queries read
-    already): a path (str or PathLike) is a dataset file read by the file reader (JSONL or
-    Parquet); a DataFrame, Dataset or pyarrow Table is checked for a query and passages
-    column first, and one passage per row grouped (data/frames.py); anything else as it is."""
+    already, whether they came from a table): a path (str or PathLike) is a dataset file
+    read by the file reader (JSONL or Parquet); a DataFrame, Dataset or pyarrow Table is
+    checked for a query and passages column first, and one passage per row grouped
+    (data/frames.py); anything else as it is."""
     renames, preset = resolve_columns(columns)
     split_columns(renames)  # a mapping to an unknown field is named before anything is read
     if isinstance(rows, str | os.PathLike):
         report = read_queries(Path(rows), columns=columns, max_passage_chars=max_chars)
         for note in report.problems:
             log.warning("%s", note)
-        return [], renames, list(report.queries)
+        return [], renames, list(report.queries), False
     table = as_table(rows)
     if table is None and isinstance(columns, str):  # a preset reads plain dicts as a table
         rows = list(rows)
@@ -177,8 +200,8 @@ def _table_rows(
                 f"rows: expected rows (a list of dicts or Queries, a DataFrame, a "
                 f"dataset path), got one {type(rows).__name__}"
             )
-        return rows, renames, []
-    return [row for _, row in table.dataset_rows(renames, preset)], renames, []
+        return rows, renames, [], False
+    return [row for _, row in table.dataset_rows(renames, preset)], renames, [], True
 
 
 def as_queries(
@@ -191,15 +214,19 @@ def as_queries(
     renaming fields as a dataset file's do (or naming a preset), or one InputError naming
     every bad row (``rows[i]``) and field."""
     check_limit(max_passage_chars)
-    items, renames, queries = _table_rows(rows, columns, max_passage_chars)
+    items, renames, queries, tabled = _table_rows(rows, columns, max_passage_chars)
     sink = Sink()
     top, inner = split_columns(renames)
     opt = _Options(top=top, inner=inner, max_chars=max_passage_chars)
     first: dict[tuple[str, str], int] = {}
     unused: dict[str, int] = {}
     failed: Mapping[str, Any] | None = None  # the first bad dict row, for a hint
+    # A table's id column with a gap (pandas makes it NaN, read as no cell) is a missing id;
+    # plain dict rows may mix rows with ids and rows numbered by their place.
+    items = list(items)
+    ids = tabled and any(_named(item, opt) for item in items)
     for index, item in enumerate(items):
-        query = _one(item, index, sink, opt, unused)
+        query = _one(item, index, sink, opt, unused, ids)
         if query is None:
             if failed is None and isinstance(item, Mapping):
                 failed = item

@@ -46,7 +46,10 @@ def _task_factory(
     **kwargs: Any,
 ) -> asyncio.Task[Any]:
     task = asyncio.Task(coro, loop=loop, **kwargs)
-    family = _CALL.get()
+    # The task's own context when one is given (a gate starts a query's next ask in that
+    # query's context, from whichever call's task freed the slot), else its creator's.
+    context = kwargs.get("context")
+    family = context.get(_CALL) if context is not None else _CALL.get()
     if family is not None:
         family.add(task)
     return task
@@ -83,19 +86,23 @@ class OwnLoop:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # Two threads' first calls at once made two loops: each call's HTTP clients and
+        # limits then belonged to the other's loop, and both waited forever.
+        self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
         return self._loop is not None
 
     def _started(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            loop.set_task_factory(_task_factory)
-            thread = threading.Thread(target=loop.run_forever, name="judge-loop", daemon=True)
-            thread.start()
-            self._loop, self._thread = loop, thread
-        return self._loop
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                loop.set_task_factory(_task_factory)
+                thread = threading.Thread(target=loop.run_forever, name="judge-loop", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the private loop and wait for its result."""
@@ -119,10 +126,11 @@ class OwnLoop:
 
     def close(self) -> None:
         """Cancel what is left on the loop, stop its thread and close it."""
-        loop, thread = self._loop, self._thread
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
         if loop is None or thread is None:
             return
-        self._loop = self._thread = None
         try:
             asyncio.run_coroutine_threadsafe(_shutdown(), loop).result()
         finally:
