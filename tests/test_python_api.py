@@ -452,8 +452,11 @@ def test_two_threads_first_calls_at_once_share_one_loop_and_both_finish() -> Non
             j = make_judge(srv, limits=Limits(concurrency=8, adaptive=False, timeout_s=10.0))
             start = threading.Barrier(2)
             got: dict[str, Any] = {}
+            before = {t for t in threading.enumerate() if t.name == "judge-loop"}
 
-            def call(name: str, j: Judge = j, start: threading.Barrier = start) -> None:
+            def call(
+                name: str, j: Judge = j, start: threading.Barrier = start, got: Any = got
+            ) -> None:
                 rows = [row(f"{name}{i}", "bm25", ["pale a", "dog b"]) for i in range(5)]
                 start.wait()
                 got[name] = j.judge_many(rows, progress=False)
@@ -463,7 +466,7 @@ def test_two_threads_first_calls_at_once_share_one_loop_and_both_finish() -> Non
                 t.start()
             for t in threads:
                 t.join(timeout=60)
-            loops = sum(t.name == "judge-loop" for t in threading.enumerate())
+            loops = sum(t.name == "judge-loop" and t not in before for t in threading.enumerate())
             hung = [t for t in threads if t.is_alive()]
             if not hung:
                 j.close()
