@@ -4,6 +4,7 @@ stops gracefully with a summary marked incomplete; a damaged cache is moved asid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from judge.cli.main import main
+from judge.config import load_config
 from judge.data.results import RESULTS_FILE
 from judge.judging.prompts import MARK
+from judge.run.queries import load_queries
+from judge.run.runner import run_async, signals_held
 from tests.servers import Fault, Item, Recorded, ScriptedServer, hashed_responder
 from tests.test_runner import verdict_labels, write_config, write_dataset
 from tests.wire import Answer
@@ -127,6 +131,32 @@ def test_once_too_many_errors_stop_the_run_no_request_leaves_after_the_decision(
     # started meanwhile (a failed attempt's backoff frees its slot) add a few tens, and
     # nothing leaves after it: 85-90 requests here, all 300 before.
     assert len(server.requests) <= 120, len(server.requests)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_before_the_run_installs_its_handlers_still_stops_it(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C in the first half-second of `judge run` (before the run's own handlers) was
+    taken by asyncio.run's, whose cancel start-up swallowed: the whole run was paid for and
+    ended "ok". Held from before asyncio.run, it stops the run as a later one does."""
+    server = make_server(responder=hashed_responder(), latency=0.05)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=20, n_passages=5)
+    config = load_config(
+        write_config(
+            tmp_path / "c.toml",
+            server,
+            tmp_path / "cache.sqlite",
+            {"dataset": {"path": str(dataset), "label_scale": "binary"}},
+        )
+    )
+    with signals_held() as unheard:
+        os.kill(os.getpid(), sig)  # arrives now, before asyncio.run
+        outcome = asyncio.run(run_async(config, load_queries(config), tmp_path / "out"))
+    assert unheard == []  # taken up by the run
+    assert (outcome.status, outcome.stopped_by) == ("incomplete", "interrupted")
+    assert server.requests == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
 def test_a_server_that_is_down_is_incomplete(

@@ -13,11 +13,12 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from judge.cli.common import (
     EXIT_BAD_INPUT,
@@ -54,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries, sample_queries
     from judge.run.resume import resume_problem
-    from judge.run.runner import run_async
+    from judge.run.runner import run_async, signals_held
 
     batch = {"run.batch": True} if args.batch else {}
     config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
@@ -84,7 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     more = {"keep": kept} if run is run_async else {}
     preload = threading.Thread(target=_import_report_stage, name="judge-import", daemon=True)
     preload.start()
-    outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
+    with signals_held() as unheard:
+        outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
+    if unheard:  # a signal no run handler took up: the run is not to be trusted as finished
+        raise KeyboardInterrupt
     plan = {(q.query_id, q.engine, r) for q in queries for r in range(config.run.repeats)}
     del queries  # the summary reads the results; a large dataset need not stay in memory
     preload.join()
@@ -538,7 +542,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # collector's default (a pass every 700 allocations, a full one every 100 passes) walks
     # them again and again: a third of a large cached re-run. Cycles are rare here.
     gc.set_threshold(50_000, 20, 100)
-    parser = build_parser()
+    try:
+        parser = build_parser()  # the commands' modules load: Ctrl-C here sent nothing
+    except KeyboardInterrupt:
+        print("judge: interrupted", file=sys.stderr)
+        return EXIT_INCOMPLETE
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("judge: %(message)s") if args.verbose else _OneLine())
@@ -548,6 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The dashscope SDK logs each failed request with its traceback, then raises it to us:
     # the retry layer decides and reports it (--verbose shows the SDK's own lines).
     logging.getLogger("dashscope").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
+    # SIGTERM and SIGHUP end a command as Ctrl-C does (one line, exit 3), not silently with
+    # 143; a run takes all three over while it judges (run/runner.py).
+    terminate = _as_interrupt()
     try:
         code: int = args.func(args)
     except JudgeError as exc:
@@ -564,7 +575,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"judge: {where}cannot write or read: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        for sig, previous in terminate.items():
+            signal.signal(sig, previous)
     return code
+
+
+def _as_interrupt() -> dict[signal.Signals, Any]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does (the main thread only);
+    the handlers they replace, to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 if __name__ == "__main__":

@@ -175,13 +175,36 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Signals that came before the run's own handlers were installed (see signals_held).
+_EARLY: list[signal.Signals] = []
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[signal.Signals]]:
+    """Record SIGINT, SIGTERM and SIGHUP from here until a run installs its handlers
+    (:func:`_signals_stop`), which then stops as for a signal that came after: asyncio.run's
+    own SIGINT handler cancelled the main task, a cancel start-up swallowed, and the whole
+    run was then paid for and ended "ok". Yields what was recorded and never taken up (a way
+    of running that installs no handlers): the caller ends interrupted for those."""
+    _EARLY.clear()
+    held = {
+        sig: signal.signal(sig, lambda n, _f: _EARLY.append(signal.Signals(n))) for sig in SIGNALS
+    }
+    try:
+        yield _EARLY
+    finally:
+        for sig, previous in held.items():
+            signal.signal(sig, previous)
+
+
 @contextlib.contextmanager
 def _signals_stop(batch: _Batch) -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP stop the run gracefully: no new unit starts, units in
     flight get ``[run] grace_s`` to finish, then are cancelled; a second signal cancels at
     once. The run then ends as usual (results kept, summary written, marked incomplete)."""
     loop = asyncio.get_running_loop()
-    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    signals = SIGNALS
 
     def on_signal(sig: signal.Signals) -> None:
         if batch.stopped.is_set() and batch.stopped_by == "interrupted":
@@ -201,6 +224,10 @@ def _signals_stop(batch: _Batch) -> Iterator[None]:
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread: the caller handles signals
+    if installed:
+        early, _EARLY[:] = list(_EARLY), []
+        for sig in early[:2]:  # one early signal stops; a second cancels, as later ones do
+            on_signal(sig)
     try:
         yield
     finally:
