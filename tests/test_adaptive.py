@@ -7,6 +7,7 @@ import asyncio
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 from judge.calling.limits import AdaptiveLimit, Limits
 from judge.judging.judge import Judge
@@ -186,3 +187,35 @@ def test_faults_alone_never_shrink_the_limit_and_overload_halves_it_at_once() ->
     overloaded = AdaptiveLimit(32, start=32)
     seen = _fed(overloaded, 0.6, 0.0, 40, 1)  # 60% 429s: overload, judged in the first round
     assert seen[-1] <= 16
+
+
+def _timed(limit: AdaptiveLimit, latency: Callable[[int], float], n: int) -> list[int]:
+    """Feed ``limit`` n successes, each taking ``latency(limit.current)``; the limit after
+    each."""
+    seen = []
+    for _ in range(n):
+        limit.success(latency(limit.current))
+        seen.append(limit.current)
+    return seen
+
+
+def test_a_provider_slower_whatever_the_load_gets_its_slots_back() -> None:
+    """Twenty times slower for good (a busy hour, a bigger model behind the URL): the old
+    rule compared every round with the lowest latency ever seen and cut a quarter each round,
+    down to the floor (8 of 64) for the rest of the run. Cuts that leave the latency where it
+    was are given back, and the slow latency becomes the new lowest."""
+    limit = AdaptiveLimit(64, start=64)
+    assert set(_timed(limit, lambda _: 0.05, 2000)) == {64}
+    after = _timed(limit, lambda _: 1.0, 4000)
+    assert min(after) < 64  # it did try cutting: it cannot tell at once
+    assert after[-1] == 64 and statistics.mean(after[-1000:]) >= 60
+
+
+def test_latency_our_load_causes_is_still_cut() -> None:
+    """Queueing we cause (the latency grows with what is in flight past the provider's 16
+    parallel slots) keeps being cut: the cuts bring the latency down, so it is not taken for
+    a slower provider."""
+    limit = AdaptiveLimit(64, start=16)
+    seen = _timed(limit, lambda current: 0.05 * max(1.0, current / 16), 20000)
+    assert max(seen) > 48  # it grew into the queueing...
+    assert max(seen[-5000:]) <= 50 and statistics.mean(seen[-5000:]) <= 45  # ...and stays out

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from judge.calling.limits import Limits, worst_case_prompt_tokens
+from judge.calling.limits import Limits, Tail, worst_case_prompt_tokens
 from judge.judging.judge import Judge
 from tests.servers import Answer, Item, Recorded, ScriptedServer, hashed_responder
 
@@ -180,3 +180,26 @@ def test_hedges_stay_a_small_share_of_the_requests(
     assert stats.hedges <= 0.05 * first_requests
     # The server saw each passage once, each retry and each hedge: nothing else was sent.
     assert len(server.requests) == stats.requests == len(passages) + stats.retries + stats.hedges
+
+
+def test_a_provider_slower_for_everyone_is_not_abandoned_and_paid_twice() -> None:
+    """After a fast spell the deadline is a few p95s (here the 1 s floor). When the provider
+    turns slower for every request, each attempt was abandoned at it and sent again, and the
+    provider answered (and billed) both: while most of the latest attempts were abandoned,
+    attempts get timeout_s, until the answers bring the p95 up to date. Some hung requests
+    among fast answers keep the short deadline."""
+    tail = Tail(Limits(timeout_s=60.0))
+    for _ in range(100):
+        tail.answered(0.05)
+    assert tail.deadline(1) == 1.0
+    for _ in range(9):  # a tenth of the latest attempts hung: the short deadline holds
+        tail.abandoned()
+        for _ in range(9):
+            tail.answered(0.05)
+    assert tail.deadline(1) == 1.0
+    for _ in range(11):  # slower for everyone: most attempts of late abandoned
+        tail.abandoned()
+    assert tail.deadline(1) == 60.0
+    for _ in range(20):  # its answers come (at 1.5 s) and the p95 catches up
+        tail.answered(1.5)
+    assert tail.deadline(1) == 6.0  # 4 x the p95 of the answers

@@ -635,8 +635,9 @@ class Caller:
         self.stats.hedges += hedge
         if left is not None and not left.done():  # (done: its watcher was cancelled)
             left.set_result(None)
+        deadline = self._deadline(tail, attempt)
         try:
-            async with asyncio.timeout(self._deadline(tail, attempt)):
+            async with asyncio.timeout(deadline):
                 answer = await send()
             if not answer.usage_known:  # counts that are not counts: the worst case, as reserved
                 answer = answer.model_copy(update={"usage": reservation.usage})
@@ -645,6 +646,8 @@ class Caller:
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
+            if kind == "timeout" and deadline < self.limits.timeout_s:
+                tail.abandoned()
             spent = billed_on_failure(exc, kind, spent)
             self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge)

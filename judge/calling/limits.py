@@ -105,6 +105,9 @@ QUEUEING_S = 0.05
 THROTTLED_SHARE = 0.4
 SHARE_MARGIN = 1.0
 MAX_ROUNDS = 4
+# Latency cuts that leave a round's median above LATENCY_KEPT of the first slow round's, for
+# SLOW_ROUNDS rounds, were not queueing of ours: the provider got slower (AdaptiveLimit._slower).
+LATENCY_KEPT, SLOW_ROUNDS = 0.9, 2
 
 
 class AdaptiveLimit:
@@ -117,7 +120,9 @@ class AdaptiveLimit:
     provider is overloaded (by a margin; a round too close to call goes on:
     :data:`SHARE_MARGIN`); a round whose median latency passed
     ``slow`` times the lowest seen, and by more than :data:`QUEUEING_S` (queueing at the
-    provider), takes a quarter off. A few 429s that come whatever the load, hung requests,
+    provider), takes a quarter off, unless such cuts leave the latency where it was (the
+    provider got slower whatever the load): then that latency is the new lowest, and the
+    cuts are given back. A few 429s that come whatever the load, hung requests,
     5xx and dropped connections are faults, not overload: the retry layer deals with them, and the
     limit does not shrink for them. Every success adds ``1 / limit`` (one slot per round of
     calls, as TCP's congestion avoidance does). A round that is mostly throttles (three in
@@ -138,6 +143,9 @@ class AdaptiveLimit:
         self.in_flight = 0
         self.peak = 0
         self.fastest: float | None = None
+        # Since a round was first found slow: the limit before it was cut, that round's
+        # median, and the slow rounds since that a cut did not bring down (see _slower).
+        self._slowed: tuple[float, float, int] | None = None
         # The round being judged: its successes' latencies, its throttles, its other failures.
         self._latencies: list[float] = []
         self._throttles = 0
@@ -228,7 +236,8 @@ class AdaptiveLimit:
         if not heavy and abs(share - THROTTLED_SHARE) <= spread and self._rounds < MAX_ROUNDS:
             self._rounds += 1  # too close to call: the round goes on
             return False
-        median = statistics.median(self._latencies) if self._latencies else None
+        latencies = self._latencies
+        median = statistics.median(latencies) if latencies else None
         self._latencies, self._throttles, self._faults, self._rounds = [], 0, 0, 1
         if heavy or share > THROTTLED_SHARE + spread:
             return self._cut(0.5)
@@ -239,8 +248,28 @@ class AdaptiveLimit:
             and median > self.slow * fastest
             and median - fastest > QUEUEING_S
         ):
-            return self._cut(0.75)
+            return self._slower(median, min(latencies))
+        self._slowed = None
         return False
+
+    def _slower(self, median: float, quickest: float) -> bool:
+        """A slow round: queueing that our load causes, so a quarter off the limit, unless
+        cuts have not brought the latency down (LATENCY_KEPT of the first slow round's, for
+        SLOW_ROUNDS rounds): then the provider is slower whatever the load (a bigger model
+        behind the same URL, a busy hour), the slow latency is the new normal, and the limit
+        the cuts took is given back (a 20x slower provider held 64 slots down to 8 for good)."""
+        if self._slowed is None:
+            self._slowed = (self.limit, median, 0)
+            return self._cut(0.75)
+        before, first, kept = self._slowed
+        if median >= LATENCY_KEPT * first:
+            kept += 1
+            if kept >= SLOW_ROUNDS:
+                self.fastest, self._slowed = max(quickest, 1e-3), None
+                self.limit = max(self.limit, before)
+                return False
+        self._slowed = (before, first, kept)
+        return self._cut(0.75)
 
     def _cut(self, factor: float) -> bool:
         self.limit = max(self.floor, self.limit * factor)
@@ -255,6 +284,9 @@ ATTEMPT_P95, ATTEMPT_FLOOR_S = 4.0, 1.0
 HEDGE_P95, HEDGE_FLOOR_S = 2.0, 0.2
 # Hedges that may be saved up while the provider is well (so a slow spell is not doubled).
 HEDGE_BURST = 8.0
+# The latest attempts' ends that tell a provider slower for everyone (most abandoned at their
+# deadline) from some hung requests (Tail._shifted).
+SHIFT_WINDOW = 20
 
 
 class Gate:
@@ -337,7 +369,9 @@ class Tail:
       ``attempt_timeout_s`` replaces the max), and retried: a hung request holds its slot for
       a few p95s, not the whole ``timeout_s``. It is a fault, never a sign of overload, so the
       concurrency limit does not shrink for it. Doubling on each retry keeps a provider that
-      became slow for every request reachable while the p95 catches up. Without history, or
+      became slow for every request reachable while the p95 catches up, and while most of the
+      latest :data:`SHIFT_WINDOW` attempts were abandoned (slow for all, not hung for some) the
+      deadline is ``timeout_s``: abandoning would pay each answer twice. Without history, or
       for a model on this machine (``local``: its latency is our own CPU), it is ``timeout_s``.
     - **Hedging.** An attempt with no answer after ``max(HEDGE_FLOOR_S, HEDGE_P95 x p95)``
       gets a second, identical request (:meth:`may_hedge`); the first answer wins, the other
@@ -355,10 +389,17 @@ class Tail:
         self._recent: deque[float] = deque(maxlen=TAIL_WINDOW)
         self._p95: float | None = None  # cached until the next answer
         self._saved = 0.0  # hedges earned and not yet spent
+        # The latest attempts' ends: True for one abandoned at its deadline (see deadline).
+        self._ends: deque[bool] = deque(maxlen=SHIFT_WINDOW)
 
     def answered(self, latency_s: float) -> None:
         self._recent.append(latency_s)
         self._p95 = None
+        self._ends.append(False)
+
+    def abandoned(self) -> None:
+        """An attempt given up at its deadline (its answer, if it comes, is paid all the same)."""
+        self._ends.append(True)
 
     @property
     def p95(self) -> float | None:
@@ -372,11 +413,18 @@ class Tail:
         """Seconds attempt ``attempt`` (1 for a call's first) may take before it is abandoned."""
         if self.fixed_s > 0:
             base = self.fixed_s
-        elif self.local or (p95 := self.p95) is None:
+        elif self.local or (p95 := self.p95) is None or self._shifted():
             return self.timeout_s
         else:
             base = max(ATTEMPT_FLOOR_S, ATTEMPT_P95 * p95)
         return min(self.timeout_s, base * 2.0 ** max(0, attempt - 1))
+
+    def _shifted(self) -> bool:
+        """Most of the latest attempts were abandoned: the provider is slower for every
+        request, not hung for some, and the p95 of its answers is out of date. Abandoning more
+        would pay for each answer twice (a 20x slower provider: 7% of bodies answered twice),
+        so attempts get timeout_s until its answers bring the p95 up to date."""
+        return sum(self._ends) * 2 > SHIFT_WINDOW
 
     def hedge_after(self) -> float | None:
         """Seconds without an answer after which an attempt is hedged (None: never)."""
