@@ -219,6 +219,7 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     err = capsys.readouterr().err
     assert code == EXIT_BUDGET, err
     assert "token usage that is not a count" in caplog.text
+    assert "token budget reached: spent at most" in err  # worst cases: an upper bound
     answered = [r for r in server.requests if r.path.endswith(("/chat/completions", "/generation"))]
     assert 1 <= len(answered) < 20  # each answer priced at its worst case, under the cap
     labels = verdict_labels(tmp_path / "o")

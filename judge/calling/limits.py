@@ -610,14 +610,22 @@ class Budget:
             what = f"{self._spent('tokens')} (the next request could use up to {next_tokens})"
         return what + "; rerun with a larger budget to resume"
 
-    def spent_message(self) -> str:
+    def spent_message(self, worst_counted: int = 0) -> str:
         """The cap that was reached, with what was spent in the end: requests smaller than
-        the one refused may still have fitted, and those in flight settled after it."""
+        the one refused may still have fitted, and those in flight settled after it.
+        ``worst_counted``: requests counted at their worst case (usage never reported, an
+        attempt abandoned or dropped): the spend is then an upper bound, said as one."""
         by = self.reached_by or ("cost" if self.limits.max_cost > 0 else "tokens")
-        return f"{self._spent(by)}; rerun with a larger budget to resume"
+        return f"{self._spent(by, worst_counted)}; rerun with a larger budget to resume"
 
-    def _spent(self, by: str) -> str:
+    def _spent(self, by: str, worst_counted: int = 0) -> str:
         lim = self.limits
+        spent = "spent at most" if worst_counted else "spent"
+        why = (
+            f" ({worst_counted} request(s) with no usage reported counted at their worst case)"
+            if worst_counted
+            else ""
+        )
         if by == "cost":
-            return f"cost budget reached: spent ${self.cost:.4f} of ${lim.max_cost:.4f}"
-        return f"token budget reached: spent {self.usage.total} of {lim.max_tokens} tokens"
+            return f"cost budget reached: {spent} ${self.cost:.4f} of ${lim.max_cost:.4f}{why}"
+        return f"token budget reached: {spent} {self.usage.total} of {lim.max_tokens} tokens{why}"

@@ -421,7 +421,8 @@ class Judge:
         try:
             return await self._loop.call(work)
         except BudgetExceeded:  # said with what was spent in the end (answers in flight settled)
-            raise BudgetExceeded(self.caller.budget.spent_message()) from None
+            caller = self.caller
+            raise BudgetExceeded(caller.budget.spent_message(caller.stats.worst_counted)) from None
 
     async def _judge_many(
         self,

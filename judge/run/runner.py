@@ -442,7 +442,9 @@ class _Batch:
         complete = self.reason is None and finished_now == len(self.units)
         reason = self.reason
         if self.stopped_by == "budget" and spent.reached_by is not None:
-            reason = spent.spent_message()  # what was spent in the end, not when it was hit
+            # What was spent in the end, not when it was hit (at most, where some requests'
+            # usage is their worst case).
+            reason = spent.spent_message(s.worst_counted)
         return RunOutcome(
             out_dir=str(out_dir),
             status="complete" if complete else "incomplete",
