@@ -22,6 +22,7 @@ ENTRY_POINTS = {"judge", "judge.__main__", "judge.pytest_plugin"}
 LAZY_IMPORTERS = {
     "judge": "the public API imports each name on first use: `import judge` stays light",
     "judge.cli.main": "a command imports only what it runs: `judge --help` stays fast",
+    "judge.__main__": "Ctrl-C while the command's modules load is one line, exit 3",
     "judge.cli.admin": "`judge cache` / `judge model` import the cache or weights on use",
     "judge.cli.batch": "`judge batch` imports the Batch API's wire only when it runs",
     "judge.cli.common": "the dry-run printout imports the estimate only when printing one",

@@ -258,17 +258,8 @@ def parse_listwise(
         said = _item_id(pairs)
         if said is None:
             continue
-        position = _POSITION.fullmatch(said)
-        n = str(int(position[1])) if position else said
+        n = _position(said, len(passage_ids), completion)
         pid = at.get(n)
-        if pid is None and position and int(n) in (0, len(passage_ids) + 1):
-            # A position just outside those shown (0, or one past the last): the answer
-            # counts differently (from 0, say), so every id in it may name the passage next
-            # to the one it means. Not guessed. (A stray id such as 99 is dropped below.)
-            raise ParseError(
-                f'the answer gives id "{said}", but the passages were numbered 1 to '
-                f"{len(passage_ids)}: its ids cannot be trusted to name them" + _cut(completion)
-            )
         if pid is None:
             extra[said] = None
             continue
@@ -293,6 +284,23 @@ def parse_listwise(
     return ListwiseParsed(
         verdicts=verdicts, missing=missing, extra=tuple(extra), errors=ordered_errors
     )
+
+
+def _position(said: str, shown: int, completion: Completion) -> str:
+    """The position an answer's id ``said`` names ("3", "#3", "p3": "3"; else ``said``). A
+    position just outside the ``shown`` (0, or one past the last) is a ParseError: the answer
+    counts differently (from 0, say), so every id in it may name the passage next to the one
+    it means. Not guessed. (A stray id such as 99 is dropped as extra.)"""
+    position = _POSITION.fullmatch(said)
+    if position is None:
+        return said
+    n = int(position[1])
+    if n in (0, shown + 1):
+        raise ParseError(
+            f'the answer gives id "{said}", but the passages were numbered 1 to {shown}: its '
+            "ids cannot be trusted to name them" + _cut(completion)
+        )
+    return str(n)
 
 
 # --- probability from logprobs ----------------------------------------------------------------

@@ -14,6 +14,7 @@ import contextlib
 import gc
 import logging
 import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -188,6 +189,9 @@ def signals_held() -> Iterator[list[signal.Signals]]:
     run was then paid for and ended "ok". Yields what was recorded and never taken up (a way
     of running that installs no handlers): the caller ends interrupted for those."""
     _EARLY.clear()
+    if threading.current_thread() is not threading.main_thread():  # signals are not ours
+        yield _EARLY
+        return
     held = {
         sig: signal.signal(sig, lambda n, _f: _EARLY.append(signal.Signals(n))) for sig in SIGNALS
     }
