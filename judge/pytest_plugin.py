@@ -208,8 +208,13 @@ class JudgeSession:
 
     def judge(self, query: str | api.Query, passages: Sequence[Any] | None = None) -> Judged:
         """Judge ``passages`` for ``query`` (or a Query's own); a test fails, in one line, on
-        the budget or an error of judge itself."""
-        return Judged(self._call(self.inner.judge, query, passages), self)
+        the budget or an error of judge itself, or when no passage could be judged at all (an
+        unreachable provider gave every verdict as an error: the test passed)."""
+        judged = self._call(self.inner.judge, query, passages)
+        failed = [v for v in judged.verdicts if v.status == "error"]
+        if failed and len(failed) == len(judged.verdicts):
+            _fail(f"judge: no passage could be judged: {failed[0].error}")
+        return Judged(judged, self)
 
     def judge_many(self, rows: Any, **kwargs: Any) -> api.Judgements:
         """:meth:`judge.Judge.judge_many` on the session's judge (no progress bar)."""

@@ -254,6 +254,25 @@ def test_judge_toml_is_read_and_config_errors_are_one_line(
     assert chat_calls(yes_if_pale) == 1
 
 
+def test_an_unreachable_provider_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
+    """judge.judge() against a port nobody listens on gave every verdict as an error, and a
+    test that only looked at the verdicts passed."""
+    with ScriptedServer() as gone:
+        text = pyproject(gone)
+    pytester.makefile(".toml", pyproject=text)
+    pytester.makepyfile(
+        """
+        def test_judged(judge):
+            judged = judge.judge("why so wan?", ["pale gums"])
+            assert judged is not None
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "judge: no passage could be judged: " in out and "Traceback" not in out
+
+
 def test_the_plugin_is_lazy_and_import_judge_does_not_import_pytest(
     pytester: pytest.Pytester,
 ) -> None:
