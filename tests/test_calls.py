@@ -141,7 +141,7 @@ def test_faults_end_ok_or_reported_none_lost_or_doubled_and_retries_bounded(
     assert outcome.done == outcome.planned == len(queries), outcome
     if errors:
         assert outcome.status == "incomplete", outcome
-        assert "provider errors after retries" in (outcome.reason or ""), outcome
+        assert "ended in provider errors (for example: " in (outcome.reason or ""), outcome
     else:
         assert outcome.status == "complete", outcome
 

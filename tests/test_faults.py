@@ -92,7 +92,8 @@ def test_units_left_in_error_are_incomplete_not_a_regression_and_a_rerun_finishe
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == EXIT_INCOMPLETE
     err = capsys.readouterr().err
-    assert "provider errors" in err and "threshold" not in err
+    assert "provider errors (for example: " in err and "threshold" not in err
+    assert "503" in err  # in the server's words
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["run"]["status"] == "incomplete"
     failing["on"] = False

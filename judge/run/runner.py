@@ -153,9 +153,10 @@ async def run_async(
                 compact_results(results_path)  # one line per unit: drop the superseded ones
             failed = sum(1 for statuses in latest.values() if "error" in statuses)
             if failed and batch.reason is None:
+                example = f" (for example: {batch.first_error})" if batch.first_error else ""
                 batch.stop(
                     f"{failed} of {len(latest)} query-repeats have passages that ended in "
-                    "provider errors after retries; rerun to ask them again",
+                    f"provider errors{example}; rerun to ask them again",
                     "errors",
                 )
         finally:
@@ -252,6 +253,7 @@ class _Batch:
     keeping: bool = False  # keep every row written in ``kept`` (run_async's ``keep``)
     reason: str | None = None
     stopped_by: StopKind | None = None
+    first_error: str | None = None  # a verdict's error in the provider's words, if any
 
     def __post_init__(self) -> None:
         self.cache = self.given_cache or open_cache(self.config)
@@ -329,8 +331,10 @@ class _Batch:
         if not verdict.cached and verdict.status != "error":
             self.partial_writer.add_line(partial_line(key, verdict))
             self.partial.add(key)
-        elif verdict.status == "error" and not self.stopped.is_set():
-            self._check_errors(verdict.error or "")  # as it fails, not when its unit ends
+        elif verdict.status == "error":
+            self.first_error = self.first_error or verdict.error
+            if not self.stopped.is_set():
+                self._check_errors(verdict.error or "")  # as it fails, not when its unit ends
 
     async def _prepare(self) -> bool:
         """What the units need first (judging/judge.py ``Judge.prepare``: a cascade's band from
