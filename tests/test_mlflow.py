@@ -183,3 +183,18 @@ def test_a_failing_store_without_mlflow_tracking_uri_says_to_set_it(
         assert "MLFLOW_TRACKING_URI is not set" in str(exc) and "file:./mlruns" in str(exc)
     else:
         pytest.skip("this MLflow opens its default store")
+
+
+def test_engines_whose_keys_would_be_one_are_told_apart_and_none_names_another_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """bm25+rm3 and bm25_rm3 were both logged as bm25_rm3/*, one's metrics over the other's;
+    an engine named ../up failed the whole log (a key naming another)."""
+    from judge.report.mlflow_run import engine_keys
+
+    keys = engine_keys(["bm25+rm3", "bm25_rm3", "dense@v2", "../up", "a/b", "."])
+    assert len(set(keys.values())) == 6
+    assert keys["bm25+rm3"].startswith("bm25_rm3_") and keys["bm25_rm3"].startswith("bm25_rm3_")
+    assert keys["dense@v2"] == "dense_at_v2"
+    assert "/" not in "".join(keys.values()) and keys["."] == "_"
+    assert "would share metric keys" in caplog.text

@@ -24,10 +24,13 @@ own settings (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``) unless given.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ ARTEFACTS = (SUMMARY_FILE, "report.html", "report.md", RESULTS_FILE, QRELS_FILE,
 INSTALL = "MLflow is not installed: pip install 'judge[mlflow]'"
 # MLflow's limits: characters a key may hold, a param value's length (500 before MLflow 2.x's
 # 6000: the lower), a tag's, and entries per log_batch request.
+log = logging.getLogger(__name__)
 _NOT_IN_KEY = re.compile(r"[^\w.\- /:]")
 _PARAM_CHARS, _TAG_CHARS = 500, 5000
 _BATCH = {"metrics": 1000, "params": 100, "tags": 100}
@@ -126,13 +130,35 @@ def _params(summary: Summary) -> dict[str, str]:
     return {metric_key(k): str(v)[:_PARAM_CHARS] for k, v in params.items() if v is not None}
 
 
+def engine_keys(engines: Iterable[str]) -> dict[str, str]:
+    """Each engine's key segment: :func:`metric_key`'s spelling, with "/" and a segment of dots
+    (``../up`` would name another key: MLflow refuses it) spelled ``_``; engines whose keys
+    would be one (``bm25+rm3``, ``bm25_rm3``: one's metrics overwrote the other's) each get a
+    short digest of their name after it, said in a warning."""
+    plain = {e: metric_key(e).replace("/", "_") for e in engines}
+    plain = {e: k if k.strip(".") else "_" for e, k in plain.items()}
+    shared = Counter(plain.values())
+    keys = {
+        e: f"{k}_{hashlib.blake2b(e.encode(), digest_size=3).hexdigest()}" if shared[k] > 1 else k
+        for e, k in plain.items()
+    }
+    if renamed := sorted(e for e, k in plain.items() if shared[k] > 1):
+        log.warning(
+            "MLflow: engines %s would share metric keys; logged as %s",
+            ", ".join(renamed),
+            ", ".join(keys[e] for e in renamed),
+        )
+    return keys
+
+
 def _metrics(summary: Summary) -> dict[str, float]:
     out: dict[str, float] = {}
+    keys = engine_keys(summary.engines)
     for engine, data in summary.engines.items():
         for name, m in data.metrics.items():
             for suffix, value in (("", m.mean), (".ci_low", m.ci_low), (".ci_high", m.ci_high)):
                 if value is not None:
-                    out[metric_key(engine, name + suffix)] = value
+                    out[metric_key(keys[engine], name + suffix)] = value
     c, u = summary.counts, summary.usage
     figures: dict[str, float | None] = {
         "verdicts": c.verdicts,
