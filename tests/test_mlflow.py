@@ -21,7 +21,7 @@ from judge.cli.main import main
 from judge.errors import ConfigError
 from judge.report.mlflow_run import check_mlflow
 from tests.servers import ScriptedServer
-from tests.test_runner import write_config
+from tests.test_runner import SAMPLE, write_config
 
 EXPERIMENT = "judge-tests"
 
@@ -123,6 +123,36 @@ def test_log_to_mlflow_logs_into_the_active_run(
     assert run.data.params["retriever"] == "hybrid-v2"
     assert run.data.params["judge.model"] == "judge-test"
     assert run.data.tags["judge.outcome"] == "JUDGE UNRELIABLE"
+
+
+def test_a_second_judge_run_into_the_active_run_goes_into_a_nested_run_not_half_into_it(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The active run held one judge run; a second, of another dataset, had its metrics
+    written beside the first's before MLflow refused its params (a param cannot change)."""
+    server = make_server()
+    outs = []
+    for name in ("first", "second"):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text(SAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+        config = write_config(
+            tmp_path / f"{name}.toml",
+            server,
+            tmp_path / "cache.sqlite",
+            {"dataset": {"path": str(data)}},
+        )
+        outs.append(tmp_path / name)
+        assert main(["run", str(config), "--out", str(outs[-1])]) == 0
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name="my evaluation") as active:
+        first = judge.log_to_mlflow(outs[0])
+        second = judge.log_to_mlflow(outs[1])
+    assert first == active.info.run_id and second != first
+    client = MlflowClient()
+    outer, inner = client.get_run(first), client.get_run(second)
+    assert inner.data.tags["mlflow.parentRunId"] == first
+    assert outer.data.params["dataset"] != inner.data.params["dataset"]
+    assert set(outer.data.metrics) == set(inner.data.metrics)  # nothing of the second in it
 
 
 def test_a_directory_without_a_summary_is_refused(tmp_path: Path) -> None:

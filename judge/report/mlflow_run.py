@@ -204,7 +204,8 @@ def log_to_mlflow(
 ) -> str:
     """Log a finished run directory (or ``read_run``'s result) to MLflow; the MLflow run's id.
 
-    Into the active MLflow run when there is one and no ``experiment`` is named; else a new
+    Into the active MLflow run when there is one and no ``experiment`` is named (a run
+    nested in it when it holds another judge run's params already); else a new
     run (named ``run_name``, default: the config's name and the directory's) in
     ``experiment`` (created if missing; default: MLflow's own choice). Raises InputError when
     the directory has no summary.json, ConfigError when MLflow is missing or fails.
@@ -234,7 +235,7 @@ def _log(
     """A new MLflow run for ``summary`` (or the active one), logged by :func:`_log_into`."""
     client = mlflow.MlflowClient()
     active = mlflow.active_run()
-    if active is not None and experiment is None:
+    if active is not None and experiment is None and not _holds_another(client, active, summary):
         _log_into(client, active.info.run_id, summary, run_dir)
         return str(active.info.run_id)
     experiment_id = None
@@ -248,13 +249,21 @@ def _log(
         return str(started.info.run_id)
 
 
+def _holds_another(client: Any, active: Any, summary: Summary) -> bool:
+    """Whether the active MLflow run already holds params of another judge run (MLflow
+    refuses to change a param): this one then goes into a run nested in it, not half into
+    it (its metrics were written before the params failed, beside the other run's)."""
+    held = client.get_run(active.info.run_id).data.params
+    return any(k in held and held[k] != v for k, v in _params(summary).items())
+
+
 def _log_into(client: Any, run_id: str, summary: Summary, run_dir: Path) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     stamp = int(time.time() * 1000)
-    entries: dict[str, list[Any]] = {
-        "metrics": [Metric(k, v, stamp, 0) for k, v in _metrics(summary).items()],
+    entries: dict[str, list[Any]] = {  # params first: what MLflow may refuse, before the rest
         "params": [Param(k, v) for k, v in _params(summary).items()],
+        "metrics": [Metric(k, v, stamp, 0) for k, v in _metrics(summary).items()],
         "tags": [RunTag(k, v) for k, v in _tags(summary, run_dir).items()],
     }
     for kind, items in entries.items():
