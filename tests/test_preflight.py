@@ -328,11 +328,12 @@ def test_a_dry_run_refuses_a_changed_config_as_the_run_would(
     assert len(server.requests) == asked
 
 
-def test_a_template_failing_on_one_querys_data_stops_the_run_keeping_what_was_paid(
+def test_a_template_of_the_users_failing_on_one_querys_data_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Found only when that query is rendered: no new query starts, the answers in flight are
-    kept (a rerun pays none of them again), exit 2 naming the row."""
+    """Found only when that query is rendered: every query is rendered before any call (it
+    was found mid-run, after paying for the queries before it, with exit 2: "nothing was
+    sent"), by `judge validate` too, naming the row."""
     templates = tmp_path / "templates"
     templates.mkdir()
     builtin = Path(__file__).resolve().parent.parent / "prompts" / "binary.pointwise.en.j2"
@@ -358,15 +359,13 @@ def test_a_template_failing_on_one_querys_data_stops_the_run_keeping_what_was_pa
         {"judge": {"template_dir": str(templates)}, "run": {"concurrency": 1}},
     )
     out = str(tmp_path / "out")
-    assert main(["run", str(config), str(dataset), "--out", out]) == 2
-    err = capsys.readouterr().err
-    assert f"{dataset}:4: query 'qz' (default): template 'binary.pointwise.en.j2'" in err
-    assert "rerun to resume" in err and "Traceback" not in err
-    paid = len(server.requests)
-    assert paid == 3
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert f"{dataset}:4: query 'qz' (default): template 'binary.pointwise.en.j2'" in err
+        assert "found before any call was made" in err and "Traceback" not in err
+    assert server.requests == []
     dataset.write_text("".join(json.dumps(r) + "\n" for r in titled), "utf-8")
     assert main(["run", str(config), str(dataset), "--out", out]) == 0
-    assert len(server.requests) == paid  # every answer paid once
+    assert len(server.requests) == 3
 
 
 def test_one_query_id_with_two_texts_is_refused(

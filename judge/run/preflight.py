@@ -22,10 +22,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from judge.calling.cache import open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.data.nuggets import given_sets
-from judge.errors import ConfigError, InputError, JudgeError
+from judge.errors import ConfigError, InputError, JudgeError, TemplateError
 from judge.judging.cascade import label_problem
 from judge.judging.context import (
     DEFAULT_ANSWER_TOKENS,
@@ -35,8 +36,9 @@ from judge.judging.context import (
     preset_context,
     query_tokens,
 )
+from judge.judging.judge import Judge
 from judge.metrics.facts import metric_of, parse_metric_name
-from judge.providers import judges_by_score, resolve_spec
+from judge.providers import judges_by_score, planning_only, resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
 
@@ -71,6 +73,7 @@ def preflight(
         problems += later(config, queries, first_night)
     problems += _cascade_problems(config, queries)
     problems += _context_problems(config, queries)
+    problems += _template_problems(config, queries)
     problems += _nugget_problems(config, queries, out_dir)
     rows = _row_problems(config, queries)
     if not problems and not rows:
@@ -251,6 +254,33 @@ def _context_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
                 "(judge.context_tokens, less the answer's max_tokens); shorten it or widen "
                 "the window"
             )
+    return problems
+
+
+def _template_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
+    """A template of the user's (``judge.template_dir``) rendered for every query, as the
+    run would render it: one that fails on some rows' data (a field only some have, a
+    passage index past a short list) was found after paying for the rows before it, with
+    exit 2. (The built-in templates read only what every row has.)"""
+    if not config.judge.template_dir:
+        return []
+    try:
+        with planning_only():
+            judge = Judge.from_config(config, cache=open_cache(None))
+    except JudgeError:
+        return []  # reported with the config problems
+    problems: list[str] = []
+    try:
+        for q in queries:
+            try:
+                judge.first_requests(q)
+            except TemplateError as exc:
+                where = q.source or f"query '{q.query_id}'"
+                problems.append(f"{where}: query '{q.query_id}' ({q.engine}): {exc}")
+                if len(problems) > MAX_SHOWN:
+                    break
+    finally:
+        judge.close()
     return problems
 
 
