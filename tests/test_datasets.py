@@ -379,3 +379,9 @@ def test_a_one_document_per_line_preset_groups_jsonl_lines_as_a_table(tmp_path: 
     assert by_id["s2"].query == "why cats shed"
     with pytest.raises(InputError, match=r":2: expected a JSON object, got a list"):
         read_queries(write_lines(tmp_path / "bad.jsonl", [lines[0], [1, 2]]), columns="phoenix")
+
+
+def test_a_device_is_refused_not_read_until_memory_runs_out() -> None:
+    """/dev/zero given as the dataset grew to 7 GB in 13 s, no output; a pipe still works."""
+    with pytest.raises(InputError, match="a device, not a file of lines"):
+        read_queries(Path("/dev/zero"))

@@ -12,6 +12,7 @@ import codecs
 import json
 import math
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,11 @@ def kind(value: Any) -> str:
 
 
 def read_bytes(path: Path) -> bytes:
+    """The file's bytes: a regular file, or a pipe (``<(zcat data.jsonl.gz)``); a device
+    (/dev/zero, /dev/urandom) is refused: it never ends, and was read until memory ran out."""
     try:
+        if stat.S_ISCHR(mode := path.stat().st_mode) or stat.S_ISBLK(mode):
+            raise InputError("a device, not a file of lines", file=str(path))
         return path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read the file ({exc.strerror or exc})", file=str(path)) from None
