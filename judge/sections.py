@@ -141,7 +141,7 @@ class DatasetSection(Record):
     # The scale the rows' human labels use, when it is not the judge's (e.g. 0-3 labels
     # with a yes/no judge: a label counts as relevant at that scale's threshold).
     label_scale: str | None = None
-    max_passage_chars: int = Field(default=8000, ge=0)
+    max_passage_chars: int = Field(default=8000, ge=0, strict=True)
     # A TREC run + passage store + query texts instead of JSONL rows.
     trec_run: str | None = None
     passage_store: str | None = None
@@ -149,13 +149,15 @@ class DatasetSection(Record):
 
 
 class RunSection(Record):
+    # Counts and switches are strict: `concurrency = true` was read as 1, `"4"` as 4 and
+    # `repeats = 3.0` as 3; a TOML integer or boolean is asked for, and said so.
     out: str = "runs/latest"
-    repeats: int = Field(default=1, ge=1)
+    repeats: int = Field(default=1, ge=1, le=1000, strict=True)
     # Calls in flight: a hard ceiling. The limit starts at it (at most 64) and adapts to the
     # provider (halved on 429s and rising latency, grown one slot per round) unless
     # adaptive_concurrency = false keeps it fixed.
-    concurrency: int = Field(default=64, ge=1)
-    adaptive_concurrency: bool = True
+    concurrency: int = Field(default=64, ge=1, strict=True)
+    adaptive_concurrency: bool = Field(default=True, strict=True)
     timeout_s: float = Field(default=60.0, gt=0)
     # One attempt's deadline: a hung request is abandoned then and retried (a fault, not a
     # reason to lower the concurrency). 0 = drawn from the provider's recent answers: 4 x their
@@ -166,29 +168,29 @@ class RunSection(Record):
     # second identical request; the first answer wins, both are counted and paid, a hedge is
     # never sent past the budget. At most this share of the requests are hedges (0 = none).
     hedge_share: float = Field(default=0.05, ge=0, le=0.5)
-    max_attempts: int = Field(default=6, ge=1)
+    max_attempts: int = Field(default=6, ge=1, strict=True)
     # Backoff: random in [0, base * 2^(attempt-1)], capped; a Retry-After is honoured (capped).
     backoff_base_s: float = Field(default=0.5, ge=0)
     max_backoff_s: float = Field(default=60.0, gt=0)
     requests_per_minute: float = Field(default=0.0, ge=0)
     tokens_per_minute: float = Field(default=0.0, ge=0)
-    sample: int = Field(default=0, ge=0)
-    seed: int = 0
+    sample: int = Field(default=0, ge=0, strict=True)
+    seed: int = Field(default=0, strict=True)
     max_cost: float = Field(default=0.0, ge=0)
-    max_tokens: int = Field(default=0, ge=0)
+    max_tokens: int = Field(default=0, ge=0, strict=True)
     # Stop with exit 3 once this share of finished passages has status "error".
     abort_error_rate: float = Field(default=0.5, ge=0, le=1)
     cache: str | None = None  # default: <user cache dir>/judge/cache.sqlite
     history: str | None = None  # default: <user cache dir>/judge/history.sqlite
     progress_interval_s: float = Field(default=10.0, gt=0)
     # Charts in report.html (drawing them is most of the time a cached re-run takes).
-    charts: bool = True
+    charts: bool = Field(default=True, strict=True)
     # After SIGINT/SIGTERM/SIGHUP, seconds the calls in flight get to finish before they are
     # cancelled (their units stay unfinished and resume on the next run).
     grace_s: float = Field(default=10.0, ge=0)
     # Batch mode (`judge run --batch`, judge/run/batch.py): first-round requests go through the
     # provider's Batch API at its batch price, within 24 h; the run then reads them from the cache.
-    batch: bool = False
+    batch: bool = Field(default=False, strict=True)
     # What a batch left without a usable answer (unparsed, failed, expired, cancelled): asked in
     # real time at list price, or in one follow-up batch first (what that leaves: real time).
     batch_followup: Literal["realtime", "batch"] = "realtime"
@@ -200,7 +202,7 @@ class RunSection(Record):
     # here, "auto" / "ray://HOST:PORT" / "HOST:PORT" joins a cluster; None: one process. Shards
     # (queries split by a stable hash of query_id): 0 = one per CPU the cluster has.
     ray: str | None = None
-    ray_shards: int = Field(default=0, ge=0)
+    ray_shards: int = Field(default=0, ge=0, strict=True)
 
 
 class ThresholdsSection(Record):

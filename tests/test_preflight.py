@@ -491,6 +491,11 @@ def test_one_file_for_cache_and_history_or_a_directory_as_either_is_refused_befo
         (["judge.params.temperature=nan"], "judge.params.temperature: Input should be a finite"),
         (["judge.params.extra_body={seed = nan}"], "extra_body: seed is not a finite number"),
         (["judge.params.max_tokens=0"], "judge.params.max_tokens: Input should be greater"),
+        (["run.concurrency=true"], "run.concurrency: Input should be a valid integer"),
+        (['run.concurrency="4"'], "run.concurrency: Input should be a valid integer"),
+        (["run.repeats=3.0"], "run.repeats: Input should be a valid integer"),
+        (["run.repeats=1000000000"], "run.repeats: Input should be less than or equal to 1000"),
+        (['run.adaptive_concurrency="no"'], "run.adaptive_concurrency: Input should be a valid"),
     ],
 )
 def test_thresholds_no_run_can_meet_and_params_no_request_can_carry_are_refused(
@@ -501,7 +506,9 @@ def test_thresholds_no_run_can_meet_and_params_no_request_can_carry_are_refused(
     said: str,
 ) -> None:
     """A bound outside the metric's range (or NaN) failed every run with exit 1 after paying
-    for it; a NaN temperature made every request fail, exit 3 "rerun to resume"."""
+    for it; a NaN temperature made every request fail, exit 3 "rerun to resume"; a count or
+    a switch of another type was read as something else (true as 1 slot, "no" as on), and a
+    billion repeats hung the dry run."""
     config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
     extra = [arg for s in sets for arg in ("--set", s)]
     for err in _both(config, SAMPLE, tmp_path / "out", capsys, *extra):
