@@ -151,6 +151,28 @@ def test_a_frame_indexed_by_its_own_id_column_with_gaps_in_integer_ids_is_read(
     assert [jq.query.query_id for jq in got] == ["1", "3"]
 
 
+def test_one_passage_per_row_with_two_questions_under_one_id_is_refused(tmp_path: Path) -> None:
+    """A long-format Parquet file (one passage per row) giving query q1 two question texts
+    was read as one query, the second question dropped unsaid (JSONL refuses the same)."""
+    table = pa.table(
+        {
+            "query_id": ["q1", "q1", "q2"],
+            "query": ["bees?", "other question", "wasps?"],
+            "text": ["a", "b", "c"],
+        }
+    )
+    path = tmp_path / "long.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(InputError) as caught:
+        read_queries(path)
+    said = str(caught.value)
+    assert f"{path}:2: field 'query': " in said and "'other question' here but 'bees?'" in said
+    same = pa.table({"query_id": ["q1", "q1"], "query": ["bees?", "bees?"], "text": ["a", "b"]})
+    pq.write_table(same, path)
+    (query,) = read_queries(path).queries
+    assert [p.text for p in query.passages] == ["a", "b"]
+
+
 def judge_config_error() -> type[Exception]:
     from judge import ConfigError
 

@@ -129,7 +129,9 @@ class Table:
             missing = self._missing("the passages", "retrieved_texts", free, hint)
             raise InputError(missing, file=self.name)
         rows = [{k: v for k, v in r.items() if k not in preset.drop} for r in self.rows]
-        return _grouped(rows, ours, preset.order) if long else list(enumerate(rows, start=1))
+        if long:
+            return _grouped(rows, ours, preset.order, self.name)
+        return list(enumerate(rows, start=1))
 
     def _missing(self, what: str, target: str, free: Sequence[str], hint: str) -> str:
         """The line saying ``what`` no column gives, the columns there are, and the preset
@@ -173,10 +175,12 @@ def _key(value: Any) -> Any:
 
 
 def _grouped(
-    rows: Sequence[dict[str, Any]], ours: Mapping[str, str], order: str | None
+    rows: Sequence[dict[str, Any]], ours: Mapping[str, str], order: str | None, name: str
 ) -> list[tuple[int, dict[str, Any]]]:
     """One passage per row -> one row per query: keyed by the columns giving query_id and
-    engine (else query and engine), passages ordered by ``order`` when every row has it."""
+    engine (else query and engine), passages ordered by ``order`` when every row has it. A
+    row whose query fields differ from its group's first (another question under one id) is
+    an InputError naming it: it was dropped unsaid."""
     inner = {c for c, f in ours.items() if f in PASSAGE_FIELDS}
     ids = [c for c, f in ours.items() if f == "query_id"]
     keys = (ids or [c for c, f in ours.items() if f == "query"]) + [
@@ -186,6 +190,8 @@ def _grouped(
     starts: dict[tuple[Any, ...], int] = {}
     for n, row in enumerate(rows, start=1):
         key = tuple(_key(row.get(k)) for k in keys)
+        if key in groups:
+            _same_query(row, groups[key][0], n, starts[key], ours, name)
         groups.setdefault(key, []).append(row)
         starts.setdefault(key, n)
     out = []
@@ -197,6 +203,28 @@ def _grouped(
         row["passages"] = [{k: v for k, v in m.items() if k in inner} for m in members]
         out.append((starts[key], row))
     return out
+
+
+def _same_query(
+    row: dict[str, Any],
+    first: dict[str, Any],
+    n: int,
+    at: int,
+    ours: Mapping[str, str],
+    name: str,
+) -> None:
+    """InputError when ``row`` (row ``n``) gives another value of a query field (the query,
+    its labels, its expected answers) than its query's first row (row ``at``)."""
+    for column in sorted(c for c in row.keys() | first.keys() if ours.get(c, c) in ROW_FIELDS):
+        if _key(row.get(column)) != _key(first.get(column)):
+            raise InputError(
+                f"{ours.get(column, column)!r} is {row.get(column)!r} here but "
+                f"{first.get(column)!r} in row {at} of the same query: one query's rows give "
+                "it once",
+                file=name,
+                line=n,
+                field=column,
+            )
 
 
 def _plain(value: Any) -> Any:
