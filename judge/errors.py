@@ -65,6 +65,11 @@ class TemplateError(JudgeError):
     """A prompt template is missing, invalid, or lacks a required variable."""
 
 
+# Begins the error of a request a stopping run never sent (calling/caller.py): its verdict is
+# an error to ask again, not a provider's failure, and is counted apart (report/summary.py).
+NOT_SENT = "not sent: "
+
+
 class ProviderError(JudgeError):
     """A provider call failed (after the runner's retries, where retrying applied). Raised
     out of a command, it ends it incomplete (exit 3): requests may have been sent and paid,

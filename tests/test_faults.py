@@ -372,6 +372,11 @@ def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
     out = tmp_path / "out"
     code, err, signalled = _sigterm_when_paid(server, config, dataset, out, 6, False)
     assert code == EXIT_INCOMPLETE, err
+    # The passages never sent are said as such, not as provider errors (616 "error" said a
+    # provider failed where the run had stopped sending).
+    counts = json.loads((out / "summary.json").read_text(encoding="utf-8"))["counts"]
+    assert counts["not_sent"] > 0 and counts["error"] == counts["not_sent"], counts
+    assert "ended in provider errors" not in err
     # Requests sent before the signal may still be arriving for a moment; none after that.
     late = [t - signalled for t in arrivals if t > signalled + 0.5]
     assert not late, f"{len(late)} requests arrived after SIGTERM"

@@ -42,7 +42,7 @@ from judge.calling.limits import (
 )
 from judge.calling.retries import CallStats, RetryPolicy
 from judge.calling.telemetry import spans
-from judge.errors import BudgetExceeded, ParseError, ProviderError
+from judge.errors import NOT_SENT, BudgetExceeded, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
     ChatRequest,
@@ -620,7 +620,7 @@ class Caller:
         if self.stats.unreachable is not None:  # no request goes to a provider never reached
             raise ProviderError(self.stats.unreachable, kind="unreachable")
         if self.stopping is not None:  # a run told to stop sends nothing new
-            raise ProviderError(f"not sent: {self.stopping}", kind="interrupted")
+            raise ProviderError(f"{NOT_SENT}{self.stopping}", kind="interrupted")
         slot, tail = self.slots[lane], self.tails[lane]
         if hedge:  # sent only if it fits now: it never waits for room a first request needs
             reservation = self.budget.try_reserve(prompt_tokens, completion_tokens)

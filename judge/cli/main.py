@@ -162,7 +162,7 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         )
     print(
         f"judged {c.verdicts} passages of {c.queries} queries x {c.repeats} repeat(s): "
-        f"{c.ok} ok, {c.unparsed} unparsed, {c.error} error; "
+        f"{c.ok} ok, {c.unparsed} unparsed, {c.failed_words()}; "
         f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
     )
     for line in summary.verdict:  # first: which engine is better, and how far to trust it

@@ -56,8 +56,10 @@ def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:
     reasons: list[str] = []
     if run is not None and run.status != "complete":
         why = run.reason or "stopped"
-        errors = summary.counts.error
+        c = summary.counts
+        errors, unsent = c.error - c.not_sent, c.not_sent
         failed = f", {errors} passage(s) ended in provider errors" if errors else ""
+        failed += f", {unsent} passage(s) not sent as it stopped" if unsent else ""
         reasons.append(
             f"incomplete: {why}; rerun the same command to resume ({run.done} of "
             f"{run.planned} query-repeats ran{failed})"
@@ -101,7 +103,7 @@ def trust_line(summary: Summary) -> str:
     else:
         health = "ok"
     line = (
-        f"Trust: judge health {health}; {c.unparsed} unparsed and {c.error} error of "
+        f"Trust: judge health {health}; {c.unparsed} unparsed and {c.failed_words()} of "
         f"{c.verdicts} verdicts"
     )
     kappas = [

@@ -40,7 +40,7 @@ from judge.analysis.stability import (
     stability_report,
 )
 from judge.config import RunConfig
-from judge.errors import InputError, JudgeError
+from judge.errors import NOT_SENT, InputError, JudgeError
 from judge.metrics.facts import family_of, lower_is_better, needs_judge
 from judge.providers import ADAPTERS, judges_by_score, resolve_spec
 from judge.report.queries import QueryRow, labels_on_scale, query_rows
@@ -63,15 +63,23 @@ class Counts(Record):
     verdicts: int
     ok: int
     unparsed: int
-    error: int
+    error: int  # not_sent among them
     error_rate: float
     unparsed_rate: float
     empty_queries: int
     cached_verdicts: int
     sanitised: int = 0  # distinct passages that had text aimed at the judge taken out
+    # Errors of passages a stopping run never sent (a signal, a budget, too many errors):
+    # asked on the next run, not failures of the provider.
+    not_sent: int = 0
     # Per engine: its distinct passages, and how many carried each signal (a verdict's
     # ``signals``: echo, sanitised) in any repeat.
     flagged: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    def failed_words(self) -> str:
+        """The error verdicts in words: ``3 error`` (``3 error, 12 not sent`` apart)."""
+        sent = self.error - self.not_sent
+        return f"{sent} error" + (f", {self.not_sent} not sent" if self.not_sent else "")
 
     def flag_lines(self) -> list[str]:
         """One line per engine with flagged passages, and one calling out an engine flagged
@@ -251,6 +259,12 @@ def counts(results: Sequence[JudgedQuery]) -> Counts:
             }
         ),
         flagged=_flagged(results),
+        not_sent=sum(
+            1
+            for jq in results
+            for v in jq.verdicts
+            if v.status == "error" and v.error is not None and NOT_SENT in v.error
+        ),
     )
 
 
