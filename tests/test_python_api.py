@@ -701,3 +701,25 @@ def test_colliding_passage_ids_and_one_row_for_rows_are_named(
         with pytest.raises(InputError, match=r"rows: expected rows .* got one dict"):
             j.judge_many(row("q", "e", ["pale"]))  # type: ignore[arg-type]
     assert chat_calls(yes_if_pale) == 0
+
+
+def test_a_judge_dropped_without_close_gives_back_its_thread_and_connections(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """A notebook cell run again makes a new Judge and drops the old one unclosed: each kept
+    its loop's thread, its connections and its cache (30 of them: 60 threads, 150 files)."""
+    import gc
+
+    def loops() -> int:
+        return sum(t.name == "judge-loop" for t in threading.enumerate())
+
+    before = loops()
+    for _ in range(5):
+        j = make_judge(yes_if_pale)
+        assert j.judge("why so wan?", ["pale gums"]).verdicts[0].label == "yes"
+        del j
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while loops() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loops() == before
