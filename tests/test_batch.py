@@ -184,6 +184,26 @@ def test_the_budget_holds_the_batch_worst_case_at_batch_prices(
     assert record["cost"] == pytest.approx(20 * EACH / 2)
 
 
+def _killed_while_polling(config: Path, out: Path, server: BatchServer, polls: int) -> None:
+    """Run ``judge run --batch`` in a process and SIGKILL it once it has checked its
+    recorded batch ``polls`` times."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while server.calls["retrieve"] < polls:  # recorded and being polled
+            assert proc.poll() is None, "judge run ended before it could be killed"
+            assert time.monotonic() < deadline, "judge run never polled its batch"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
     make_batch_server: Callable[..., BatchServer],
     tmp_path: Path,
@@ -193,21 +213,7 @@ def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
     server = make_batch_server(polls_in_progress=10**9)  # never ends until told
     config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while server.calls["retrieve"] < 2:  # recorded and being polled
-            assert proc.poll() is None, "judge run ended before it could be killed"
-            assert time.monotonic() < deadline, "judge run never polled its batch"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    _killed_while_polling(config, out, server, 2)
     (record,) = _state(out)["batches"]
     assert record["batch_id"] in server.batches and not record["collected"]
     assert (server.calls["upload"], server.calls["create"]) == (1, 1)
@@ -479,19 +485,7 @@ def test_batch_status_and_cancel_work_from_the_run_directory(
     server = make_batch_server(polls_in_progress=10**9, answer_before_cancel=5)
     config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while server.calls["retrieve"] < 1:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
+    _killed_while_polling(config, out, server, 1)
     capsys.readouterr()
     assert main(["batch", "status", str(out)]) == 0
     shown = capsys.readouterr().out
@@ -602,19 +596,7 @@ def test_a_recorded_batch_the_provider_does_not_know_is_said_and_can_be_given_up
     server = make_batch_server(polls_in_progress=10**9)
     config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while server.calls["retrieve"] < 2:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
+    _killed_while_polling(config, out, server, 2)
     server.batches.clear()  # deleted at the provider
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
     said = capsys.readouterr().err

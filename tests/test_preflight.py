@@ -407,14 +407,15 @@ def test_ids_the_outputs_cannot_carry_safely_are_refused(
     assert server.requests == []
 
 
-def test_validate_reads_a_trec_run_config_as_judge_run_does(
-    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    data = Path(__file__).resolve().parent.parent / "datasets"
+DATASETS = Path(__file__).resolve().parent.parent / "datasets"
+
+
+def _trec_config(tmp_path: Path, server: ScriptedServer, run: Path) -> Path:
+    """A config whose [dataset] is the TREC run ``run`` with the bundled store and topics."""
     trec = {
-        "trec_run": str(data / "sample.run"),
-        "passage_store": str(data / "passages.jsonl"),
-        "queries": str(data / "queries.tsv"),
+        "trec_run": str(run),
+        "passage_store": str(DATASETS / "passages.jsonl"),
+        "queries": str(DATASETS / "queries.tsv"),
     }
     config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
     text = config.read_text(encoding="utf-8").replace(f'path = "{SAMPLE}"\n', "")
@@ -422,6 +423,14 @@ def test_validate_reads_a_trec_run_config_as_judge_run_does(
         "[dataset]\n", "[dataset]\n" + "".join(f'{k} = "{v}"\n' for k, v in trec.items())
     )
     config.write_text(text, encoding="utf-8")
+    return config
+
+
+def test_validate_reads_a_trec_run_config_as_judge_run_does(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _trec_config(tmp_path, server, DATASETS / "sample.run")
+    data = DATASETS
     assert main(["validate", str(config)]) == 0
     out = capsys.readouterr().out
     assert f"{data / 'sample.run'}: " in out and "ready to run; no problems found" in out
@@ -433,20 +442,10 @@ def test_an_empty_trec_run_or_two_datasets_in_one_config_are_refused(
 ) -> None:
     """An empty run file judged nothing, then failed its unparsed-rate threshold with exit 1
     (a regression, to CI); [dataset] path beside trec_run judged the run file silently."""
-    data = Path(__file__).resolve().parent.parent / "datasets"
     empty = tmp_path / "empty.run"
     empty.write_text("", encoding="utf-8")
-    trec = {
-        "trec_run": str(empty),
-        "passage_store": str(data / "passages.jsonl"),
-        "queries": str(data / "queries.tsv"),
-    }
-    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
-    text = config.read_text(encoding="utf-8").replace(f'path = "{SAMPLE}"\n', "")
-    text = text.replace(
-        "[dataset]\n", "[dataset]\n" + "".join(f'{k} = "{v}"\n' for k, v in trec.items())
-    )
-    config.write_text(text, encoding="utf-8")
+    config = _trec_config(tmp_path, server, empty)
+    text = config.read_text(encoding="utf-8")
     for command in (["validate", str(config)], ["run", str(config), "--out", str(tmp_path / "o")]):
         assert main(command) == 2
         assert f"{empty}: no run lines: nothing to judge" in capsys.readouterr().err
