@@ -14,12 +14,13 @@ import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from judge.calling.limits import Limits, Tail, worst_case_prompt_tokens
 from judge.judging.judge import Judge
-from tests.servers import Answer, Item, Recorded, ScriptedServer, hashed_responder
+from tests.servers import Answer, Fault, Item, Recorded, ScriptedServer, hashed_responder
 
 HISTORY = [f"passage {i} about kettles and tea" for i in range(40)]
 MARK = "zebracorn"  # one word: found in a prompt whatever its datamark
@@ -203,3 +204,30 @@ def test_a_provider_slower_for_everyone_is_not_abandoned_and_paid_twice() -> Non
     for _ in range(20):  # its answers come (at 1.5 s) and the p95 catches up
         tail.answered(1.5)
     assert tail.deadline(1) == 6.0  # 4 x the p95 of the answers
+
+
+def test_a_request_hung_before_the_p95_was_known_gets_its_deadline_once_it_is() -> None:
+    """Three of the first requests hang (a minute); the attempt deadline is timeout_s (60 s)
+    until 20 answers give a p95, and those three were held to it long after every other
+    answer was in. Once the p95 is known they get its deadline, and are asked again."""
+    hung = [Fault("hang", seconds=120)] * 3
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        srv.enqueue(*hung)
+        judge = Judge(
+            provider="local",
+            model="m",
+            base_url=srv.openai_base_url,
+            limits=Limits(concurrency=8, timeout_s=60.0, hedge_share=0, backoff_base_s=0.01),
+        )
+        got: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: got.append(judge.judge("kettles", [f"p {i}" for i in range(60)])),
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout=45)  # a hang guard: held to timeout_s it needs 60 s and more
+        assert not worker.is_alive(), "the hung requests were held to timeout_s"
+        judge.close()
+    (jq,) = got
+    assert [v.status for v in jq.verdicts] == ["ok"] * 60
+    assert len(srv.requests) == 63  # the three hung, asked once more each

@@ -637,7 +637,8 @@ class Caller:
             left.set_result(None)
         deadline = self._deadline(tail, attempt)
         try:
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout(deadline) as timeout:
+                tail.watch(timeout, attempt)
                 answer = await send()
             if not answer.usage_known:  # counts that are not counts: the worst case, as reserved
                 answer = answer.model_copy(update={"usage": reservation.usage})

@@ -11,6 +11,7 @@ what was spent and refuses a call the budget no longer allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import math
 import statistics
@@ -372,7 +373,9 @@ class Tail:
       became slow for every request reachable while the p95 catches up, and while most of the
       latest :data:`SHIFT_WINDOW` attempts were abandoned (slow for all, not hung for some) the
       deadline is ``timeout_s``: abandoning would pay each answer twice. Without history, or
-      for a model on this machine (``local``: its latency is our own CPU), it is ``timeout_s``.
+      for a model on this machine (``local``: its latency is our own CPU), it is ``timeout_s``;
+      an attempt sent before the history is given the p95's deadline once the p95 is known
+      (:meth:`watch`): one hung among the first answers held the run for ``timeout_s``.
     - **Hedging.** An attempt with no answer after ``max(HEDGE_FLOOR_S, HEDGE_P95 x p95)``
       gets a second, identical request (:meth:`may_hedge`); the first answer wins, the other
       is cancelled, and both are counted and paid. Each first request earns ``hedge_share`` of
@@ -391,11 +394,32 @@ class Tail:
         self._saved = 0.0  # hedges earned and not yet spent
         # The latest attempts' ends: True for one abandoned at its deadline (see deadline).
         self._ends: deque[bool] = deque(maxlen=SHIFT_WINDOW)
+        # Attempts sent before the p95 was known (deadline timeout_s): (their timeout, when
+        # they left, which attempt), given the p95's deadline once it is (see watch).
+        self._early: list[tuple[asyncio.Timeout, float, int]] = []
 
     def answered(self, latency_s: float) -> None:
         self._recent.append(latency_s)
         self._p95 = None
         self._ends.append(False)
+        if self._early and len(self._recent) >= TAIL_HISTORY:
+            self._shorten()
+
+    def watch(self, timeout: asyncio.Timeout, attempt: int) -> None:
+        """An attempt just sent under ``timeout``: one sent before the p95 is known waits
+        ``timeout_s`` (60 s), and a hung one among the first held the run that long after
+        every other answer was in; it gets the p95's deadline once the p95 is known."""
+        if self.p95 is None and not self.local and self.fixed_s <= 0:
+            self._early.append((timeout, asyncio.get_running_loop().time(), attempt))
+
+    def _shorten(self) -> None:
+        early, self._early = self._early, []
+        for timeout, sent, attempt in early:
+            when = timeout.when()
+            if timeout.expired() or when is None:
+                continue
+            with contextlib.suppress(RuntimeError):  # ended meanwhile: nothing to shorten
+                timeout.reschedule(min(when, sent + self.deadline(attempt)))
 
     def abandoned(self) -> None:
         """An attempt given up at its deadline (its answer, if it comes, is paid all the same)."""
