@@ -243,6 +243,17 @@ def _relative_to(folder: Path, data: dict[str, Any]) -> None:
             section[key] = os.path.normpath(folder / value)  # type: ignore[index]
 
 
+def _toml_text(raw: bytes) -> str:
+    """A TOML file's text: UTF-8, a leading byte-order mark dropped (editors on Windows write
+    one; tomllib read it as "Invalid statement at line 1, column 1")."""
+    return raw.decode("utf-8").removeprefix("\ufeff")
+
+
+def _utf16(raw: bytes) -> str:
+    """ ", saved as UTF-16" when ``raw`` starts with a UTF-16 byte-order mark, else ""."""
+    return ", saved as UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a TOML config and apply dotted overrides (``{"run.repeats": 3}``)."""
     data: dict[str, Any] = {}
@@ -251,12 +262,18 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         source = str(path)
         try:
             with open(path, "rb") as fh:
-                data = tomllib.load(fh)
+                raw = fh.read()
+            data = tomllib.loads(_toml_text(raw))
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        except (ValueError, RecursionError) as exc:  # undecodable bytes, absurd nesting
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 (byte {exc.start + 1}: {raw[exc.start : exc.start + 1]!r}"
+                f"){_utf16(raw)}; TOML is UTF-8"
+            ) from None
+        except (ValueError, RecursionError) as exc:  # absurd nesting
             raise ConfigError(f"{path}: not a readable TOML file: {type(exc).__name__}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None

@@ -109,7 +109,7 @@ class ProviderSection(Record):
 
     kind: ProviderKind | None = None
     base_url: str | None = None
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(default=None, min_length=1)  # "" named no variable
     supports_json_mode: bool | None = None
     supports_logprobs: bool | None = None
     schema_spelling: Literal["json_schema", "json_object"] | None = None

@@ -265,3 +265,32 @@ def test_a_config_of_another_scale_than_the_results_is_refused(
     assert main(["calibrate", str(results), "--config", str(config), "--write"]) == 2
     assert "judge.scale is 'binary'" in capsys.readouterr().err
     assert "relevance_threshold" not in config.read_text(encoding="utf-8")
+
+
+def test_files_saved_the_windows_way_and_empty_names_are_said_plainly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config with a byte-order mark is read (it was "Invalid statement at line 1, column
+    1"); UTF-16 is named, in a config and a dataset; an empty api_key_env, an empty --out (an
+    unset $OUTDIR ran into runs/latest) and a file given to `judge report` are one line each."""
+    body = '[judge]\nprovider = "local"\nmodel = "m"\nscale = "graded"\n'
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert main(["validate", str(bom), SAMPLE]) == 0
+    wide = tmp_path / "wide.toml"
+    wide.write_bytes(body.encode("utf-16"))
+    data = tmp_path / "wide.jsonl"
+    data.write_bytes(Path(SAMPLE).read_text(encoding="utf-8").encode("utf-16"))
+    keyless = tmp_path / "keyless.toml"
+    keyless.write_text(body + '[provider]\napi_key_env = ""\n', encoding="utf-8")
+    cases = [
+        (["validate", str(wide), SAMPLE], "saved as UTF-16; TOML is UTF-8"),
+        (["validate", str(bom), str(data)], "saved as UTF-16: save it as UTF-8"),
+        (["validate", str(keyless), SAMPLE], "provider.api_key_env: String should have at least"),
+        (["run", str(bom), SAMPLE, "--out", ""], "--out is empty"),
+        (["report", str(data)], "not a directory: give the run directory"),
+    ]
+    for command, said in cases:
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (command, err)

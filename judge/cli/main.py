@@ -57,6 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.resume import resume_problem
     from judge.run.runner import run_async, signals_held
 
+    if args.out is not None and not args.out.strip():  # an unset $OUTDIR: not runs/latest
+        raise ConfigError("--out is empty: name the run directory")
     batch = {"run.batch": True} if args.batch else {}
     config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)

@@ -315,6 +315,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
 
     out_dir = Path(args.run_dir)
+    if not out_dir.is_dir():  # summary.json was read as results: "1794 input errors"
+        raise ConfigError(f"{out_dir}: not a directory: give the run directory")
     results = load_results(out_dir)
     config = load_config(args.config) if args.config else None
     summary_path = out_dir / SUMMARY_FILE

@@ -82,6 +82,9 @@ def read_bytes(path: Path) -> bytes:
 def text_lines(path: Path, sink: Sink) -> Iterator[tuple[int, str]]:
     """(line number, text) of each non-blank line; undecodable lines go to the sink."""
     data = read_bytes(path).removeprefix(codecs.BOM_UTF8)
+    if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        sink.error("saved as UTF-16: save it as UTF-8 (one JSON object per line)", str(path), 1)
+        return
     for n, raw in enumerate(data.split(b"\n"), start=1):
         try:
             text = raw.decode("utf-8").rstrip("\r")
@@ -103,7 +106,8 @@ def json_lines(path: Path, sink: Sink) -> Iterator[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             if n == 1 and text.lstrip().startswith("[") and _array_file(path, sink):
                 return
-            sink.error(f"invalid JSON ({exc.msg} at column {exc.colno})", str(path), n)
+            what = exc.msg.removesuffix(" at")  # "Invalid control character at": one "at"
+            sink.error(f"invalid JSON ({what} at column {exc.colno})", str(path), n)
             continue
         except RecursionError:
             sink.error("invalid JSON (nested too deeply to read)", str(path), n)

@@ -8,6 +8,7 @@ engines and repeats into one grade (``majority``: most frequent, ties to the low
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import os
@@ -135,7 +136,7 @@ def _read_lines(path: Path, model: type[M], problems: list[str] | None = None) -
     (a killed writer) is dropped, logged and added to ``problems``; any other bad line is an
     InputError naming file:line and field."""
     name = str(path)
-    lines = read_bytes(path).split(b"\n")
+    lines = read_bytes(path).removeprefix(codecs.BOM_UTF8).split(b"\n")  # an editor's BOM
     sink = Sink()
     out: list[M] = []
     for n, raw in enumerate(lines, start=1):
