@@ -91,8 +91,10 @@ class RunConfig(Record):
     # Where the config came from (for messages); not part of any fingerprint.
     source: str | None = None
 
-    def scale(self) -> Scale:
-        name = self.judge.scale
+    def scale(self, key: str = "judge.scale") -> Scale:
+        """The scale ``judge.scale`` names (``key``: the setting that named it, for the
+        error)."""
+        name = self.judge.scale if key == "judge.scale" else self.dataset.label_scale or ""
         if name in self.scales:
             section = self.scales[name]
             try:
@@ -102,15 +104,13 @@ class RunConfig(Record):
         if name in BUILTIN_SCALES:
             return Scale.named(name)
         known = sorted({*BUILTIN_SCALES, *self.scales})
-        raise ConfigError(f"{self.source}: judge.scale '{name}' is not one of {known}")
+        raise ConfigError(f"{self.source}: {key} '{name}' is not one of {known}")
 
     def label_scale(self) -> Scale:
         """The scale of the human labels (default: the judge's)."""
-        name = self.dataset.label_scale
-        if name is None:
+        if self.dataset.label_scale is None:
             return self.scale()
-        judge = self.judge.model_copy(update={"scale": name})
-        return self.model_copy(update={"judge": judge}).scale()
+        return self.scale("dataset.label_scale")
 
     def comparable_label_scale(self) -> Scale:
         """The human labels' scale, if the judge's verdicts can be compared with it: equal
@@ -170,6 +170,17 @@ def _first_error(exc: ValidationError) -> str:
         parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     more = len(exc.errors()) - len(parts)
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _blamed(exc: ValidationError, source: str, overrides: dict[str, Any]) -> str:
+    """Where the first error's value came from: the config file, or the ``--set`` (an
+    override) that set it (its error was blamed on the file, which never said it)."""
+    loc = [str(p) for p in exc.errors()[0]["loc"]]
+    for key in overrides:
+        parts = _key_path(key)
+        if loc[: len(parts)] == parts or parts[: len(loc)] == loc:
+            return f"--set {key}"
+    return source
 
 
 # key=value, where the key may hold quoted parts containing "=" or ".".
@@ -285,7 +296,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_first_error(exc)}") from None
+        raise ConfigError(f"{_blamed(exc, source, overrides or {})}: {_first_error(exc)}") from None
     config.metrics.check_scale(config.scale(), source)  # custom scales, grade_cuts: early
     if problem := aspect_metric_problem(config.metrics.names, config.nuggets, config.credibility):
         raise ConfigError(f"{source}: {problem}")
