@@ -329,3 +329,7 @@ def test_a_reranker_giving_raw_logits_is_told_its_scores_are_clipped(
     said = " ".join(summary(out)["health"]["findings"])
     assert "12 of 15 reranker scores fall outside [0, 1] (from -3.6 to 3.2)" in said, said
     assert "clipped to [0, 1]" in said and "raw_scores = false" in said
+    # ... and they are: the rerank metrics read them clipped (rerank_max was 3.2).
+    for engine in summary(out)["engines"].values():
+        rerank = engine["metrics"].get("rerank_max")
+        assert rerank is None or 0.0 <= rerank["mean"] <= 1.0, rerank

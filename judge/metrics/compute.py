@@ -238,7 +238,10 @@ def metrics_for_queries(
                 for vs, by_id in zip(ordered, rerank_scores, strict=True)
             ]
         )
-        values |= compute_label_free(reranked, grades, lengths, probabilities=scores, **options)
+        # Scores are read as probabilities in [0, 1], as the judge's health says: a reranker
+        # answering logits (12.0) gave rerank_max 12.0 beside the "clipped" it was told.
+        clipped = np.clip(scores, 0.0, 1.0)  # NaN (padding) stays NaN
+        values |= compute_label_free(reranked, grades, lengths, probabilities=clipped, **options)
     if label:
         matches = [match_expected(query) for query, _ in queries]
         rows = [i for i, m in enumerate(matches) if m is not None]
