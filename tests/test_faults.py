@@ -160,6 +160,37 @@ def test_a_signal_before_the_run_installs_its_handlers_still_stops_it(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
+def test_a_provider_that_goes_dark_mid_run_stops_the_run_saying_so(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After 30 answers every request hangs: the run went on retrying for as long as it
+    lasted (2,030 hung requests in 280 s). Requests in a row that time out at timeout_s with
+    no answer between them now make the provider unreachable, and the run stops, saying so."""
+    inner = hashed_responder()
+    served = [0]
+
+    def then_dark(request: Recorded) -> Item:
+        served[0] += 1
+        return inner(request) if served[0] <= 30 else Fault("hang", seconds=300)
+
+    server = make_server(responder=then_dark)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=40, n_passages=5)
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {
+            "dataset": {"path": str(dataset), "label_scale": "binary"},
+            "run": {"timeout_s": 2.0, "concurrency": 16, "hedge_share": 0, "grace_s": 1.0},
+        },
+    )
+    code = main(["run", str(config), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == EXIT_INCOMPLETE, err
+    assert "stopped answering" in err and "Traceback" not in err
+    assert len(server.requests) < 200  # of 200 passages x 6 attempts
+
+
 def test_a_server_that_is_down_is_incomplete(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
 ) -> None:

@@ -146,6 +146,9 @@ UNREACHABLE_ATTEMPTS = 8
 # Retries that time out too, before any success, after which a provider is unreachable: a
 # server that never answers fails after a first attempt and a retry, not after all of them.
 SILENT_RETRIES = 3
+# Requests in a row that timed out at the full timeout_s with no answer between them, after
+# the provider had answered: it went dark mid-run (Caller._dark).
+DARK_TIMEOUTS = 16
 
 
 def _url_of(exc: BaseException) -> str | None:
@@ -649,6 +652,8 @@ class Caller:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
             if kind == "timeout" and deadline < self.limits.timeout_s:
                 tail.abandoned()
+            elif kind == "timeout":
+                self._dark(exc)
             spent = billed_on_failure(exc, kind, spent)
             self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge)
@@ -660,7 +665,7 @@ class Caller:
         latency = time.perf_counter() - sent
         tail.answered(latency)
         slot.success(latency)
-        self.stats.unconnected = 0
+        self.stats.unconnected = self.stats.dark = 0
         return answer
 
     def _failed(self, exc: BaseException, kind: str, lane: str, attempt: int, hedge: bool) -> None:
@@ -694,6 +699,19 @@ class Caller:
                 "connections and says nothing; check that base_url is the API and that it is up"
             ),
         )
+
+    def _dark(self, exc: BaseException) -> None:
+        """Count a request that timed out at the full ``timeout_s``; the ``DARK_TIMEOUTS``-th
+        in a row, with no answer between, makes a provider that did answer unreachable: every
+        call after fails at once and the run stops (one gone dark mid-run was retried for as
+        long as the run lasted: 2,030 hung requests in 280 s for 129 answers)."""
+        stats = self.stats
+        stats.dark += 1
+        if stats.dark >= DARK_TIMEOUTS and stats.unreachable is None:
+            stats.unreachable = (
+                f"{_url_of(exc) or 'the provider'} stopped answering: {stats.dark} requests in "
+                f"a row timed out after {self.limits.timeout_s:g} s with no answer between them"
+            )
 
     def _unknown_usage(self, lane: str) -> None:
         """Said once per lane: answers whose token counts are not counts are counted at their

@@ -47,6 +47,7 @@ class CallStats:
     unconnected: int = 0
     unreachable: str | None = None
     silent: int = 0  # retries that timed out too, before any success (Caller._silent)
+    dark: int = 0  # requests in a row that timed out at timeout_s since the last answer
     worst_counted: int = 0  # requests whose usage was not reported: counted at the worst case
 
     def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
