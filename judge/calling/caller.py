@@ -650,13 +650,9 @@ class Caller:
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            if kind == "timeout" and deadline < self.limits.timeout_s:
-                tail.abandoned()
-            elif kind == "timeout":
-                self._dark(exc)
             spent = billed_on_failure(exc, kind, spent)
             self.stats.worst_counted += spent.total > 0
-            self._failed(exc, kind, lane, attempt, hedge)
+            self._failed(exc, kind, lane, attempt, hedge, deadline)
             raise
         finally:
             self.budget.settle(reservation, spent)
@@ -668,9 +664,15 @@ class Caller:
         self.stats.unconnected = self.stats.dark = 0
         return answer
 
-    def _failed(self, exc: BaseException, kind: str, lane: str, attempt: int, hedge: bool) -> None:
-        """What a failed request tells the counters, the lane's limit and the checks for a
-        provider never reached or never answering."""
+    def _failed(
+        self, exc: BaseException, kind: str, lane: str, attempt: int, hedge: bool, deadline: float
+    ) -> None:
+        """What a failed request (given ``deadline`` seconds) tells the counters, the lane's
+        limit and tail, and the checks for a provider never reached or never answering."""
+        if kind == "timeout" and deadline < self.limits.timeout_s:
+            self.tails[lane].abandoned()  # given up at the tail's deadline
+        elif kind == "timeout":
+            self._dark(exc)  # at the full timeout_s
         unsent = never_sent(exc)
         self.stats.requests -= unsent  # no connection: the server never saw it
         self.stats.hedges -= unsent and hedge

@@ -57,8 +57,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.resume import resume_problem
     from judge.run.runner import run_async, signals_held
 
-    if args.out is not None and not args.out.strip():  # an unset $OUTDIR: not runs/latest
-        raise ConfigError("--out is empty: name the run directory")
     batch = {"run.batch": True} if args.batch else {}
     config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
@@ -66,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # cyclic collector need not walk them again and again (reference counting still frees
     # them). At 100,000 passages that walking was ~0.25 s of a cached re-run.
     gc.freeze()
-    out_dir = Path(args.out or config.run.out)
+    out_dir = _out_dir(args.out, config.run.out)
     # A dry run sends nothing, so it needs no API key; every other check is the same.
     with planning_only() if args.dry_run else contextlib.nullcontext():
         preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
@@ -105,6 +103,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_junit(args.junit, summary)
     _mlflow(args, out_dir)
     return _exit_code(outcome, summary)
+
+
+def _out_dir(given: str | None, configured: str) -> Path:
+    """The run directory: ``--out``, else ``[run] out``; an empty ``--out`` (an unset
+    ``$OUTDIR``) is refused, not taken as runs/latest."""
+    if given is not None and not given.strip():
+        raise ConfigError("--out is empty: name the run directory")
+    return Path(given or configured)
 
 
 def _import_report_stage() -> None:

@@ -256,19 +256,15 @@ class Judge:
         else:
             chat = self._chat_provider(named, overrides)
             reranker, section = rerank_provider(rerank, rerank_model), settings.cascade
-        owned = isinstance(cache, str | Path)  # opened here: closed with the Judge
-        cache = open_cache(cache) if isinstance(cache, str | Path) else cache
+        mine = None  # a cache opened here, closed with the Judge
+        if isinstance(cache, str | Path):
+            cache = mine = open_cache(cache)
         self._cache, self._chat, self._reranker = cache, chat, reranker
         self.rerank_model = rerank_model
         self.caller = Caller(chat, rerank=reranker, cache=cache, limits=limits)
         self.cascade = Cascade.of(section, self.scale, self.caller, rerank_model)
         self._loop = OwnLoop()
-        # A Judge dropped without close() (a notebook cell run again) kept its loop's thread,
-        # its connections and its cache open: 30 of them, 60 threads and 150 files.
-        clients = [c for c in (chat, reranker) if c is not None]
-        self._release = weakref.finalize(
-            self, _release, self._loop, clients, cache if owned else None
-        )
+        self._release = self._released_when_collected(mine)
         shape = AnswerShape(settings.verdict_first, settings.max_reason_words, settings.reasons)
         self.params = with_schema(settings.params, self.scale, settings.mode, shape)
         self.ctx = AskContext.of(self.caller, settings, self.params)
@@ -280,6 +276,12 @@ class Judge:
         plain = self.cascade is None and self._reranker is None and self.dimensions is None
         how = repr((self.sanitise, self.context_tokens, self.params.max_tokens))
         self.memo = VerdictMemo(self.caller, f"{self.asker.identity()}\x00{how}") if plain else None
+
+    def _released_when_collected(self, mine: Cache | None) -> weakref.finalize[Any, Any]:
+        """What close() gives back, given back if the Judge is collected without it: the
+        loop, the clients, and ``mine``, the cache it opened (see :func:`_release`)."""
+        clients = [c for c in (self._chat, self._reranker) if c is not None]
+        return weakref.finalize(self, _release, self._loop, clients, mine)
 
     def _asker(self, settings: JudgeSection, shape: AnswerShape) -> Asker:
         """The relevance asker: the mode's template and params, and the pointwise ones a
@@ -619,9 +621,10 @@ class Judge:
 
 
 def _release(loop: OwnLoop, clients: list[Any], cache: Cache | None) -> None:
-    """What :meth:`Judge.close` does, for a Judge collected without it; in a thread of its
-    own, since the collector may run on any thread, the loop's own included (whose waiting on
-    itself would never end)."""
+    """What :meth:`Judge.close` does, for a Judge collected without it (a notebook cell run
+    again: 30 such kept 60 threads and 150 files): ``cache`` when the Judge opened it. In a
+    thread of its own, since the collector may run on any thread, the loop's own included
+    (whose waiting on itself would never end)."""
 
     def release() -> None:
         with contextlib.suppress(Exception):  # a finaliser: nothing to tell, nowhere to raise

@@ -238,9 +238,7 @@ def metrics_for_queries(
                 for vs, by_id in zip(ordered, rerank_scores, strict=True)
             ]
         )
-        # Scores are read as probabilities in [0, 1], as the judge's health says: a reranker
-        # answering logits (12.0) gave rerank_max 12.0 beside the "clipped" it was told.
-        clipped = np.clip(scores, 0.0, 1.0)  # NaN (padding) stays NaN
+        clipped = np.clip(scores, 0.0, 1.0)  # read as P(relevant), as health says (NaN stays)
         values |= compute_label_free(reranked, grades, lengths, probabilities=clipped, **options)
     if label:
         matches = [match_expected(query) for query, _ in queries]
