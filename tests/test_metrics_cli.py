@@ -62,3 +62,15 @@ def test_metrics_with_config_uses_its_gain(
     # [1, 3]: linear (1 + 3/log2 3) / (3 + 1/log2 3); exponential (1 + 7/log2 3) / (7 + 1/log2 3)
     assert lin == pytest.approx(0.7967, abs=1e-4)
     assert exp == pytest.approx(0.7098, abs=1e-4)
+
+
+def test_a_line_written_twice_counts_its_query_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two results files concatenated (or a resumed unit's newer line): the same query,
+    engine and repeat was counted twice (n=2); the last line is the unit's, as a run reads."""
+    results = _results(tmp_path, [1, 0], "binary")
+    line = results.read_bytes()
+    results.write_bytes(line + line)
+    assert main(["metrics", str(results), "--metric", "precision"]) == 0
+    assert _value(capsys.readouterr().out, "n") == "1"

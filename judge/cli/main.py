@@ -313,12 +313,15 @@ def _validate_paths(paths: Sequence[str]) -> tuple[str | None, str | None]:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from judge.data.results import read_results
+    from judge.data.results import latest_rows, read_results
     from judge.metrics.compute import metrics_for_queries
     from judge.schema import MetricPolicy
 
     no_results = ConfigError(f"{args.results}: no results")
-    config, results, scale = judged_input(args, lambda: read_results(args.results), no_results)
+    # One row per (query, engine, repeat), the last written, as a run reads its results: a
+    # line written twice (two files concatenated, a resumed unit) counted its query twice.
+    read = lambda: latest_rows(read_results(args.results))  # noqa: E731
+    config, results, scale = judged_input(args, read, no_results)
     policy = config.metrics if config else MetricPolicy()
     names = args.metric or (list(policy.names) if config else list(results[0].metrics))
     pairs = [(jq.query, jq.verdicts) for jq in results]
