@@ -295,6 +295,46 @@ def test_a_tracer_provider_that_cannot_be_had_costs_spans_not_the_run(
     assert len(server.requests) == 4
 
 
+def test_a_span_processor_that_raises_costs_spans_not_the_verdicts(
+    make_server: Callable[..., ScriptedServer],
+) -> None:
+    """An application's span processor that raises on every span made judge() and
+    judge_many() raise a RuntimeError out of OpenTelemetry; the verdicts now come, and the
+    failure is said once."""
+    server = make_server(responder=_responder())
+    script = textwrap.dedent(
+        f"""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+        class Broken(SpanProcessor):
+            def on_start(self, span, parent_context=None):
+                raise ValueError("broken processor")
+
+        provider = TracerProvider()
+        provider.add_span_processor(Broken())
+        trace.set_tracer_provider(provider)
+
+        import judge
+        with judge.Judge(provider="local", model="m", base_url={server.openai_base_url!r}) as j:
+            got = j.judge("why so wan?", ["pale gums", "dog food"])
+        print([v.status for v in got.verdicts])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['ok', 'ok']", done.stdout
+    assert done.stderr.count("OpenTelemetry failed on a span") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_genai_capture_switch_also_puts_text_in(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

@@ -195,6 +195,16 @@ def spans() -> Spans:
     return _LAST[0][1]
 
 
+def _broken_span(exc: BaseException) -> None:
+    """Said once: OpenTelemetry failed to start or end a span (judge went on without it)."""
+    if not _BROKEN_SPANS:
+        _BROKEN_SPANS.append(repr(exc))
+        log.warning("OpenTelemetry failed on a span (%r): judge goes on without it", exc)
+
+
+_BROKEN_SPANS: list[str] = []
+
+
 def _include_text() -> bool:
     said = _INCLUDE_TEXT.get()
     if said is not None:
@@ -216,6 +226,33 @@ class _OtelSpans(Spans):
         self._client = trace.SpanKind.CLIENT
 
     @contextlib.contextmanager
+    def _started(self, name: str, **kwargs: Any) -> Iterator[Span | None]:
+        """Span ``name``, current while the block runs; None when the SDK cannot start it (a
+        span processor that raises, whose error became judge's: a RuntimeError out of every
+        call). An SDK error ending it is said too, never raised: telemetry never fails the
+        judging it watches."""
+        try:
+            manager = self._tracer.start_as_current_span(name, **kwargs)
+            span = manager.__enter__()
+        except Exception as exc:
+            _broken_span(exc)
+            yield None
+            return
+        try:
+            yield span
+        except BaseException as error:
+            try:
+                manager.__exit__(type(error), error, error.__traceback__)
+            except Exception as raised:  # the block's own error, re-raised by the SDK: expected
+                if raised is not error:
+                    _broken_span(raised)
+            raise
+        try:
+            manager.__exit__(None, None, None)
+        except Exception as exc:
+            _broken_span(exc)
+
+    @contextlib.contextmanager
     def run(self, config: RunConfig, state: RunState) -> Iterator[None]:
         j = config.judge
         attributes: dict[str, Any] = {
@@ -230,7 +267,10 @@ class _OtelSpans(Spans):
             attributes["judge.config"] = config.source
         token = _INCLUDE_TEXT.set(config.telemetry.include_text or _include_text())
         try:
-            with self._tracer.start_as_current_span("judge run", attributes=attributes) as span:
+            with self._started("judge run", attributes=attributes) as span:
+                if span is None:
+                    yield
+                    return
                 try:
                     yield
                 except BaseException as exc:
@@ -252,7 +292,10 @@ class _OtelSpans(Spans):
         text = _include_text()
         if text:
             attributes["judge.query.text"] = query.query
-        with self._tracer.start_as_current_span("judge query", attributes=attributes) as span:
+        with self._started("judge query", attributes=attributes) as span:
+            if span is None:
+                yield _NO_QUERY
+                return
             try:
                 yield _OtelQuery(span, query if text else None)
             except BaseException as exc:
@@ -272,9 +315,10 @@ class _OtelSpans(Spans):
             attributes["server.address"] = where.hostname or ""
             if where.port is not None:
                 attributes["server.port"] = where.port
-        with self._tracer.start_as_current_span(
-            operation, kind=self._client, attributes=attributes
-        ) as span:
+        with self._started(operation, kind=self._client, attributes=attributes) as span:
+            if span is None:
+                yield _NO_CALL
+                return
             call = _OtelCall(span, operation)
             call.asked(request)
             try:
