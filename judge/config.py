@@ -178,6 +178,8 @@ def _blamed(exc: ValidationError, source: str, overrides: dict[str, Any]) -> str
     loc = [str(p) for p in exc.errors()[0]["loc"]]
     for key in overrides:
         parts = _key_path(key)
+        if len(parts) < 2:  # a whole table (the pytest plugin's [tool.judge]): not a --set
+            continue
         if loc[: len(parts)] == parts or parts[: len(loc)] == loc:
             return f"--set {key}"
     return source
