@@ -107,7 +107,10 @@ def test_column_mapping_renames_row_and_passage_fields(tmp_path: Path) -> None:
             {
                 "qid": "a",
                 "question": "什么是复利",
-                "docs": [{"doc_id": "d1", "content": "利滚利"}, {"doc_id": "d2", "content": "x"}],
+                "docs": [
+                    {"doc_id": "d1", "content": "利滚利", "socre": 0.5},
+                    {"doc_id": "d2", "content": "x"},
+                ],
                 "extra_meta": 1,
             }
         ],
@@ -119,6 +122,8 @@ def test_column_mapping_renames_row_and_passage_fields(tmp_path: Path) -> None:
     assert (q.query_id, q.query, [p.id for p in q.passages]) == ("a", "什么是复利", ["d1", "d2"])
     assert q.passages[0].text == "利滚利"
     assert any("'extra_meta' is not used" in p for p in report.problems)
+    # A passage's field judge does not read is said as a row's is (it was dropped unsaid).
+    assert any("'passages.socre' is not used" in p for p in report.problems)
     with pytest.raises(ConfigError, match="unknown field 'body'"):
         read_queries(path, columns={"content": "body"})
     assert not any("columns maps" in p for p in report.problems)  # every source was there

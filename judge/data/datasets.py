@@ -106,8 +106,11 @@ class _Options:
     store_name: str = ""
 
 
-def _drafts(data: dict[str, Any], row: Row, opt: _Options) -> list[_Draft] | None:
-    """The passages of either shape, in ranked order; None if they have errors."""
+def _drafts(
+    data: dict[str, Any], row: Row, opt: _Options, unused: dict[str, int]
+) -> list[_Draft] | None:
+    """The passages of either shape, in ranked order; None if they have errors. A passage
+    field judge does not read goes to ``unused`` (a misspelt "socre" was dropped unsaid)."""
     before = row.errors
     has_lists = "retrieved_ids" in data or "retrieved_texts" in data
     if "passages" not in data:
@@ -144,6 +147,9 @@ def _drafts(data: dict[str, Any], row: Row, opt: _Options) -> list[_Draft] | Non
             row.bad(at, f"expected an object, got {kind(item)}")
             continue
         p = row.rename(item, opt.inner, at + ".")
+        if extra := p.keys() - PASSAGE_FIELDS:
+            for key in extra:
+                unused.setdefault(f"passages.{key}", row.line)
         pid = row.ident(p["id"], f"{at}.id") if "id" in p else None
         text = row.string(p.get("text"), f"{at}.text", required=False)
         title = row.string(p.get("title"), f"{at}.title", required=False)
@@ -210,7 +216,7 @@ def _parse_row(obj: Any, row: Row, opt: _Options, unused: dict[str, int]) -> Que
     qid = row.ident(data.get("query_id", f"line{row.line}"), "query_id")
     text = row.nonblank(data.get("query", MISSING), "query")
     engine = row.nonblank(data.get("engine", "default"), "engine")
-    drafts = _drafts(data, row, opt)
+    drafts = _drafts(data, row, opt, unused)
     expected_ids = row.listed(data.get("expected_ids"), "expected_ids", row.ident)
     expected_texts = row.listed(data.get("expected_texts"), "expected_texts", row.string)
     passages = _finish(drafts, row, opt) if drafts is not None else []
