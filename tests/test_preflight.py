@@ -519,3 +519,26 @@ def test_thresholds_no_run_can_meet_and_params_no_request_can_carry_are_refused(
     # A bound at the end of the range, and a sampling temperature, are fine.
     ok = ["--set", "thresholds.min.ndcg=0", "--set", "judge.params.temperature=0.7"]
     assert main(["validate", str(config), str(SAMPLE), *ok]) == 0
+
+
+def test_engines_disagreeing_on_a_passage_are_said_not_refused(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One passage id with two texts (pooled metrics take them as one passage) or two human
+    labels across engines' rows was accepted without a word; it is said, once each."""
+    rows = [
+        {**ROW, "engine": "a", "passages": [{"id": "p1", "text": "honey"}], "labels": {"p1": 1}},
+        {**ROW, "engine": "b", "passages": [{"id": "p1", "text": "wax"}], "labels": {"p1": 0}},
+    ]
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    config.write_text(config.read_text().replace('label_scale = "graded"', ""), encoding="utf-8")
+    assert main(["validate", str(config), str(dataset)]) == 0
+    said = caplog.text
+    assert "passage 'p1' is another text in engine 'b' than in 'a'" in said
+    assert "passage 'p1' is labelled 0 in engine 'b's row and 1 in 'a's" in said
+    assert server.requests == []

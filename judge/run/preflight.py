@@ -76,6 +76,7 @@ def preflight(
     problems += _template_problems(config, queries)
     problems += _nugget_problems(config, queries, out_dir)
     rows = _row_problems(config, queries)
+    _say_disagreements(queries)
     if not problems and not rows:
         return
     lines = [*problems, *rows]
@@ -282,6 +283,35 @@ def _template_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]
     finally:
         judge.close()
     return problems
+
+
+def _say_disagreements(queries: Sequence[Query]) -> None:
+    """Warn (once each, with the first case) when engines' rows disagree on what one query's
+    passage is: one passage id with two texts (pooled metrics and borrowed verdicts take them
+    as one passage), or two human labels (agreement is measured against either). Accepted,
+    not refused: the data may be right, and the run does not depend on it."""
+    texts: dict[tuple[str, str], tuple[str, str]] = {}
+    labels: dict[tuple[str, str], tuple[int, str]] = {}
+    said: dict[str, str] = {}
+    for q in queries:
+        for p in q.passages:
+            was = texts.setdefault((q.query_id, p.id), (p.text, q.engine))
+            if was[0] != p.text and "text" not in said:
+                said["text"] = (
+                    f"query '{q.query_id}': passage '{p.id}' is another text in engine "
+                    f"'{q.engine}' than in '{was[1]}'; pooled metrics and borrowed verdicts "
+                    "take one id as one passage"
+                )
+        for pid, grade in (q.labels or {}).items():
+            had = labels.setdefault((q.query_id, pid), (grade, q.engine))
+            if had[0] != grade and "label" not in said:
+                said["label"] = (
+                    f"query '{q.query_id}': passage '{pid}' is labelled {grade} in engine "
+                    f"'{q.engine}'s row and {had[0]} in '{had[1]}'s; agreement with human "
+                    "labels reads each row's own"
+                )
+    for line in said.values():
+        log.warning("%s", line)
 
 
 def _writable(directory: Path, what: str) -> list[str]:
