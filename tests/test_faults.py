@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -185,10 +186,13 @@ def test_a_provider_that_goes_dark_mid_run_stops_the_run_saying_so(
         },
     )
     code = main(["run", str(config), "--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert code == EXIT_INCOMPLETE, err
     assert "stopped answering" in err and "Traceback" not in err
     assert len(server.requests) < 200  # of 200 passages x 6 attempts
+    # The means printed are of the part judged, and say so on their line.
+    assert re.search(r"^  bm25: .* query-repeats judged before it stopped\)$", printed.out, re.M)
 
 
 def test_a_server_that_is_down_is_incomplete(

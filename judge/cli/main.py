@@ -175,12 +175,18 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
     )
     for line in summary.verdict:  # first: which engine is better, and how far to trust it
         print(line)
+    # A stopped run's means are of the part judged: said on their lines, not only below.
+    part = (
+        f" (of the {outcome.done} of {outcome.planned} query-repeats judged before it stopped)"
+        if outcome.status != "complete"
+        else ""
+    )
     for engine, data in summary.engines.items():
         shown = ", ".join(
             f"{name} {m.mean:.4f}" if m.mean is not None else f"{name} —"
             for name, m in list(data.metrics.items())[:6]
         )
-        print(f"  {engine}: {shown}")
+        print(f"  {engine}: {shown}{part}")
     if summary.cascade is not None:
         print(summary.cascade.line())
     if c.sanitised:
