@@ -609,3 +609,29 @@ def test_a_recorded_batch_the_provider_does_not_know_is_said_and_can_be_given_up
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
     assert len(_chats(server)) == 20  # asked again in real time (batch_followup), once each
     assert len(verdict_labels(out)) == 20
+
+
+def test_ctrl_c_while_a_batch_is_polled_ends_the_run_at_once_resumable(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    """Ctrl-C while the recorded batch is polled ends the run (exit 3), the batch kept in
+    batch.json for the rerun: it is not held for after the polling, which may take hours."""
+    server = make_batch_server(polls_in_progress=10**9)
+    config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + 60
+        while server.calls["retrieve"] < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("Ctrl-C did not end the polling") from None
+    assert proc.returncode == 3, err
+    assert b"interrupted" in err and b"Traceback" not in err
+    (record,) = _state(out)["batches"]
+    assert record["batch_id"] in server.batches and not record["collected"]

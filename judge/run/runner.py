@@ -183,24 +183,28 @@ _EARLY: list[signal.Signals] = []
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[list[signal.Signals]]:
+def signals_held(hold: bool = True) -> Iterator[list[signal.Signals]]:
     """Record SIGINT, SIGTERM and SIGHUP from here until a run installs its handlers
     (:func:`_signals_stop`), which then stops as for a signal that came after: asyncio.run's
     own SIGINT handler cancelled the main task, a cancel start-up swallowed, and the whole
-    run was then paid for and ended "ok". Yields what was recorded and never taken up (a way
-    of running that installs no handlers): the caller ends interrupted for those."""
+    run was then paid for and ended "ok". ``hold`` False: nothing is held (a batch or Ray
+    run, whose Ctrl-C asyncio.run's cancel serves). Yields a list that, once the block ends,
+    holds what was recorded and never taken up: the caller ends interrupted for those."""
     _EARLY.clear()
-    if threading.current_thread() is not threading.main_thread():  # signals are not ours
-        yield _EARLY
+    unheard: list[signal.Signals] = []
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield unheard  # not asked to, or signals are not ours (not the main thread)
         return
     held = {
         sig: signal.signal(sig, lambda n, _f: _EARLY.append(signal.Signals(n))) for sig in SIGNALS
     }
     try:
-        yield _EARLY
+        yield unheard
     finally:
         for sig, previous in held.items():
             signal.signal(sig, previous)
+        unheard.extend(_EARLY)  # what no run's handlers took up
+        _EARLY.clear()
 
 
 @contextlib.contextmanager
