@@ -11,9 +11,12 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── ConfigError                 a TOML config or a CLI override is invalid
     ├── TemplateError               a prompt template is missing, fails to load or render
     ├── ProviderError               a provider call failed after the runner's retries
+    │                               (exit 3: requests may have been sent and paid)
     │   ├── ProviderConfigError     unknown provider kind, missing API key variable, bad URL
-    │   └── ResponseError           the provider answered, but not in its own protocol
-    │       └── NotTheApiError      a page or text where the API should be (not retried)
+    │   │                           (exit 2: found before anything is sent)
+    │   ├── ResponseError           the provider answered, but not in its own protocol
+    │   │   └── NotTheApiError      a page or text where the API should be (not retried)
+    │   └── BatchGone               the provider does not know a recorded batch (404)
     ├── ParseError                  a judge completion is not a valid verdict (before reask)
     ├── CacheError                  the completion cache cannot be opened or written
     ├── ModelError                  the embedded model cannot be fetched, verified or started
