@@ -85,8 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     more = {"keep": kept} if run is run_async else {}
     preload = threading.Thread(target=_import_report_stage, name="judge-import", daemon=True)
     preload.start()
-    # A plain run takes signals over from its start (runner.signals_held); a batch or Ray run
-    # keeps asyncio.run's Ctrl-C, which cancels its polling or its shards at once.
+    # A plain run takes signals from its start; a batch or Ray run keeps asyncio.run's Ctrl-C.
     with signals_held(run is run_async) as unheard:
         outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
     if unheard:  # a signal no run handler took up: the run is not to be trusted as finished
