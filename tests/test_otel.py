@@ -244,6 +244,19 @@ def test_a_refused_call_and_its_verdicts_carry_the_error(
     assert all(e.attributes["gen_ai.evaluation.score.label"] == "error" for e in events)
 
 
+def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a process of its own, from the repository, its output captured."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
 def test_without_a_tracer_provider_nothing_is_imported_or_emitted(
     make_server: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -260,14 +273,7 @@ def test_without_a_tracer_provider_nothing_is_imported_or_emitted(
         print(code, loaded)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _python("-c", script)
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stderr
     assert len(server.requests) == 4
 
@@ -280,13 +286,13 @@ def test_a_tracer_provider_that_cannot_be_had_costs_spans_not_the_run(
     run judges as without telemetry, and says once why it emits no spans."""
     server = make_server(responder=_responder())
     config = _config(tmp_path, server)
-    done = subprocess.run(
-        [sys.executable, "-m", "judge", "run", str(config), "--out", str(tmp_path / "out")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = _python(
+        "-m",
+        "judge",
+        "run",
+        str(config),
+        "--out",
+        str(tmp_path / "out"),
         env={**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "no_such_provider"},
     )
     assert done.returncode == 0, done.stderr
@@ -321,14 +327,7 @@ def test_a_span_processor_that_raises_costs_spans_not_the_verdicts(
         print([v.status for v in got.verdicts])
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _python("-c", script)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['ok', 'ok']", done.stdout
     assert done.stderr.count("OpenTelemetry failed on a span") == 1, done.stderr
@@ -359,9 +358,7 @@ def test_importing_judge_imports_neither_sdk() -> None:
         "build_parser(); telemetry.spans(); judge.log_to_mlflow; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'mlflow', 'opentelemetry'}))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    done = _python("-c", script)
     assert done.stdout.strip() == "[]", done.stderr
 
 
