@@ -224,7 +224,9 @@ def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
 def _context_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     """A context window (``[judge] context_tokens``, or the provider's own) with no room for
     a passage beside a query and the answer: the run would cut its passages to nothing and
-    judge them unseen, so it is refused here (one line per query, long queries first)."""
+    judge them unseen, so it is refused here (one line per query text too long, in file
+    order). An estimate from the query's own tokens and PROMPT_ALLOWANCE for the rest of the
+    prompt: the run's exact check (judging/context.py) renders it."""
     try:
         spec = resolve_spec(config.judge.provider, config.provider.overrides())
     except JudgeError:
