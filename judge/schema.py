@@ -12,6 +12,8 @@ at 100,000 passages these sets alone were about 150 MB. Frozen records never cha
 ``model_copy`` copies it before adding), so records whose sets are equal can share one.
 :func:`share_fields_sets` makes them do so; nothing else about the records changes
 (``model_fields_set``, ``exclude_unset`` dumps and copies behave as before: tests/test_memo.py).
+:func:`share_verdict_fields` also gives equal usages one record, and :func:`share_row_fields`
+does both for rows read back from a results file (3.4 KB a passage before, 1.3 KB after).
 """
 
 from __future__ import annotations
@@ -481,8 +483,29 @@ def share_fields_sets(records: Iterable[BaseModel]) -> None:
             known.append(own)
 
 
+# Equal usages, one record each (a run's verdicts use a few hundred distinct token counts).
+_USAGES: dict[tuple[int, int], Usage] = {}
+_USAGES_KEPT = 65_536  # a bound on the table, never reached by counts of one run's prompts
+
+
 def share_verdict_fields(verdicts: Iterable[Verdict]) -> None:
-    """:func:`share_fields_sets` for verdicts and their usages (a run holds all of them)."""
+    """:func:`share_fields_sets` for verdicts, and one record for equal usages: a run holds
+    all of them, and a usage is 280 bytes, a fifth of a verdict's (usages are frozen too)."""
     verdicts = list(verdicts)
     share_fields_sets(verdicts)
-    share_fields_sets(v.usage for v in verdicts)
+    for v in verdicts:
+        key = (v.usage.prompt_tokens, v.usage.completion_tokens)
+        shared = _USAGES.get(key)
+        if shared is None:
+            if len(_USAGES) >= _USAGES_KEPT:
+                _USAGES.clear()
+            share_fields_sets((v.usage,))
+            shared = _USAGES[key] = v.usage
+        object.__setattr__(v, "usage", shared)
+
+
+def share_row_fields(row: JudgedQuery) -> None:
+    """What a run does for the rows it judges (:func:`share_verdict_fields`, and the query's
+    and passages' fields sets), for a row read back from a results file."""
+    share_fields_sets((row, row.query, *row.query.passages))
+    share_verdict_fields(row.verdicts)

@@ -12,9 +12,10 @@ import pytest
 from pydantic import BaseModel
 
 from judge.calling.cache import Cache
+from judge.data.results import append_result, read_results
 from judge.judging.judge import Judge
 from judge.providers.base import Completion, ProviderSpec
-from judge.schema import JudgedQuery, Passage, Usage, Verdict, share_fields_sets
+from judge.schema import JudgedQuery, Passage, Query, Usage, Verdict, share_fields_sets
 from tests.servers import ScriptedServer, verdict_json
 from tests.test_cache_keys import QUERY as KETTLE
 
@@ -210,3 +211,40 @@ def test_shared_fields_sets_change_nothing_about_the_records() -> None:
 
     with pytest.raises(TypeError):
         share_fields_sets([Loose(x=1)])
+
+
+def test_rows_read_back_share_their_sets_and_equal_usages(tmp_path: Path) -> None:
+    """A results file read back for a summary holds each fields set and each distinct usage
+    once (a large run's rows: 3.4 KB a passage before, 1.3 KB after), and reads the same."""
+    rows = [
+        JudgedQuery(
+            query=Query(query_id=f"q{q}", query="kettle", passages=(Passage(id="a", text="t"),)),
+            repeat=0,
+            scale="binary",
+            verdicts=(
+                Verdict(
+                    passage_id="a",
+                    rank=1,
+                    status="ok",
+                    label="yes",
+                    grade=1,
+                    usage=Usage(prompt_tokens=40 + q % 2, completion_tokens=3),
+                ),
+            ),
+            metrics={"ap": 1.0},
+        )
+        for q in range(4)
+    ]
+    path = tmp_path / "results.jsonl"
+    for row in rows:
+        append_result(path, row)
+    back = read_results(path)
+    assert back == rows
+    verdicts = [row.verdicts[0] for row in back]
+    assert verdicts[0].usage is verdicts[2].usage and verdicts[1].usage is verdicts[3].usage
+    assert verdicts[0].usage is not verdicts[1].usage  # equal counts only
+    assert verdicts[0].__pydantic_fields_set__ is verdicts[3].__pydantic_fields_set__
+    passages = [row.query.passages[0] for row in back]
+    assert passages[0].__pydantic_fields_set__ is passages[1].__pydantic_fields_set__
+    changed = back[0].verdicts[0].model_copy(update={"usage": Usage(prompt_tokens=1)})
+    assert changed.usage.prompt_tokens == 1 and verdicts[2].usage.prompt_tokens == 40

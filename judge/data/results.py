@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from judge.config import RunConfig
 from judge.data.lines import Row, Sink, read_bytes, text_lines
 from judge.errors import ConfigError, InputError
-from judge.schema import JudgedQuery, Query, Scale, VerdictStatus
+from judge.schema import JudgedQuery, Query, Scale, VerdictStatus, share_row_fields
 
 __all__ = [
     "REPEAT_POLICIES",
@@ -166,7 +166,10 @@ def read_results(path: str | Path, *, problems: list[str] | None = None) -> list
     An incomplete last line (no newline after it, and unreadable: a killed writer) is dropped,
     logged and added to ``problems``; any other bad line is an InputError naming file:line.
     """
-    return _read_lines(Path(path), JudgedQuery, problems)
+    rows = _read_lines(Path(path), JudgedQuery, problems)
+    for row in rows:  # a large run's rows, read back for its summary: in less memory
+        share_row_fields(row)
+    return rows
 
 
 class _UnitKey(BaseModel):
