@@ -478,6 +478,31 @@ def test_runs_of_several_engines_compare_engine_by_engine(tmp_path: Path) -> Non
     }
 
 
+def test_an_engine_is_compared_with_its_namesake_or_with_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of one engine beside a baseline of several is paired with the engine of its own
+    name; an engine the baseline lacks is paired with none, and cannot fail the check (it
+    had been paired with the baseline's first engine, and 'significantly worse' than it)."""
+    old = [
+        stored(f"q{i}", e, (0.9 if e == "bad" else 0.3) + 0.01 * i)
+        for i in range(8)
+        for e in ("bad", "good")
+    ]
+    base = write_run(tmp_path / "clear", old)
+    good = write_run(tmp_path / "g1", [stored(f"q{i}", "good", 0.3 + 0.01 * i) for i in range(8)])
+    new = write_run(tmp_path / "fresh", [stored(f"q{i}", "new", 0.1) for i in range(8)])
+    out = tmp_path / "c.json"
+    argv = ["compare", str(base), str(good), str(new), "--metric", "ndcg", "--json", str(out)]
+    assert run_cli([*argv, "--fail-if-worse", "ndcg"]) == 0
+    data = json.loads(out.read_text())
+    assert data["baselines"] == {"g1/good": "clear/good"}
+    assert "fresh/new" in data["engines"]
+    err = capsys.readouterr().err
+    assert "fresh/new: the baseline clear has no engine 'new' (it has bad, good)" in err
+    assert "significantly worse" not in err
+
+
 def test_fail_if_worse_exits_1_only_for_a_significant_drop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -491,7 +516,10 @@ def test_fail_if_worse_exits_1_only_for_a_significant_drop(
     # Five queries can never be significant: the guard says it cannot fire.
     old, new = _runs(tmp_path / "few", -0.05, n=5)
     assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 0
-    assert "5 pairs are too few for p < 0.05" in capsys.readouterr().err
+    assert "5 of 5 pairs differ, too few for p < 0.05" in capsys.readouterr().err
+    old, new = _runs(tmp_path / "tied", 0.0)
+    assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 0
+    assert "new vs old on ndcg: no query differs, so" in capsys.readouterr().err
 
 
 def test_compare_writes_an_offline_page_with_charts(

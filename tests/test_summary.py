@@ -10,7 +10,14 @@ import pytest
 from judge.config import load_config
 from judge.errors import InputError
 from judge.metrics.compute import metrics_for_queries
-from judge.report.summary import SCHEMA_VERSION, build_summary, load_summary, write_summary
+from judge.report.summary import (
+    SCHEMA_VERSION,
+    Check,
+    Summary,
+    build_summary,
+    load_summary,
+    write_summary,
+)
 from judge.schema import JudgedQuery, MetricPolicy, Passage, Query, Scale, Usage, Verdict
 
 BINARY = Scale.binary()
@@ -73,6 +80,48 @@ def test_thresholds_min_and_drop_but_errors_are_no_threshold(tmp_path: Path) -> 
     # relevancy_mean undefined (< 0.9 fails); ap undefined vs 1.0. The error verdict is no
     # threshold: units left in error make the run incomplete instead (see the runner).
     assert breached == {"min relevancy_mean", "drop ap"}
+
+
+def _on(query_id: str, text: str, grades: list[int], repeat: int = 0) -> JudgedQuery:
+    row = judged(grades, repeat)  # type: ignore[arg-type]
+    query = QUERY.model_copy(update={"query_id": query_id, "query": text})
+    return row.model_copy(update={"query": query})
+
+
+def _drops(summary: Summary) -> list[Check]:
+    return [c for c in summary.thresholds.checks if c.check.startswith(("drop", "rise"))]
+
+
+def test_a_drop_is_measured_over_the_queries_both_runs_hold(tmp_path: Path) -> None:
+    """Tonight holds two of the baseline's four queries, each scoring what it scored there:
+    nothing moved, so nothing fell (the means over different query sets had fallen 0.25).
+    A query of the same id but another text is not the same query."""
+    base_rows = [_on("q1", "a", [1, 0, 0]), _on("q2", "b", [0, 1, 0])]
+    base_rows += [_on("q3", "c", [1, 0, 0]), _on("q4", "d", [1, 0, 0])]
+    baseline = tmp_path / "base.json"
+    write_summary(baseline, build_summary(load_config(None), base_rows, n_boot=10))
+    config = load_config(
+        None,
+        {
+            "metrics.names": ["ap"],
+            "thresholds.max_drop": {"ap": 0.05},
+            "thresholds.baseline": str(baseline),
+        },
+    )
+    tonight = [_on("q1", "a", [1, 0, 0]), _on("q2", "b", [0, 1, 0])]
+    assert build_summary(config, tonight, n_boot=10).engines["e"].mean("ap") == 0.75
+    (drop,) = _drops(build_summary(config, tonight, n_boot=10))
+    assert (drop.check, drop.ok, drop.value, drop.baseline) == ("drop ap", True, 0.0, 0.75)
+    assert drop.note == "over the 2 queries both runs hold (tonight 2, the baseline 4)"
+    # q1 now asks something else: only q2 is shared, and it did not fall either.
+    moved = [_on("q1", "z", [0, 0, 1]), _on("q2", "b", [0, 1, 0])]
+    (drop,) = _drops(build_summary(config, moved, n_boot=10))
+    assert (drop.ok, drop.value, drop.baseline) == (True, 0.0, 0.5)
+    # No query in common: said, not a breach.
+    other = [_on("q9", "y", [0, 0, 1])]
+    (none,) = _drops(build_summary(config, other, n_boot=10))
+    assert none.ok and not none.evaluated
+    assert none.note == "not evaluated: no query in common with the baseline"
 
 
 def test_missing_baseline_is_noted_not_fatal(tmp_path: Path) -> None:

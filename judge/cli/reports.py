@@ -74,7 +74,7 @@ def format_table(cmp: Comparison) -> str:
             m, d = cmp.means[metric][engine], diffs.get((metric, engine))
             mean = [metric, engine, str(m.n), _num(m.mean), ci_text(m.ci_low, m.ci_high)]
             if d is None:
-                rows.append([*mean, "(baseline)" if engine in cmp.baselines.values() else ""])
+                rows.append([*mean, "(baseline)" if engine in cmp.baselines.values() else "(none)"])
                 rows[-1] += [""] * (len(head) - len(rows[-1]))
                 continue
             ci = ci_text(d.ci_low, d.ci_high, signed=True)
@@ -126,7 +126,8 @@ def plan(
 ) -> tuple[list[str], str, dict[str, str]]:
     """The engines in argument order, the baseline engine, and what each other engine is
     compared with. The baseline is ``baseline`` (an engine, or a run holding several) or the
-    first argument's; a run of several engines is compared engine by engine."""
+    first argument's; a run of several engines is compared engine by engine, and an engine
+    the baseline run has no engine of the same name for is compared with none (said)."""
     order = list(dict.fromkeys(jq.query.engine for jq in results))
     if len(sources) == 1:
         order = sorted(order)
@@ -143,7 +144,14 @@ def plan(
     for engine in order:
         if engine not in runs[run]:
             inner = next((engine[len(lab) + 1 :] for lab in labels if engine in runs[lab]), engine)
-            pairs[engine] = own.get(inner, runs[run][0])
+            if inner in own:
+                pairs[engine] = own[inner]
+            else:
+                print(
+                    f"judge: {engine}: the baseline {run} has no engine '{inner}' "
+                    f"(it has {', '.join(sorted(own))}): shown unpaired, compared with none",
+                    file=sys.stderr,
+                )
     return order, runs[run][0], pairs
 
 
@@ -179,9 +187,15 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
                 file=sys.stderr,
             )
         elif d.too_few:
+            differ = d.wins + d.losses
+            why = (
+                "no query differs"
+                if not differ
+                else f"{differ} of {d.n} pairs differ, too few for p < 0.05"
+            )
             print(
-                f"judge: {d.engine} vs {d.baseline} on {d.metric}: {d.n} pairs are too few for "
-                "p < 0.05, so --fail-if-worse cannot fail on them",
+                f"judge: {d.engine} vs {d.baseline} on {d.metric}: {why}, so --fail-if-worse "
+                "cannot fail on them",
                 file=sys.stderr,
             )
     return code

@@ -386,7 +386,8 @@ def load_engines(
     One unnamed source keeps its engines. With several, each source is an engine: its one
     engine name is kept when every source has one distinct, non-default engine; otherwise it
     is named NAME, or its shortest distinct path (:func:`source_labels`), suffixed
-    ``/engine`` when it holds several.
+    ``/engine`` when it holds several, or when another source does and its one engine has a
+    name (so that it is compared with the engine of that name, not with another).
     """
     loaded: list[tuple[str | None, Path, list[JudgedQuery]]] = []
     for source in sources:
@@ -401,11 +402,12 @@ def load_engines(
         {e[0] for e in singles}
     ) == len(singles)
     paths = source_labels([path for _, path, _ in loaded])
+    several = any(len(e) > 1 for e in singles)
     out: list[JudgedQuery] = []
     owner: dict[str, str] = {}
     for (name, path, rows), engines, by_path in zip(loaded, singles, paths, strict=True):
         label = name or by_path
-        if len(engines) > 1:
+        if len(engines) > 1 or (several and engines != ["default"]):
             names = {e: f"{label}/{e}" for e in engines}
         else:
             names = {e: e if keep and name is None else label for e in engines}

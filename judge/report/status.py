@@ -42,12 +42,13 @@ def describe_check(check: Check) -> str:
     if check.value is None:
         return f"{name}: {(check.note or 'no value').removeprefix('not evaluated: ')}"
     value, limit = format_value(check.value), format_value(check.limit)
+    said = f" ({check.note})" if check.note else ""  # a drop over the queries both runs hold
     if check.check.startswith("drop ") and check.baseline is not None:
         before, now = format_value(check.baseline), format_value(check.current)
-        return f"{name}: fell {value} (from {before} to {now}); at most {limit} allowed"
+        return f"{name}: fell {value} (from {before} to {now}){said}; at most {limit} allowed"
     if check.check.startswith("min "):
         return f"{name}: {value}; at least {limit} required"
-    return f"{name}: {value}; at most {limit} allowed"
+    return f"{name}: {value}{said}; at most {limit} allowed"
 
 
 def status(summary: Summary, health: JudgeHealth) -> tuple[str, list[str]]:

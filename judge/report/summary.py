@@ -500,21 +500,32 @@ def _unmade(check: str, engine: str, why: str) -> Check:
 
 def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
     """Each engine's fall against the baseline (rise: lower-is-better), per metric; an engine
-    or metric the baseline lacks is said (:func:`_unmade`), never skipped in silence."""
+    or metric the baseline lacks is said (:func:`_unmade`), never skipped in silence. When
+    tonight's queries are not the baseline's, both means are taken over the queries the two
+    share (same id and text), said in the check's note: means over different queries move
+    with the queries, not the engine."""
     checks = []
     for engine, data in summary.engines.items():
         if engine not in base.engines:  # a new or renamed engine: said, not failed
             note = f"not in the baseline (it has: {', '.join(sorted(base.engines)) or 'none'})"
             checks.append(_unmade("drop checks", engine, note))
             continue
+        shared = _shared_rows(summary, base, engine)
+        if shared is not None and not shared[0]:
+            checks.append(_unmade("drop checks", engine, "no query in common with the baseline"))
+            continue
         for metric, limit in max_drop.items():
-            before = base.engines[engine].mean(metric)
             rise = lower_is_better(metric)
+            before, now = base.engines[engine].mean(metric), data.mean(metric)
+            note: str | None = None
+            if shared is not None:
+                ours, theirs, note = shared
+                before = _mean(r.metrics.get(metric) for r in theirs)
+                now = _mean(r.metrics.get(metric) for r in ours)
             if before is None:
                 why = "not in the baseline, or undefined for every query there"
                 checks.append(_unmade(f"{'rise' if rise else 'drop'} {metric}", engine, why))
                 continue
-            now = data.mean(metric)
             drop = (now - before if rise else before - now) if now is not None else None
             checks.append(
                 Check(
@@ -526,10 +537,30 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
                     baseline=before,
                     current=now,
                     evaluated=drop is not None,
-                    note=None if drop is not None else f"{metric} is undefined for every query",
+                    note=note if drop is not None else f"{metric} is undefined for every query",
                 )
             )
     return checks
+
+
+def _shared_rows(
+    summary: Summary, base: Summary, engine: str
+) -> tuple[list[QueryRow], list[QueryRow], str] | None:
+    """The engine's per-query rows of tonight and of the baseline over the queries both hold,
+    with a note saying so; None when the two hold the same queries (or a summary predates
+    per-query rows: its means are all there is)."""
+    ours = {r.query_id: r for r in summary.queries if r.engine == engine}
+    theirs = {r.query_id: r for r in base.queries if r.engine == engine}
+    if not ours or not theirs:
+        return None
+    same = [q for q in ours if q in theirs and ours[q].query == theirs[q].query]
+    if len(same) == len(ours) == len(theirs):
+        return None
+    note = (
+        f"over the {len(same)} queries both runs hold (tonight {len(ours)}, "
+        f"the baseline {len(theirs)})"
+    )
+    return [ours[q] for q in same], [theirs[q] for q in same], note
 
 
 def write_summary(path: str | Path, summary: Summary) -> Path:
