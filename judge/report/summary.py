@@ -507,8 +507,8 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
     checks = []
     for engine, data in summary.engines.items():
         if engine not in base.engines:  # a new or renamed engine: said, not failed
-            note = f"not in the baseline (it has: {', '.join(sorted(base.engines)) or 'none'})"
-            checks.append(_unmade("drop checks", engine, note))
+            has = ", ".join(sorted(base.engines)) or "none"
+            checks.append(_unmade("drop checks", engine, f"not in the baseline (it has: {has})"))
             continue
         shared = _shared_rows(summary, base, engine)
         if shared is not None and not shared[0]:
