@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -633,6 +634,27 @@ def test_the_api_checks_limits_metrics_and_repeat_before_any_request(
         for bad in (-1, 1.5, True):
             with pytest.raises(InputError, match="repeat: expected a whole number >= 0"):
                 j.judge("pale sky?", ["pale", "dark"], repeat=bad)  # type: ignore[arg-type]
+    assert chat_calls(srv) == 0
+
+
+def test_a_dimension_is_read_as_its_table_or_refused(yes_if_pale: ScriptedServer) -> None:
+    """``nuggets=`` is a switch or the [nuggets] table: a string, an unknown field or a judge
+    with no LLM is refused (each had switched nugget judging on, at its default settings,
+    which costs calls); a table's settings and its ``enabled`` are kept."""
+    srv = yes_if_pale
+    for bad, said in (
+        ("no", "nuggets: expected True, False, a dict of [nuggets] settings"),
+        ({"bogus_field": 1}, "nuggets.bogus_field: Extra inputs are not permitted"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            make_judge(srv, nuggets=bad)
+    with make_judge(srv, nuggets={"enabled": False}) as off:
+        assert off.dimensions is None
+    with make_judge(srv, nuggets={"max_nuggets": 3}) as on:
+        assert on.dimensions is not None and on.dimensions.nuggets is not None
+        assert on.dimensions.nuggets.section.max_nuggets == 3
+    with pytest.raises(ConfigError, match="has no LLM to judge nuggets with"):
+        Judge("embedded-fused", nuggets=True)
     assert chat_calls(srv) == 0
 
 

@@ -333,3 +333,20 @@ def test_a_reranker_giving_raw_logits_is_told_its_scores_are_clipped(
     for engine in summary(out)["engines"].values():
         rerank = engine["metrics"].get("rerank_max")
         assert rerank is None or 0.0 <= rerank["mean"] <= 1.0, rerank
+
+
+def test_judge_run_refuses_nuggets_for_a_score_judge_before_paying(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A judge by score has no LLM to write or assign nuggets: refused in one line, not run
+    with every nugget metric undefined."""
+    server = make_server(scorer=worded_scorer)
+    judge = {"provider": "rerank", "model": "rerank-test"}
+    extra = f'[provider]\nbase_url = "{server.url}"\n[nuggets]\nenabled = true\n'
+    config = _config(tmp_path, judge, extra)
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == EXIT_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[nuggets] enabled: a judge by score" in err[0], err
+    assert server.requests == []

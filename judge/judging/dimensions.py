@@ -25,18 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from judge.aspects import AspectStatus, Coverage, Credibility, Nugget, NuggetSet, Support
 from judge.calling.cache import Cache
 from judge.config import CredibilitySection, NuggetsSection
 from judge.data.nuggets import NUGGETS_FILE, given_sets, same_query, write_nuggets
-from judge.errors import BudgetExceeded, ParseError
+from judge.errors import BudgetExceeded, ConfigError, ParseError
 from judge.judging.ask import AskContext, ask
 from judge.judging.credibility import CredibilityAsker
 from judge.judging.nuggets import NuggetPrompt, parse_nuggets, pool
 from judge.judging.prompts import load_template
 from judge.judging.support import Assigner
 from judge.providers.base import ChatRequest, Completion
-from judge.schema import JudgedQuery, MetricPolicy, Query, Record, Usage
+from judge.schema import JudgedQuery, MetricPolicy, Query, Usage
 from judge.sections import with_dimension_defaults
 
 __all__ = [
@@ -74,7 +76,9 @@ class Dimension(ABC):
 
     name: ClassVar[str]  # its config table, and its key among a unit's results
     field: ClassVar[str]  # the JudgedQuery field its result fills
-    section_type: ClassVar[type[Record]]  # its table's record; ``enabled`` switches it on
+    section_type: ClassVar[
+        type[NuggetsSection] | type[CredibilitySection]
+    ]  # its table's record; ``enabled`` switches it on
     # The metrics computed when ``[metrics] names`` names none of this dimension's.
     default_metrics: ClassVar[tuple[str, ...]]
 
@@ -316,6 +320,26 @@ class UnitAspects:
     usage: Usage
 
 
+def _section(kind: type[Dimension], given: object) -> NuggetsSection | CredibilitySection:
+    """The table ``given`` for dimension ``kind``, read as :meth:`Dimensions.of` says."""
+    if isinstance(given, kind.section_type):
+        return given
+    if given is None or isinstance(given, bool):
+        return kind.section_type(enabled=bool(given))
+    if isinstance(given, Mapping):
+        try:
+            return kind.section_type.model_validate({"enabled": True, **given})
+        except ValidationError as exc:
+            said = "; ".join(
+                f"{kind.name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigError(f"Judge: {said}") from None
+    raise ConfigError(
+        f"Judge: {kind.name}: expected True, False, a dict of [{kind.name}] settings or a "
+        f"{kind.section_type.__name__}, got {type(given).__name__}"
+    )
+
+
 class Dimensions:
     """The dimensions turned on for one Judge; build with :meth:`of` (None when all are off)."""
 
@@ -327,15 +351,15 @@ class Dimensions:
     def of(
         cls, sections: Mapping[str, Any], ctx: AskContext, template_dir: str | Path | None
     ) -> Dimensions | None:
-        """The dimensions whose table in ``sections`` (by name; ``True``: default settings) is
-        enabled, asked with ``ctx``; None when none is on."""
+        """The dimensions whose table in ``sections`` (by name) is enabled, asked with ``ctx``;
+        None when none is on. A table is its section record, a bool (``True``: the default
+        settings), None (off), or a dict of the section's fields (on unless ``enabled`` says
+        otherwise); anything else, or a field the section lacks, is a ConfigError."""
         tdir = Path(template_dir) if template_dir else None
         dims = []
         for kind in DIMENSIONS:
-            section = sections.get(kind.name, False)
-            if not isinstance(section, kind.section_type):
-                section = kind.section_type.model_validate({"enabled": bool(section)})
-            if getattr(section, "enabled", False):
+            section = _section(kind, sections.get(kind.name))
+            if section.enabled:
                 dims.append(kind(section, ctx, tdir))
         return cls(dims) if dims else None
 

@@ -270,12 +270,27 @@ class Judge:
         self.ctx = AskContext.of(self.caller, settings, self.params)
         self.asker = self._asker(settings, shape)
         self.template = self.asker.template
-        self.dimensions = Dimensions.of(sections, self.ctx, settings.template_dir)
-        if self.dimensions is not None:
-            self.policy = self.dimensions.metric_policy(self.policy)
+        self.dimensions = self._dimensions(sections, settings.template_dir, named)
         plain = self.cascade is None and self._reranker is None and self.dimensions is None
         how = repr((self.sanitise, self.context_tokens, self.params.max_tokens))
         self.memo = VerdictMemo(self.caller, f"{self.asker.identity()}\x00{how}") if plain else None
+
+    def _dimensions(
+        self, sections: Mapping[str, Any], template_dir: str | None, named: object
+    ) -> Dimensions | None:
+        """The dimensions ``sections`` switch on (their metrics added to the policy); a judge
+        by score has no LLM for them (ConfigError)."""
+        found = Dimensions.of(sections, self.ctx, template_dir)
+        if found is None:
+            return None
+        if self._chat is None:
+            names = " and ".join(d.name for d in found.on)
+            raise ConfigError(
+                f"Judge: {names}: a judge by score (provider '{named}' is a reranker) has no "
+                f"LLM to judge {names} with: name an LLM as provider, or leave {names} out"
+            )
+        self.policy = found.metric_policy(self.policy)
+        return found
 
     def _released_when_collected(self, mine: Cache | None) -> weakref.finalize[Any, Any]:
         """What close() gives back, given back if the Judge is collected without it: the

@@ -181,7 +181,8 @@ def _unmeetable(name: str, limit: float, key: str) -> str | None:
 
 
 def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
-    """A cascade needs a reranker, and a max_error band enough human labels."""
+    """A cascade needs a reranker, and a max_error band enough human labels; a judge by score
+    takes neither a band nor a second reranker, and has no LLM for nuggets or credibility."""
     cascade, where = config.judge.cascade, config.source or "<config>"
     try:
         by_score = judges_by_score(resolve_spec(config.judge.provider, config.provider.overrides()))
@@ -203,6 +204,18 @@ def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
                     "LLM for a band: give the cut as low = high, or leave [judge.cascade] out "
                     "for the provider's calibrated cut",
                     not cut,
+                ),
+                *(
+                    (
+                        f"[{name}] enabled: a judge by score (a reranker as [judge] provider) "
+                        f"has no LLM to judge {name} with: name an LLM as [judge] provider, or "
+                        f"turn [{name}] off",
+                        section.enabled,
+                    )
+                    for name, section in (
+                        ("nuggets", config.nuggets),
+                        ("credibility", config.credibility),
+                    )
                 ),
             )
             if found
