@@ -82,12 +82,48 @@ def test_inspecting_a_damaged_cache_reports_it_and_moves_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cache = tmp_path / "cache.sqlite"
-    cache.write_bytes(b"not SQLite at all\n" * 300)
-    for action in (["stats"], ["prune", "--older-than", "7"]):
+    server = ScriptedServer().start()
+    try:
+        config = write_config(tmp_path / "run.toml", server, cache)
+        dataset = write_dataset(tmp_path / "rows.jsonl", n_queries=2, n_passages=40)
+        assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "out")]) in (0, 1)
+    finally:
+        server.stop()
+    size = cache.stat().st_size
+    with open(cache, "r+b") as fh:  # every page but the schema's
+        fh.seek(4096)
+        fh.write(b"\xff" * (size - 4096))
+    capsys.readouterr()
+    for action in (["stats"], ["prune", "--older-than", "0"]):
         assert main(["cache", *action, "--cache", str(cache)]) == 2
         err = capsys.readouterr().err
-        assert f"{cache}: cannot open cache: file is not a database" in err
-        assert "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.sqlite"]
+        assert f"{cache}: " in err and "malformed" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("cache.sqlite.corrupt-*"))  # they report; they move nothing
     assert main(["cache", "clear", "--cache", str(cache)]) == 0  # clear starts a new file
     assert list(tmp_path.glob("cache.sqlite.corrupt-*"))
+    assert main(["cache", "stats", "--cache", str(cache)]) == 0
+
+
+def test_a_file_that_is_not_sqlite_is_never_taken_for_a_cache(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dataset given as the cache (or any file that does not begin as SQLite files do)
+    is refused and left as it was, by a run, a dry run and every cache command: it had been
+    moved aside as a damaged cache and replaced by one."""
+    dataset = write_dataset(tmp_path / "rows.jsonl", n_queries=2, n_passages=5)
+    before = dataset.read_bytes()
+    config = write_config(tmp_path / "run.toml", server, dataset)
+    for argv in (
+        ["run", str(config), str(dataset), "--out", str(tmp_path / "out")],
+        ["run", str(config), str(dataset), "--out", str(tmp_path / "dry"), "--dry-run"],
+        ["cache", "clear", "--cache", str(dataset)],
+        ["cache", "stats", "--cache", str(dataset)],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{dataset}: not a SQLite file, so not a judge cache (left as it is)" in err
+        assert "Traceback" not in err
+    assert dataset.read_bytes() == before
+    assert not list(tmp_path.glob("*corrupt*"))
+    assert server.requests == []

@@ -34,18 +34,25 @@ counted in one line when the cache closes. ``judge cache check`` reports on a fi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from judge.calling.cache_file import NotACache, answer_queries, damaged, open_file
+from judge.calling.cache_file import (
+    NotACache,
+    answer_queries,
+    check_sqlite,
+    damaged,
+    open_file,
+)
 from judge.config import RunConfig
 from judge.errors import CacheError
 from judge.schema import Record
@@ -102,6 +109,7 @@ class Cache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            check_sqlite(self.path)
             try:
                 self._conn = open_file(self.path)
             except sqlite3.DatabaseError as exc:
@@ -313,7 +321,7 @@ class Cache:
     def stats(self) -> CacheStats:
         if self._conn is None or self.path is None:
             raise CacheError("the cache is disabled")
-        with self._lock:
+        with self._lock, self._said():
             entries, oldest, newest = self._conn.execute(
                 "SELECT count(*), min(created), max(created) FROM answers"
             ).fetchone()
@@ -348,11 +356,18 @@ class Cache:
         return [] if found == ["ok"] else found
 
     def clear(self) -> int:
-        return self._delete("DELETE FROM answers", ())
+        """Remove every answer (a file with damaged pages is moved aside instead, as a run
+        would: nothing of it is read again)."""
+        try:
+            return self._delete("DELETE FROM answers", ())
+        except sqlite3.DatabaseError as exc:
+            self._recover(exc)  # a CacheError unless damaged and this cache may recover
+            return 0
 
     def prune(self, older_than_days: float) -> int:
         cutoff = time.time() - older_than_days * 86400.0
-        return self._delete("DELETE FROM answers WHERE created < ?", (cutoff,))
+        with self._said():
+            return self._delete("DELETE FROM answers WHERE created < ?", (cutoff,))
 
     def _delete(self, sql: str, args: tuple[float, ...] | tuple[()]) -> int:
         if self._conn is None:
@@ -367,6 +382,14 @@ class Cache:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.execute("VACUUM")
         return int(count)
+
+    @contextlib.contextmanager
+    def _said(self) -> Iterator[None]:
+        """A SQLite error of stats, clear or prune as one CacheError naming the file."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise CacheError(f"{self.path}: {exc}") from None
 
     @property
     def unreadable(self) -> int:

@@ -58,7 +58,23 @@ def open_file(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
 
 
 class NotACache(Exception):
-    """A SQLite file of other tables (a run history, say): not one to add a cache's to."""
+    """A SQLite file of other tables (a run history, say), or a file that is not SQLite at all
+    (a dataset given as the cache, say): not one to add a cache's tables to or move aside."""
+
+
+_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def check_sqlite(path: Path) -> None:
+    """NotACache when ``path`` is a non-empty file that does not begin as SQLite files do: a
+    damaged cache still does (its pages after the first are what break), another file never."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_HEADER))
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        return  # no file yet, or one SQLite reports on in its own words
+    if head and head != _HEADER:
+        raise NotACache(f"{path}: not a SQLite file, so not a judge cache (left as it is)")
 
 
 def _check_ours(conn: sqlite3.Connection, path: Path) -> None:

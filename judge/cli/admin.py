@@ -39,14 +39,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.action == "check":
         return _check_cache(path)
-    if args.action != "clear":  # only clear may move a damaged file aside: the rest report
-        try:
-            cache = Cache(path, recover=False)
-        except CacheError as exc:
-            print(f"judge: {exc} (`judge cache check` says more)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    else:
-        cache = open_cache(path)
+    try:  # only clear may move a damaged file aside: the rest report
+        cache = open_cache(path) if args.action == "clear" else Cache(path, recover=False)
+    except CacheError as exc:
+        print(f"judge: {exc} (`judge cache check` says more)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         if args.action == "stats":
             s = cache.stats()
