@@ -21,8 +21,10 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── CacheError                  the completion cache cannot be opened or written
     ├── ModelError                  the embedded model cannot be fetched, verified or started
     ├── BudgetExceeded              --max-cost / --max-tokens reached (exit 4, resumable)
-    └── BatchPending                a submitted batch could not be followed to its end
-                                    (exit 3, incomplete: a rerun polls it, never resubmits)
+    ├── BatchPending                a submitted batch could not be followed to its end
+    │                               (exit 3, incomplete: a rerun polls it, never resubmits)
+    └── WriteError                  a run's file could not be written once judging began
+                                    (exit 3, incomplete: a full disk, say; a rerun resumes)
 """
 
 from __future__ import annotations
@@ -129,5 +131,13 @@ class BudgetExceeded(JudgeError):
 class BatchPending(JudgeError):
     """A recorded batch could not be followed to its end (the provider unreachable while
     polling or downloading): the run is incomplete (exit 3); a rerun polls it again."""
+
+    exit_code = 3
+
+
+class WriteError(JudgeError):
+    """A file of a run (results, summary, reports) could not be written once judging began:
+    what was judged is in the results and the cache, so the run is incomplete (exit 3) and
+    the same command resumes it once the cause (a full disk, say) is gone."""
 
     exit_code = 3

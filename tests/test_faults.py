@@ -450,3 +450,55 @@ def test_a_cache_that_cannot_be_written_stops_the_run_as_incomplete(tmp_path: Pa
     last = done.stderr.strip().splitlines()[-1]
     assert f"{tmp_path / 'cache.sqlite'}: cannot write cache" in last and "full disk?" in last
     assert "Traceback" not in done.stderr
+
+
+CAP = 300_000
+_FILE_CAP = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails (EFBIG)
+cap = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+from judge.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_file_that_cannot_be_written_after_paying_is_incomplete_not_bad_input(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No file may grow past CAP bytes (as on a full disk): the run stops incomplete (exit 3),
+    naming the file, not 'bad input, nothing sent' (exit 2, no file named); the rerun without
+    the cap finishes, paying only what no file kept. A report path that is a folder is the
+    same after paying, and summary.json is written whole or not at all."""
+    dataset = write_dataset(tmp_path / "rows.jsonl", n_queries=20, n_passages=10)
+    long = "a long passage about the question, " * 60  # results lines outgrow the cache
+    rows = [json.loads(line) for line in dataset.read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        row["passages"] = [{**p, "text": p["text"] + long} for p in row["passages"]]
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    argv = ["run", str(config), str(dataset), "--out", str(out)]
+    capped = subprocess.run(
+        [sys.executable, "-c", _FILE_CAP, str(CAP), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert capped.returncode == 3, capped.stderr
+    said = capped.stderr.strip().splitlines()[-1]  # the cache's WAL reaches the cap first
+    assert "cannot write" in said and "rerun" in said and "Traceback" not in capped.stderr
+    paid = len(server.requests)
+    assert 0 < paid < 200
+    assert main(argv) in (0, 1)
+    assert len(server.requests) < paid + 200  # what was kept is not asked again
+    blocked = tmp_path / "blocked"
+    (blocked / "report.html").mkdir(parents=True)
+    assert main(["run", str(config), str(dataset), "--out", str(blocked)]) == 3
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(f"judge: {blocked / 'report.html'}: cannot write: ")
+    assert said.endswith("rerun the same command to resume")
+    summary = json.loads((blocked / "summary.json").read_text(encoding="utf-8"))
+    assert summary["counts"]["ok"] == 200
+    assert not list(blocked.glob(".*.tmp"))

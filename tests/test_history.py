@@ -18,6 +18,7 @@ from judge.report.history import (
     regressions,
 )
 from judge.report.summary import EngineSummary, MetricSummary, Summary, build_summary
+from tests.servers import ScriptedServer
 from tests.test_compare import run_cli, sample_results
 
 
@@ -204,3 +205,77 @@ def test_cli_lists_runs_and_flags_the_regression(
     assert "no runs recorded" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="unknown metric 'nosuch'"):  # an empty table, rc 0
         run_cli(["history", "--config", str(config), "--metric", "nosuch"])
+
+
+def _damage(path: Path) -> None:
+    """Every page of ``path`` after the first overwritten: the header still reads."""
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.seek(4096)
+        fh.write(b"\xff" * max(size - 4096, 8192))
+
+
+def test_a_history_judge_cannot_record_in_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged history, or another program's database, is found before anything is paid
+    (it had been found after every answer was paid, exit 2 and no reports; the other
+    program's database had been given judge's tables and switched to WAL)."""
+    from judge.cli.main import main
+    from tests.test_runner import write_config, write_dataset
+
+    dataset = write_dataset(tmp_path / "rows.jsonl", n_queries=3, n_passages=2)
+    history = tmp_path / "h.sqlite"
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"history": str(history)}}
+    )
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "a")]) in (0, 1)
+    paid = len(server.requests)
+    _damage(history)
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"{history}: run history unreadable: database disk image is malformed" in err
+    assert "(found before any call was made)" in err and "Traceback" not in err
+    history.unlink()
+    with sqlite3.connect(history) as app:
+        app.execute("CREATE TABLE users (name TEXT)")
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "c")]) == 2
+    assert f"{history}: not a judge run history (it holds other tables: users)" in (
+        capsys.readouterr().err
+    )
+    with sqlite3.connect(history) as app:
+        assert [r[0] for r in app.execute("SELECT name FROM sqlite_master")] == ["users"]
+        assert app.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    assert len(server.requests) == paid
+
+
+def test_a_history_that_fails_after_judging_leaves_the_reports_and_one_row(
+    server: ScriptedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Judged and paid for: a history that cannot take the run is said, and the reports are
+    written without its trend. A finish stopped after recording the run (a report path that
+    is a folder) does not record it a second time when it is finished again."""
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+    from tests.test_compare import write_run
+
+    out = write_run(tmp_path / "run", sample_results())
+    history = tmp_path / "h.sqlite"
+    config = load_config(None, {"run.history": str(history), "judge.scale": "graded"})
+    finish_run(config, out, None)
+    _damage(history)
+    (out / "report.md").unlink()
+    (out / "finished.json").unlink()
+    finish_run(config, out, None)
+    assert "this run is not in the history, and the reports show no trend" in caplog.text
+    assert (out / "report.md").is_file()
+    fresh = tmp_path / "fresh.sqlite"
+    again = load_config(None, {"run.history": str(fresh), "judge.scale": "graded"})
+    (out / "finished.json").unlink()
+    (out / "report.html").unlink()
+    (out / "report.html").mkdir()
+    with pytest.raises(IsADirectoryError):
+        finish_run(again, out, None)
+    (out / "report.html").rmdir()
+    finish_run(again, out, None)
+    assert len(list_runs(fresh)) == 1

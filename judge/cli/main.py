@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from judge.cli.common import (
     overrides,
     print_dry_run,
 )
-from judge.errors import ConfigError, JudgeError
+from judge.errors import ConfigError, JudgeError, WriteError
 from judge.version import __version__
 
 if TYPE_CHECKING:
@@ -42,6 +42,20 @@ if TYPE_CHECKING:
     from judge.schema import JudgedQuery, Query
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _written(out_dir: Path) -> Iterator[None]:
+    """A file that cannot be written once judging began (a full disk, say) as a WriteError:
+    the run is incomplete, not bad input (exit 3), and the same command resumes it."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise WriteError(
+            f"{where}: cannot write: {exc.strerror or exc}; what was judged is kept (results "
+            "and cache): fix that and rerun the same command to resume"
+        ) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -79,14 +93,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(problem)
         return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh, redo=redo))
     run = on_ray(config, run_batched if config.run.batch else run_async)
-    # A plain run into a new directory hands its rows over: the summary need not read back
-    # what was just written (the other ways of running leave ``kept`` empty: it reads).
+    # A plain run hands its rows over to the summary (the other ways leave ``kept`` empty).
     kept: list[JudgedQuery] = []
     more = {"keep": kept} if run is run_async else {}
     preload = threading.Thread(target=_import_report_stage, name="judge-import", daemon=True)
     preload.start()
     # A plain run takes signals from its start; a batch or Ray run keeps asyncio.run's Ctrl-C.
-    with signals_held(run is run_async) as unheard:
+    with signals_held(run is run_async) as unheard, _written(out_dir):
         outcome = asyncio.run(run(config, queries, out_dir, fresh=args.fresh, redo=redo, **more))
     if unheard:  # a signal no run handler took up: the run is not to be trusted as finished
         raise KeyboardInterrupt
@@ -96,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.report.finish import finish_run
 
     gc.freeze()
-    summary = finish_run(config, out_dir, outcome, kept, plan)
+    with _written(out_dir):
+        summary = finish_run(config, out_dir, outcome, kept, plan)
     _print_outcome(outcome, summary, out_dir)
     if args.junit:
         from judge.report.junit import write_junit

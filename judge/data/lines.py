@@ -4,6 +4,8 @@
 notes; :class:`Row` checks the fields of one line into a sink; :func:`text_lines` and
 :func:`json_lines` read a file's non-blank lines (UTF-8, a BOM skipped), and :func:`objects`
 the JSON objects among them. Shared by the dataset, TREC run, results and qrels readers.
+:func:`write_atomic` is the one way a run's files are written whole (summary, reports, qrels):
+a reader, or a run stopped by a full disk, sees the old file or the new one, never half.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import os
 import re
 import stat
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ __all__ = [
     "objects",
     "read_bytes",
     "text_lines",
+    "write_atomic",
 ]
 
 MAX_ERRORS_SHOWN = 20
@@ -260,3 +265,42 @@ def objects(
             row.bad(None, f"expected a JSON object, got {kind(obj)}")
             continue
         yield row, row.rename(obj, renames, "")
+
+
+def ordinary_mode() -> int:
+    """The mode a plainly created file gets here: 0666 less the process's umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_atomic(
+    path: str | Path, data: bytes | str | Iterable[bytes], mode: int | None = None
+) -> Path:
+    """Write ``data`` (text as UTF-8, or byte chunks) to ``path`` through a temporary file in
+    its folder, flushed and renamed over it; ``mode``: the file's permissions (default: a
+    plainly created file's). An OSError names ``path`` (a full disk's has no file of its
+    own), and leaves no temporary file."""
+    target = Path(path)
+    tmp: str | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(data, str | bytes):
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            else:
+                fh.writelines(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, ordinary_mode() if mode is None else mode)  # mkstemp's is 0600
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        if exc.filename is None or exc.filename == tmp:
+            exc.filename = str(target)
+        raise
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return target

@@ -13,7 +13,6 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import IO, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from judge.config import RunConfig
-from judge.data.lines import Row, Sink, read_bytes, text_lines
+from judge.data.lines import Row, Sink, read_bytes, text_lines, write_atomic
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery, Query, Scale, VerdictStatus, share_row_fields
 
@@ -59,13 +58,17 @@ def append_result(path: str | Path, jq: JudgedQuery) -> None:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
-    with os.fdopen(fd, "r+b") as fh:
-        _end_last_line(fh, target)
-        fh.seek(0, os.SEEK_END)
-        fh.write(jq.model_dump_json().encode("utf-8") + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+        with os.fdopen(fd, "r+b") as fh:
+            _end_last_line(fh, target)
+            fh.seek(0, os.SEEK_END)
+            fh.write(jq.model_dump_json().encode("utf-8") + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:  # a full disk's names no file: this one
+        exc.filename = exc.filename or str(target)
+        raise
 
 
 def _end_last_line(fh: IO[bytes], path: Path) -> None:
@@ -108,16 +111,8 @@ def compact_results(path: Path) -> list[JudgedQuery]:
     rows = read_results(path)
     latest = {jq.key: jq for jq in rows}
     if len(latest) < len(rows):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.writelines(jq.model_dump_json().encode() + b"\n" for jq in latest.values())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, path.stat().st_mode & 0o777)  # mkstemp's 0600 is not the file's mode
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        lines = (jq.model_dump_json().encode() + b"\n" for jq in latest.values())
+        write_atomic(path, lines, path.stat().st_mode & 0o777)
     return list(latest.values())
 
 
@@ -292,21 +287,8 @@ def write_qrels(
         for qid in sorted(votes)
         for pid in sorted(votes[qid])
     ]
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.writelines(lines)
-    os.chmod(tmp, ordinary_mode())  # mkstemp makes it private; qrels are no secret
-    os.replace(tmp, target)
+    write_atomic(path, "".join(lines))
     return len(lines)
-
-
-def ordinary_mode() -> int:
-    """The mode a plainly created file gets here: 0666 less the process's umask."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:

@@ -27,6 +27,7 @@ from typing import Any
 from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare
 from judge.analysis.stability import StabilityReport
+from judge.data.lines import write_atomic
 from judge.report.blocks import (
     Chart,
     Header,
@@ -425,6 +426,6 @@ def write_reports(
     md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
     # Built once for both pages: for a large run the sections are most of the work.
     head, body = report_header(summary, results), sections(summary, results, **kwargs)
-    md.write_text(render_markdown(head, body), encoding="utf-8")
-    page.write_text(render_html(head, body, charts=charts), encoding="utf-8")
+    write_atomic(md, render_markdown(head, body))
+    write_atomic(page, render_html(head, body, charts=charts))
     return [md, page]

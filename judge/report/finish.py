@@ -28,10 +28,12 @@ from typing import Any
 
 from judge.analysis.compare import Comparison
 from judge.config import RunConfig
+from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
+from judge.errors import CacheError
 from judge.report.compared import verdict_lines
 from judge.report.document import run_comparison, write_reports
-from judge.report.history import history_rows_for_report, record_run, source_key
+from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
 from judge.report.status import outcome_of, trust_line
 from judge.report.summary import (
     SUMMARY_FILE,
@@ -94,16 +96,7 @@ def finish_run(
     results = _of_plan(results or load_results(out_dir), plan, out_dir)
     summary, comparison = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
-    history = config.history_path()
-    run_id = _record(history, summary, out_dir, outcome, current)
-    rows = history_rows_for_report(
-        history,
-        list(summary.engines),
-        summary.metric_names,
-        HISTORY_SHOWN,
-        max_drop=config.thresholds.max_drop,
-        source=source_key(config.source),
-    )
+    run_id, rows = _in_history(config, summary, out_dir, outcome, current)
     base = config.thresholds.baseline
     written = write_reports(
         out_dir,
@@ -115,17 +108,46 @@ def finish_run(
         baseline=load_summary(base) if base and Path(base).is_file() else None,
     )
     write_qrels(out_dir / QRELS_FILE, results)
-    made = {**current, "recorded": run_id is not None or _recorded(out_dir, current)}
-    (out_dir / FINISHED_FILE).write_text(json.dumps(made, indent=1) + "\n", encoding="utf-8")
+    recorded = run_id is not None or _recorded(out_dir, current)
+    _write_made(out_dir, {**current, "recorded": recorded, "complete": True})
     log.debug(
         "run %s recorded in %s; wrote %s, %s and %s",
         "not (incomplete)" if run_id is None else run_id,
-        history,
+        config.history_path(),
         SUMMARY_FILE,
         ", ".join(p.name for p in written),
         QRELS_FILE,
     )
     return summary
+
+
+def _in_history(
+    config: RunConfig,
+    summary: Summary,
+    out_dir: Path,
+    outcome: RunOutcome | None,
+    current: dict[str, str | None],
+) -> tuple[int | None, list[HistoryRow]]:
+    """The run recorded in the config's history (its id: see :func:`_record`) and the rows
+    of the report's trend. A history that cannot take them is said, not raised: the run was
+    judged and paid for, and its reports are written without the trend."""
+    history = config.history_path()
+    try:
+        run_id = _record(history, summary, out_dir, outcome, current)
+        if run_id is not None:  # said at once: a finish stopped before its end records once
+            _write_made(out_dir, {**current, "recorded": True, "complete": False})
+        rows = history_rows_for_report(
+            history,
+            list(summary.engines),
+            summary.metric_names,
+            HISTORY_SHOWN,
+            max_drop=config.thresholds.max_drop,
+            source=source_key(config.source),
+        )
+    except CacheError as exc:
+        log.warning("%s; this run is not in the history, and the reports show no trend", exc)
+        return None, []
+    return run_id, rows
 
 
 def _record(
@@ -213,12 +235,21 @@ def _made(out_dir: Path) -> dict[str, Any]:
     return made if isinstance(made, dict) else {}
 
 
+def _write_made(out_dir: Path, made: dict[str, Any]) -> None:
+    """``finished.json``: what the summary and reports were made from, whether the history
+    has these results, and whether every file of the finish was written (``complete``)."""
+    write_atomic(out_dir / FINISHED_FILE, json.dumps(made, indent=1) + "\n")
+
+
 def _still(out_dir: Path, current: dict[str, str | None]) -> bool:
-    """Whether ``out_dir``'s summary, reports and qrels exist and were made from ``current``."""
+    """Whether ``out_dir``'s summary, reports and qrels exist and were made from ``current``
+    (a finish that stopped before its end, after recording the run, made none of them)."""
     made = _made(out_dir)
     files = (SUMMARY_FILE, QRELS_FILE, *_REPORTS)
-    return {k: made.get(k) for k in current} == current and all(
-        (out_dir / name).is_file() for name in files
+    return (
+        {k: made.get(k) for k in current} == current
+        and made.get("complete", True) is True
+        and all((out_dir / name).is_file() for name in files)
     )
 
 

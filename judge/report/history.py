@@ -108,25 +108,42 @@ class HistoryRow(Record):
 
 
 @contextmanager
-def _connect(path: str | Path, *, create: bool) -> Iterator[sqlite3.Connection]:
+def _connect(
+    path: str | Path, *, create: bool, wait_s: float = 30.0
+) -> Iterator[sqlite3.Connection]:
+    """The history open (``create``: its tables made), waiting ``wait_s`` for a writer's lock;
+    a SQLite error is a CacheError naming the file, a lock said as one."""
     target = Path(path)
     if create:
         target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = sqlite3.connect(target, timeout=30.0)
+        conn = sqlite3.connect(target, timeout=wait_s)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if tables and "runs" not in tables:  # another program's database: never written
+            conn.close()
+            raise CacheError(
+                f"{target}: not a judge run history (it holds other tables: "
+                f"{', '.join(sorted(tables)[:5])}): left as it is"
+            )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA foreign_keys=ON")
         if create:
             conn.executescript(_SCHEMA)
     except sqlite3.Error as exc:
-        raise CacheError(f"{target}: cannot open the run history: {exc}") from None
+        raise CacheError(f"{target}: cannot open the run history: {_why(exc)}") from None
     try:
         with conn:
             yield conn
     except sqlite3.DatabaseError as exc:
-        raise CacheError(f"{target}: run history unreadable: {exc}") from None
+        raise CacheError(f"{target}: run history unreadable: {_why(exc)}") from None
     finally:
         conn.close()
+
+
+def _why(exc: sqlite3.Error) -> str:
+    if "locked" in str(exc):
+        return f"{exc} (another process holds it: a run recording itself, say)"
+    return str(exc)
 
 
 def history_problem(path: str | Path) -> str | None:
@@ -139,8 +156,10 @@ def history_problem(path: str | Path) -> str | None:
     if not target.is_file():
         return f"{target}: cannot open the run history: not a file"
     try:
-        with _connect(target, create=False) as conn:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        with _connect(target, create=False, wait_s=2.0) as conn:  # refuses another's file
+            found = [r[0] for r in conn.execute("PRAGMA quick_check")]  # every page read
+            if found != ["ok"]:
+                return f"{target}: the run history is damaged ({found[0]}): move it aside"
     except CacheError as exc:
         return str(exc)
     return None

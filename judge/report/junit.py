@@ -10,11 +10,10 @@ library's ElementTree, atomically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from judge.data.lines import write_atomic
 from judge.errors import ConfigError
 from judge.report.status import describe_check
 from judge.report.summary import Summary
@@ -59,11 +58,7 @@ def write_junit(path: str | Path, summary: Summary) -> Path:
     folder cannot be written."""
     target = Path(path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(junit_xml(summary))
-        os.replace(tmp, target)
+        write_atomic(target, junit_xml(summary))
     except OSError as exc:
         raise ConfigError(f"{target}: cannot write the JUnit file: {exc.strerror}") from None
     return target

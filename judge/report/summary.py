@@ -40,6 +40,7 @@ from judge.analysis.stability import (
     stability_report,
 )
 from judge.config import RunConfig
+from judge.data.lines import write_atomic
 from judge.errors import NOT_SENT, InputError, JudgeError
 from judge.metrics.facts import family_of, lower_is_better, needs_judge
 from judge.providers import ADAPTERS, judges_by_score, resolve_spec
@@ -565,7 +566,7 @@ def _shared_rows(
 
 def write_summary(path: str | Path, summary: Summary) -> Path:
     """Write ``summary`` as JSON (what :func:`load_summary` reads); return the path."""
-    Path(path).write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    write_atomic(path, summary.model_dump_json(indent=2))
     return Path(path)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge.config import RunConfig
+from judge.data.lines import write_atomic
 from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, stale_units, unit_statuses
 from judge.errors import ConfigError
@@ -173,7 +174,7 @@ def add_elapsed(out_dir: Path, seconds: float) -> float:
     earlier = data.get("elapsed_s")
     total = seconds + (float(earlier) if isinstance(earlier, int | float) else 0.0)
     data["elapsed_s"] = total
-    (out_dir / RUN_FILE).write_text(json.dumps(data, indent=2, ensure_ascii=False), "utf-8")
+    write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
     return total
 
 
