@@ -23,8 +23,10 @@ with the error's ``exit_code``; anything else is a bug and keeps its traceback.
     ├── BudgetExceeded              --max-cost / --max-tokens reached (exit 4, resumable)
     ├── BatchPending                a submitted batch could not be followed to its end
     │                               (exit 3, incomplete: a rerun polls it, never resubmits)
-    └── WriteError                  a run's file could not be written once judging began
-                                    (exit 3, incomplete: a full disk, say; a rerun resumes)
+    ├── WriteError                  a run's file could not be written once judging began
+    │                               (exit 3, incomplete: a full disk, say; a rerun resumes)
+    └── RunUnfinished               a run directory's run stopped before its summary
+                                    (exit 3, incomplete: killed, say; a rerun finishes it)
 """
 
 from __future__ import annotations
@@ -139,5 +141,13 @@ class WriteError(JudgeError):
     """A file of a run (results, summary, reports) could not be written once judging began:
     what was judged is in the results and the cache, so the run is incomplete (exit 3) and
     the same command resumes it once the cause (a full disk, say) is gone."""
+
+    exit_code = 3
+
+
+class RunUnfinished(JudgeError):
+    """A run directory whose run stopped before it wrote its summary (killed outright, say):
+    nothing can say it passed, so it is incomplete (exit 3); the same ``judge run`` resumes
+    and finishes it."""
 
     exit_code = 3

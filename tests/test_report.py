@@ -338,6 +338,37 @@ def test_cli_report_rebuilds_a_run_directory_with_its_history(
     assert "bm25 ndcg@5 fell 0.1000" in md
 
 
+def test_cli_report_will_not_pass_a_run_that_never_finished_nor_keep_a_stale_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory whose run was killed before its summary (run.json, results, no
+    summary) is incomplete, exit 3: its report had said PASSED, and `judge baseline set`
+    then took it. A summary made from other results than the directory's is made again."""
+    results = sample_results(repeats=2)
+    killed = write_run(tmp_path / "killed", results)
+    (killed / "run.json").write_text("{}", encoding="utf-8")
+    from judge.cli.main import main
+
+    assert main(["report", str(killed), "--config", str(_graded(tmp_path))]) == 3
+    err = capsys.readouterr().err
+    assert "its run stopped before it wrote a summary" in err and "Traceback" not in err
+    assert not (killed / "summary.json").exists() and not (killed / "report.md").exists()
+    done = write_run(tmp_path / "done", results)
+    config = load_config(None, {"judge.scale": "graded", "run.history": str(tmp_path / "h")})
+    before = finish_run(config, done, None)
+    lines = (done / "verdicts.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (done / "verdicts.jsonl").write_text("".join(lines[:-4]), encoding="utf-8")
+    assert main(["report", str(done), "--config", str(_graded(tmp_path))]) == 0
+    after = load_summary(done / "summary.json")
+    assert after.counts.judged_units == before.counts.judged_units - 4
+
+
+def _graded(tmp_path: Path) -> Path:
+    config = tmp_path / "graded.toml"
+    config.write_text(f'[judge]\nscale = "graded"\n[run]\nhistory = "{tmp_path / "g.h"}"\n')
+    return config
+
+
 def test_finish_run_from_python_writes_everything_a_run_leaves(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", sample_results(repeats=2))
     history = tmp_path / "history.sqlite"

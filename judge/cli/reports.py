@@ -17,6 +17,7 @@ unjudged (an ``error`` verdict saying so), so its query's metrics are undefined,
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,13 +35,14 @@ from judge.analysis.judged_pool import borrow_verdicts
 from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
-from judge.errors import ConfigError, InputError
+from judge.errors import ConfigError, InputError, RunUnfinished
 from judge.metrics.facts import parse_metric_name
 from judge.schema import JudgedQuery, MetricPolicy, Query
 
 if TYPE_CHECKING:
     from judge.report.summary import Summary
 
+log = logging.getLogger(__name__)
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
@@ -324,9 +326,10 @@ def _metrics(
 
 def cmd_report(args: argparse.Namespace) -> int:
     from judge.report.document import write_reports
-    from judge.report.finish import complete_summary
+    from judge.report.finish import complete_summary, summary_state
     from judge.report.history import history_rows_for_report, source_key
     from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
+    from judge.run.resume import RUN_FILE
 
     out_dir = Path(args.run_dir)
     if not out_dir.is_dir():  # summary.json was read as results: "1794 input errors"
@@ -334,7 +337,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = load_results(out_dir)
     config = load_config(args.config) if args.config else None
     summary_path = out_dir / SUMMARY_FILE
-    if summary_path.exists() and not args.rebuild:
+    state = summary_state(out_dir)
+    if state == "missing" and (out_dir / RUN_FILE).is_file():
+        raise RunUnfinished(
+            f"{out_dir}: its run stopped before it wrote a summary (killed, say): it cannot "
+            "be reported as passed; rerun the same `judge run` command to resume and finish it"
+        )
+    if state == "stale" and not args.rebuild:
+        log.warning("%s: the results changed since its summary was made: made again", out_dir)
+    if summary_path.exists() and not args.rebuild and state != "stale":
         summary = load_summary(summary_path)
     else:
         # Rebuilt, it keeps what the results cannot say: how the run went, and its dataset.

@@ -235,6 +235,18 @@ def _made(out_dir: Path) -> dict[str, Any]:
     return made if isinstance(made, dict) else {}
 
 
+def summary_state(out_dir: Path) -> str:
+    """What ``out_dir``'s summary.json is to its results: ``current`` (made from these very
+    results), ``stale`` (from others: the results changed since), ``unknown`` (no record of
+    what it was made from), or ``missing``."""
+    if not (out_dir / SUMMARY_FILE).is_file():
+        return "missing"
+    made = _made(out_dir).get("results")
+    if made is None:
+        return "unknown"
+    return "current" if made == _digest(out_dir / RESULTS_FILE) else "stale"
+
+
 def _write_made(out_dir: Path, made: dict[str, Any]) -> None:
     """``finished.json``: what the summary and reports were made from, whether the history
     has these results, and whether every file of the finish was written (``complete``)."""
