@@ -126,6 +126,34 @@ def test_token_cap_holds(
     assert 0 < metered.billed * (PROMPT + COMPLETION) <= cap
 
 
+def test_the_budget_caps_the_run_not_each_invocation_of_it(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """'rerun with a larger budget to resume': the same budget again pays nothing more (a CI
+    retry loop had paid a budget's worth on every try); a larger one pays only the rest."""
+    metered = Metered()
+    server = make_server(responder=metered, latency=0.02)
+    config = _config(tmp_path, server, concurrency=8)
+    argv = ["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "5000"]
+    assert main(argv) == EXIT_BUDGET
+    first = metered.billed
+    assert 0 < first * (PROMPT + COMPLETION) <= 5000
+    capsys.readouterr()
+    for _ in range(2):
+        assert main(argv) == EXIT_BUDGET
+        err = capsys.readouterr().err
+        assert "of it by earlier invocations of this run" in err, err
+    assert metered.billed == first
+    argv[-1] = str(5000 + 30 * (PROMPT + COMPLETION))
+    assert main(argv) == EXIT_BUDGET
+    assert first < metered.billed <= first + 30
+    assert (metered.billed) * (PROMPT + COMPLETION) <= int(argv[-1])
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["prompt_tokens"] == (metered.billed - first) * PROMPT  # this one's
+
+
 def test_the_budget_stop_states_what_was_spent_in_the_end(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

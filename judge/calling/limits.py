@@ -560,6 +560,9 @@ class Budget:
         self.limits = limits
         self.usage = Usage()  # spent: what answers reported (and worst cases of lost ones)
         self.cost = 0.0
+        # Of ``usage``, what earlier invocations into the same run directory spent: the cap
+        # is the run's (:meth:`count_earlier`), and a rerun after a budget stop needs more.
+        self.earlier = Usage()
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
         self._in_flight = 0
@@ -617,6 +620,24 @@ class Budget:
         self.spend(spent)
         self._settled.set()
 
+    def count_earlier(self, usage: Usage) -> None:
+        """Count ``usage``, spent by earlier invocations of this run, against the caps."""
+        self.earlier = usage
+        self.spend(usage)
+
+    @property
+    def this_run(self) -> Usage:
+        """What this invocation spent (``usage`` less the earlier invocations')."""
+        u, e = self.usage, self.earlier
+        return Usage(
+            prompt_tokens=u.prompt_tokens - e.prompt_tokens,
+            completion_tokens=u.completion_tokens - e.completion_tokens,
+        )
+
+    @property
+    def this_run_cost(self) -> float:
+        return self._cost(self.this_run)
+
     def spend(self, usage: Usage) -> None:
         self.usage = self.usage + usage
         # The price is linear in tokens: the cost of everything spent, not a running float sum,
@@ -650,6 +671,9 @@ class Budget:
             if worst_counted
             else ""
         )
+        if self.earlier.total:
+            before = f"${self._cost(self.earlier):.4f}" if by == "cost" else f"{self.earlier.total}"
+            why += f" ({before} of it by earlier invocations of this run)"
         if by == "cost":
             return f"cost budget reached: {spent} ${self.cost:.4f} of ${lim.max_cost:.4f}{why}"
         return f"token budget reached: {spent} {self.usage.total} of {lim.max_tokens} tokens{why}"

@@ -27,7 +27,7 @@ from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, stale_units, unit_statuses
 from judge.errors import ConfigError
 from judge.run.batch_state import load_state
-from judge.schema import Query, Verdict
+from judge.schema import Query, Usage, Verdict
 from judge.version import __version__
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,24 @@ def add_elapsed(out_dir: Path, seconds: float) -> float:
     return total
 
 
+def spent_before(out_dir: Path) -> Usage:
+    """What earlier invocations into ``out_dir`` spent (run.json's ledger, which the runner
+    keeps as it goes: a budget caps the run, not one invocation of it)."""
+    found = _run_file(out_dir).get("spent")
+    try:
+        return Usage.model_validate(found) if isinstance(found, dict) else Usage()
+    except ValueError:
+        return Usage()
+
+
+def record_spent(out_dir: Path, total: Usage) -> None:
+    """Keep ``total`` (earlier invocations' spend and this one's so far) as the ledger."""
+    data = _run_file(out_dir)
+    if data.get("spent") != (ledger := total.model_dump()):
+        data["spent"] = ledger
+        write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
+
+
 def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     if isinstance(value, dict) and value:
         out: dict[str, object] = {}
@@ -291,7 +309,8 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
         raise ConfigError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The judging time of earlier invocations is kept (add_elapsed adds this one's).
-    elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k == "elapsed_s"}
+    kept = ("elapsed_s", "spent")  # an invocation's time and spend add to the earlier ones
+    elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k in kept}
     run_file.write_text(
         json.dumps(
             {

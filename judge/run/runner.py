@@ -53,9 +53,11 @@ from judge.run.resume import (
     check_fingerprint,
     partial_line,
     partial_units,
+    record_spent,
     repair_results,
     run_lock,
     settle_partial,
+    spent_before,
 )
 from judge.run.resume import (
     recorded as recorded_units,
@@ -71,6 +73,8 @@ FLUSH_UNITS, FLUSH_S = 256, 0.05
 MIN_FOR_ERROR_RATE = 20
 
 
+# Under a budget, how often the runner keeps its spend in run.json as it goes.
+LEDGER_EVERY_S = 5.0
 StopKind = Literal["budget", "interrupted", "errors", "refused", "template"]
 
 
@@ -116,8 +120,7 @@ async def run_async(
     """Judge every (query, repeat) not already in out_dir's results; append as they finish.
 
     ``keep``: when given and the results file held nothing before, it receives every row the
-    file holds afterwards (as :func:`judge.data.results.load_results` would read them), so
-    the summary need not read back what was just written.
+    file holds afterwards (as :func:`judge.data.results.load_results` would read them).
 
     A unit whose recorded verdicts include a provider ``error`` is judged again on resume,
     and one with ``unparsed`` verdicts when ``redo`` says so (its good answers come from the
@@ -142,6 +145,7 @@ async def run_async(
         ]
         planned = len(queries) * config.run.repeats
         batch = _Batch(config, units, results_path, queries, cache, keeping=keep is not None)
+        batch.caller.budget.count_earlier(spent_before(out_dir))  # the cap is the run's
         try:
             with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
@@ -160,6 +164,7 @@ async def run_async(
                     "errors",
                 )
         finally:
+            record_spent(out_dir, batch.caller.budget.usage)
             elapsed = add_elapsed(out_dir, time.monotonic() - start)
         return batch.outcome(out_dir, planned, planned - len(units), elapsed)
 
@@ -321,10 +326,15 @@ class _Batch:
                 self.cache.close()
 
     async def _tick(self) -> None:
-        """The progress line at its interval even while no verdict comes (calls hanging)."""
+        """The progress line at its interval even while no verdict comes (calls hanging);
+        under a budget, the spend ledger every few seconds (a killed run's is near its own)."""
+        budget, last = self.caller.budget, time.monotonic()
         while True:
             await asyncio.sleep(min(1.0, self.progress.interval_s))
             self.progress.show()
+            if budget.capped and time.monotonic() - last >= LEDGER_EVERY_S:
+                record_spent(self.results_path.parent, budget.usage)
+                last = time.monotonic()
 
     def _told(self, index: int, verdict: Verdict) -> None:
         """A verdict of an unfinished unit, as it is made: counted, and written to the partial
@@ -468,9 +478,9 @@ class _Batch:
             requests=s.requests,
             cache_hits=s.cache_hits,
             retries=s.retries,
-            prompt_tokens=spent.usage.prompt_tokens,
-            completion_tokens=spent.usage.completion_tokens,
-            cost_usd=spent.cost,
+            prompt_tokens=spent.this_run.prompt_tokens,
+            completion_tokens=spent.this_run.completion_tokens,
+            cost_usd=spent.this_run_cost,
             elapsed_s=elapsed_s,
             errors_by_kind=dict(s.errors),
             worst_counted=s.worst_counted,
