@@ -142,23 +142,6 @@ def test_regressions_compare_with_the_previous_defined_value(tmp_path: Path) -> 
     assert regressions(list_runs(path, 0), {"ndcg@5": 0.2}) == []
 
 
-def test_a_run_on_another_dataset_is_no_regression_of_the_last(tmp_path: Path) -> None:
-    """A mean over another dataset's queries moves with the queries: it is compared with the
-    last run on that dataset, not with the last run."""
-    path = tmp_path / "h.sqlite"
-    days = [("prod.jsonl", 0.8), ("hard.jsonl", 0.4), ("prod.jsonl", 0.79), ("hard.jsonl", 0.3)]
-    ids = [
-        record_run(
-            path,
-            summary(f"2026-01-0{i + 1}T02:00:00+00:00", {"bm25": {"ndcg@5": v}}, dataset=d),
-            f"runs/{i}",
-        )
-        for i, (d, v) in enumerate(days)
-    ]
-    flags = regressions(list_runs(path, 0), {"ndcg@5": 0.05})
-    assert [(f.run_id, f.previous_run) for f in flags] == [(ids[3], ids[1])]
-
-
 def test_report_rows_check_the_oldest_shown_run_against_its_predecessor(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     ids = nightly(path, [0.9, 0.5, 0.5])

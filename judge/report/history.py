@@ -260,18 +260,16 @@ def metric_trend(
 
 def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> list[Regression]:
     """Runs whose mean fell more than ``max_drop[metric]`` below the previous defined value
-    of a run on the same dataset (rose above it, for a lower-is-better metric): a mean over
-    other queries moves with the queries, not the engine."""
+    (rose above it, for a lower-is-better metric)."""
     flagged: list[Regression] = []
-    previous: dict[tuple[str | None, str, str], tuple[int, float]] = {}
+    previous: dict[tuple[str, str], tuple[int, float]] = {}
     for run in runs:
         for engine, values in sorted(run.metrics.items()):
             for metric, limit in max_drop.items():
                 current = values.get(metric)
                 if current is None:
                     continue
-                key = (run.dataset, engine, metric)
-                before = previous.get(key)
+                before = previous.get((engine, metric))
                 sign = -1.0 if lower_is_better(metric) else 1.0  # a drop is how much worse
                 if before is not None and sign * (before[1] - current) > limit:
                     flagged.append(
@@ -286,7 +284,7 @@ def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> li
                             max_drop=limit,
                         )
                     )
-                previous[key] = (run.run_id, current)
+                previous[(engine, metric)] = (run.run_id, current)
     return flagged
 
 
