@@ -140,3 +140,10 @@ def test_from_5000_values_the_normal_interval_equals_the_bootstrap_within_its_ow
     spread = boots.std(axis=0, ddof=1)
     assert np.all(np.abs(np.array(normal) - boots.mean(axis=0)) <= 3 * spread + 1e-4)
     assert bootstrap_ci(values[:4_999]) == bootstrap_ci(values[:4_999], normal_from=None)
+
+
+def test_one_value_has_no_confidence_interval() -> None:
+    """A mean of one query is not known to any precision: no interval (it had been a
+    zero-wide one, [0.5, 0.5], read as certainty)."""
+    assert bootstrap_ci([0.5]) is None and bootstrap_ci([]) is None
+    assert bootstrap_ci([0.5, 0.7]) is not None

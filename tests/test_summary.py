@@ -208,6 +208,8 @@ def test_a_version_1_summary_loads_as_a_baseline(tmp_path: Path) -> None:
         '{"engines": {}, "gain": "cubic"}',
         '{"schema_version": 2, "engines": {}}',
         '{"schema_version": 7, "engines": {}}',
+        '{"engines": {"e": {"metrics": {"ap": {"mean": NaN}}}}}',
+        '{"engines": {"e": {"metrics": {"ap": {"mean": Infinity}}}}}',
     ],
 )
 def test_an_invalid_summary_is_an_input_error_naming_the_file(tmp_path: Path, text: str) -> None:
@@ -246,3 +248,18 @@ def test_summary_json_has_a_row_per_query_and_older_files_load_without_them(
     (tmp_path / "old.json").write_text(json.dumps(data), encoding="utf-8")
     old = load_summary(tmp_path / "old.json")
     assert old.queries == () and old.label_scale is None
+
+
+def test_the_trust_line_does_not_call_a_judge_ok_on_too_few_verdicts() -> None:
+    """Three verdicts are too few for the health checks to tell anything: the trust line
+    said 'judge health ok' while the health note said it could not tell."""
+    from judge.report.status import trust_line
+
+    few = build_summary(load_config(None), [judged([1, 0, 1], 0)], n_boot=10)
+    assert trust_line(few).startswith(
+        "Trust: judge health unknown (only 3 ok verdicts: at least 20 are needed to tell)"
+    )
+    many = [_on(f"q{i}", f"t{i}", [1, 0, i % 2]) for i in range(8)]
+    assert trust_line(build_summary(load_config(None), many, n_boot=10)).startswith(
+        "Trust: judge health ok;"
+    )

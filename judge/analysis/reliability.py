@@ -35,7 +35,7 @@ def bootstrap_ci(
     confidence: float = 0.95,
     normal_from: int | None = NORMAL_FROM,
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap CI of the mean of ``values`` (None when there are none).
+    """Percentile bootstrap CI of the mean of ``values`` (None when there are fewer than two).
 
     Draws ``n_boot`` resamples with replacement from ``numpy.random.default_rng(seed)``
     and returns the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of
@@ -64,7 +64,7 @@ def bootstrap_cis(
     data = [np.asarray(values, dtype=np.float64) for values in samples]
     by_size: dict[int, list[int]] = {}
     for i, d in enumerate(data):
-        if d.size:
+        if d.size >= 2:  # one value has no spread to resample: no interval, not a zero-wide one
             by_size.setdefault(d.size, []).append(i)
     out: list[tuple[float, float] | None] = [None] * len(data)
     tail = (1.0 - confidence) / 2.0

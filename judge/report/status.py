@@ -21,7 +21,7 @@ import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
 
-from judge.analysis.health import JudgeHealth
+from judge.analysis.health import MIN_VERDICTS, JudgeHealth
 from judge.report.blocks import Header, format_value
 from judge.report.summary import Check, Outcome, Summary
 
@@ -101,6 +101,8 @@ def trust_line(summary: Summary) -> str:
         health = "UNRELIABLE (" + " ".join(h.problems) + ")"
     elif not h.known:
         health = "unknown" + (" (no verdict was answered)" if c.verdicts else "")
+    elif c.ok < MIN_VERDICTS:  # the checks could not tell: nothing says it is ok
+        health = f"unknown (only {c.ok} ok verdicts: at least {MIN_VERDICTS} are needed to tell)"
     else:
         health = "ok"
     line = (

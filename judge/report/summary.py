@@ -579,9 +579,11 @@ def load_summary(path: str | Path) -> Summary:
     """A summary.json of this schema or of version 1; anything else is an InputError."""
     name = str(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_not_a_number)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not a JSON summary: {exc}", file=name) from None
+    except ValueError as exc:  # NaN or Infinity: judge writes an undefined number as null
+        raise InputError(f"{exc}: not a valid judge summary", file=name) from None
     except OSError as exc:
         raise InputError(f"cannot read the summary: {exc.strerror}", file=name) from None
     if not isinstance(data, dict) or "engines" not in data:
@@ -603,6 +605,10 @@ def load_summary(path: str | Path) -> Summary:
         raise InputError(msg, file=name, field=where or None) from None
     except (ValueError, TypeError, AttributeError) as exc:  # a v1 table of the wrong type
         raise InputError(f"not a version-1 judge summary: {exc}", file=name) from None
+
+
+def _not_a_number(token: str) -> float:
+    raise ValueError(f"it holds {token}, a number no summary holds (undefined is null)")
 
 
 # --- version-1 files ----------------------------------------------------------------------
