@@ -139,3 +139,45 @@ def test_a_verdict_by_a_judge_found_unreliable_says_so_in_its_own_sentence(
     *said, trust = summary["verdict"]
     assert said and all(s.endswith("(by a judge found unreliable: see Trust)") for s in said)
     assert trust.startswith("Trust: ")
+
+
+def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_uninformative() -> None:
+    """The judge answered 'yes' to every passage of one engine (as it would to passages that
+    tell it to): that engine 'beats' the other, but its numbers say nothing of it. The
+    verdict line and the trust line say so where they are read (only a note said it)."""
+    from judge.config import load_config
+    from judge.metrics.compute import metrics_for_queries
+    from judge.report.finish import complete_summary
+    from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
+
+    rows = []
+    for q in range(12):
+        for engine, grades in (("zebra", [1, 1, 1]), ("good", [q % 2, 1 - q % 2, 0])):
+            query = Query(
+                query_id=f"q{q}",
+                query=f"question {q}",
+                engine=engine,
+                passages=tuple(Passage(id=f"{engine}{q}-{i}", text="t") for i in range(3)),
+            )
+            verdicts = tuple(
+                Verdict(
+                    passage_id=p.id,
+                    rank=i + 1,
+                    status="ok",
+                    label="yes" if g else "no",
+                    grade=g,
+                    relevant=bool(g),
+                )
+                for i, (p, g) in enumerate(zip(query.passages, grades, strict=True))
+            )
+            metrics = metrics_for_queries(["ndcg"], [(query, verdicts)], Scale.binary())[0]
+            rows.append(
+                JudgedQuery(
+                    query=query, repeat=0, scale="binary", verdicts=verdicts, metrics=metrics
+                )
+            )
+    summary, _ = complete_summary(load_config(None, {"metrics.names": ["ndcg"]}), rows, None)
+    first, trust = summary.verdict[0], summary.verdict[-1]
+    assert first.startswith("zebra beats good on ndcg") or first.startswith("good ")
+    assert first.endswith("(the judge's verdicts on zebra are not informative: see Trust)")
+    assert trust.startswith("Trust: judge health ok overall, but not informative on zebra")

@@ -31,10 +31,10 @@ from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.errors import CacheError
-from judge.report.compared import verdict_lines
+from judge.report.compared import primary_metric, verdict_lines
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
-from judge.report.status import outcome_of, trust_line
+from judge.report.status import outcome_of, trust_line, uninformative
 from judge.report.summary import (
     SUMMARY_FILE,
     Summary,
@@ -68,7 +68,20 @@ def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
         ]
     if summary.health.degenerate:  # a difference a judge found unreliable measured is no verdict
         return [f"{line} (by a judge found unreliable: see Trust)" for line in said]
-    return said
+    suspect = uninformative(summary)
+    if not suspect or comparison is None:
+        return said
+    metric = primary_metric(comparison.metrics, summary.policy.primary)
+    diffs = [d for d in comparison.diffs if d.metric == metric]
+    marked = []
+    for line, d in zip(said, diffs, strict=True):
+        which = [e for e in (d.engine, d.baseline) if e in suspect]
+        if which:  # its numbers say nothing of the engine: the verdict says so where it is read
+            line += (
+                f" (the judge's verdicts on {' and '.join(which)} are not informative: see Trust)"
+            )
+        marked.append(line)
+    return marked
 
 
 def finish_run(

@@ -93,6 +93,12 @@ _EXIT = {"PASSED": 0, "JUDGE UNRELIABLE": 0, "FAILED": 1, "INCOMPLETE": 3}
 EXIT_BUDGET = 4
 
 
+def uninformative(summary: Summary) -> list[str]:
+    """The engines whose verdicts the judge's health found not informative (one label, or
+    probabilities too flat to rank, on that engine alone)."""
+    return [e for e, stats in summary.health.engines.items() if stats.problems]
+
+
 def trust_line(summary: Summary) -> str:
     """How far the numbers can be trusted, in one line: the judge's health, its unparsed and
     error verdicts, and its agreement with human labels where there are any."""
@@ -103,6 +109,8 @@ def trust_line(summary: Summary) -> str:
         health = "unknown" + (" (no verdict was answered)" if c.verdicts else "")
     elif c.ok < MIN_VERDICTS:  # the checks could not tell: nothing says it is ok
         health = f"unknown (only {c.ok} ok verdicts: at least {MIN_VERDICTS} are needed to tell)"
+    elif suspect := uninformative(summary):
+        health = f"ok overall, but not informative on {', '.join(suspect)} (see the notes)"
     else:
         health = "ok"
     line = (
