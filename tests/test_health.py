@@ -126,10 +126,14 @@ def cascade_run(
     out = []
     for q in range(n_queries):
         jq = judged(f"{prefix}{q}", [0, 0, 0, 1, 1], probs=[0.1, 0.3, 0.5, 0.7, 0.9])
-        if language == "zh":
-            passages = tuple(
-                p.model_copy(update={"text": "北京的天气怎么样"}) for p in jq.query.passages
-            )
+        if language != "en":
+            text = {
+                "zh": "北京的天气怎么样",
+                "fr": "La météo de Paris est douce et le ciel est"
+                " souvent gris, mais il ne pleut pas tous les jours dans la ville.",
+                "ar": "الطقس في باريس معتدل",
+            }[language]
+            passages = tuple(p.model_copy(update={"text": text}) for p in jq.query.passages)
             jq = jq.model_copy(update={"query": jq.query.model_copy(update={"passages": passages})})
         asked = bool(llm_every) and q % llm_every == 0
         verdicts = []
@@ -267,6 +271,26 @@ def test_a_language_the_model_does_not_serve_is_said_and_most_of_it_is_unreliabl
     some = judge_health(mixed, BINARY, served=("en",), served_by="the reranker (embedded-rerank)")
     assert not some.degenerate
     assert any(n.startswith("20 of the 200 passages (10%) are Chinese") for n in some.notes)
+
+
+def test_passages_in_neither_english_nor_chinese_are_found_by_script_and_words() -> None:
+    """French (by its function words) and Arabic (by its script) passages had been taken as
+    English: an English-only reranker's labels on them counted, and the health said ok."""
+    served = {"served": ("en", "zh"), "served_by": "the judge (embedded-fused)"}
+    for language in ("fr", "ar"):
+        found = judge_health(cascade_run(language=language), BINARY, **served)  # type: ignore[arg-type]
+        assert found.degenerate, language
+        assert found.problems[0].startswith(
+            "200 of the 200 passages (100%) are in neither English nor Chinese, which the judge "
+            "(embedded-fused) does not serve"
+        )
+        assert found.problems[0].endswith("Use a judge that serves their language.")
+    english = judge_health(cascade_run(), BINARY, **served)  # type: ignore[arg-type]
+    assert not english.degenerate and "neither" not in " ".join(english.said())
+    mixed = cascade_run(36) + cascade_run(4, language="fr", prefix="fr")
+    some = judge_health(mixed, BINARY, **served)  # type: ignore[arg-type]
+    assert not some.degenerate
+    assert any(n.startswith("20 of the 200 passages (10%) are in neither") for n in some.notes)
 
 
 def test_flat_probabilities_are_flagged_even_when_labels_vary() -> None:

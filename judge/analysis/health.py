@@ -53,7 +53,7 @@ from pydantic import Field
 
 from judge.analysis.agreement import AgreementStats, human_agreement
 from judge.analysis.reliability import roc_auc
-from judge.providers.embedded import language_of
+from judge.providers.embedded import language_of, other_language
 from judge.schema import JudgedQuery, Record, Scale, Verdict
 
 __all__ = [
@@ -92,7 +92,9 @@ KAPPA_BAR = 0.2
 MIN_BAND = 20
 # A share of passages in a language the model does not serve worth a note (most: a problem).
 SOME_SHARE = 0.05
-LANGUAGES = {"en": "English", "zh": "Chinese"}
+LANGUAGES = {"en": "English", "zh": "Chinese", "other": "in neither English nor Chinese"}
+# Passages the language check reads every word of (an even sample of a larger run).
+OTHER_CHECKED = 2000
 
 # Measured elsewhere: said only when the embedded LLM decided labels in the run.
 EMBEDDED_LLM_CAVEAT = (
@@ -161,13 +163,22 @@ class BandCheck(Record):
 
 class LanguageCheck(Record):
     """The language the run judged: ``[judge] language``, the distinct passages and how many
-    were detected as Chinese, and the languages the deciding model serves (None: not known)."""
+    were detected as Chinese, and the languages the deciding model serves (None: not known).
+    ``other`` of ``checked`` passages (an even sample of at most OTHER_CHECKED; 0: written
+    before the check) are in neither English nor Chinese."""
 
     language: str | None
     passages: int
     chinese: int
     served: tuple[str, ...] | None
     served_by: str | None = None
+    other: int = 0
+    checked: int = 0
+
+    def others(self) -> int:
+        """The passages in neither language, estimated over all from the sample checked."""
+        scale = (self.passages - self.chinese) / self.checked if self.checked else 0.0
+        return round(self.other * scale)
 
 
 class JudgeHealth(Record):
@@ -479,16 +490,27 @@ def _language(
 ) -> LanguageCheck | None:
     """The run's distinct passages, how many are Chinese, and what the model serves."""
     seen: dict[tuple[str, str], str] = {}
+    texts: list[str] = []
     for jq in results:
         for p in jq.query.passages:
             key = (jq.query.query_id, p.id)
             if key not in seen:
                 seen[key] = language_of(jq.query.query, p.text)
+                texts.append(p.text)
     if not seen:
         return None
     chinese = sum(found == "zh" for found in seen.values())
+    # Neither English nor Chinese, over an even sample (the check reads every word).
+    latin = [t for found, t in zip(seen.values(), texts, strict=True) if found == "en"]
+    sample = latin[:: max(1, -(-len(latin) // OTHER_CHECKED))]
     return LanguageCheck(
-        language=language, passages=len(seen), chinese=chinese, served=served, served_by=served_by
+        language=language,
+        passages=len(seen),
+        chinese=chinese,
+        served=served,
+        served_by=served_by,
+        other=sum(map(other_language, sample)),
+        checked=len(sample),
     )
 
 
@@ -498,15 +520,20 @@ def _names(codes: Iterable[str]) -> str:
 
 def _language_sentences(check: LanguageCheck, llm: int) -> tuple[list[str], list[str], list[str]]:
     """(problems, findings, notes) about the language judged and whether the model serves it."""
-    n, zh = check.passages, check.chinese
-    counts = {"zh": zh, "en": n - zh}
-    main = "zh" if zh * 2 > n else "en"
+    n, zh, other = check.passages, check.chinese, check.others()
+    counts = {"zh": zh, "other": other, "en": n - zh - other}
+    main = max(counts, key=lambda code: counts[code])
     set_to = f'; [judge] language "{check.language}"' if check.language else ""
     who = check.served_by or "the judge's model"
     serves = f"; {who} serves {_names(check.served)}" if check.served else ""
+    neither = (
+        f", {check.other} of {check.checked} checked in neither English nor Chinese"
+        if check.other
+        else ""
+    )
     findings = [
-        f"Language: {zh} of {n} passages detected as Chinese ({_share(zh, n)}), the rest taken "
-        f"as English{set_to}{serves}."
+        f"Language: {zh} of {n} passages detected as Chinese ({_share(zh, n)}){neither}, the "
+        f"rest taken as English{set_to}{serves}."
     ]
     problems: list[str] = []
     notes: list[str] = []
@@ -518,7 +545,7 @@ def _language_sentences(check: LanguageCheck, llm: int) -> tuple[list[str], list
             problems.append(
                 f"{count} of the {n} passages ({_share(count, n)}) are {name}, which {who} does "
                 f"not serve (it serves {_names(check.served)}): the metrics are not informative. "
-                f"Use a judge that serves {name}."
+                f"Use a judge that serves {'their language' if code == 'other' else name}."
             )
         elif count >= SOME_SHARE * n:
             notes.append(

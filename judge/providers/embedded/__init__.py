@@ -29,3 +29,60 @@ def language_of(query: str, passage: str) -> str:
         if letters and len(_HAN.findall(text)) / letters >= HAN_SHARE:
             return "zh"
     return "en"
+
+
+# Letters of scripts neither embedded model reads (Arabic, Cyrillic, Greek, Hebrew, Indic,
+# Thai, Hangul, Japanese kana, ...): any letter outside Latin and Han.
+_LATIN_OR_HAN = re.compile(
+    r"[A-Za-z\u00c0-\u024f\u1e00-\u1eff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)
+
+
+# Function words of English, and of the Latin-script languages a passage is most often in
+# otherwise; words two of them share ("a", "die", "in", "is", "de"...) are in neither list.
+def _set(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+_ENGLISH = _set(
+    "the of and to that for it with as was are by this be from or which at not have has can "
+    "you they their were been would will there what when who how its"
+)
+_EUROPEAN = _set(
+    "le la les des est et une du dans pour qui sur pas avec au aux ce cette sont "
+    "der das und ist nicht ein eine mit sich auf für den von zu dem des auch wird "
+    "el los las del y es una por con para su al lo como más pero "
+    "il di che è per della gli sono non nel alla "
+    "os da do em um não com uma são "
+    "het een van niet op zijn met voor dat"
+)
+# A passage is in another language when most of its letters are of another script, or, in
+# Latin script, when at least OTHER_WORDS of its words are other languages' function words
+# and more than twice as many as English ones.
+OTHER_WORDS = 3
+
+
+def other_language(text: str) -> bool:
+    """Whether ``text`` is in a language neither embedded model reads: not English and not
+    Chinese (by script; among Latin-script texts, by their function words)."""
+    if text.isascii() and not _has_foreign_words(text):
+        return False
+    letters = len(_LETTER.findall(text))
+    if not letters:
+        return False
+    if letters - len(_LATIN_OR_HAN.findall(text)) > letters / 2:
+        return True
+    return _has_foreign_words(text)
+
+
+def _words(words: frozenset[str]) -> re.Pattern[str]:
+    return re.compile(r"(?<!\w)(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")(?!\w)")
+
+
+_ENGLISH_RE, _EUROPEAN_RE = _words(_ENGLISH), _words(_EUROPEAN)
+
+
+def _has_foreign_words(text: str) -> bool:
+    lower = text.lower()
+    other = len(_EUROPEAN_RE.findall(lower))
+    return other >= OTHER_WORDS and other > 2 * len(_ENGLISH_RE.findall(lower))
