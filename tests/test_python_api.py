@@ -671,6 +671,32 @@ def test_a_closed_judge_refuses_to_judge_instead_of_paying_without_its_cache(
         with pytest.raises(ConfigError, match="this Judge is closed"):
             call()
     assert chat_calls(yes_if_pale) == 1
+    # The refusal starts no loop again: its thread would outlive the Judge.
+    assert "judge-loop" not in {t.name for t in threading.enumerate()}
+    with pytest.raises(ConfigError, match="this Judge is closed"):
+        j.fit_cascade([])
+
+
+def test_arguments_of_a_kind_judge_cannot_read_are_one_error_naming_them(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """Each had failed deep inside (AttributeError, TypeError) or, for the cache, on the
+    first call and again at close()."""
+    for kwargs, said in (
+        ({"provider": 3}, "Judge: provider: expected a preset name"),
+        ({"scale": 3}, "Judge: scale: expected a scale name or a Scale, got int"),
+        ({"metrics": 5}, "Judge: metrics: expected metric names or a MetricPolicy, got int"),
+        ({"metrics": None}, "Judge: metrics: expected metric names or a MetricPolicy"),
+        ({"cache": 5}, "Judge: cache: expected a path or a Cache, got int"),
+    ):
+        args = {"provider": "local", "model": "m", "base_url": yes_if_pale.openai_base_url}
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            Judge(**(args | kwargs))  # type: ignore[arg-type]
+    with make_judge(yes_if_pale) as j:
+        for repeats in ("2", 2.5, 0, True):
+            with pytest.raises(ConfigError, match="repeats: expected a whole number >= 1"):
+                j.judge_many([row("q", "e", ["x"])], repeats=repeats)  # type: ignore[arg-type]
+    assert chat_calls(yes_if_pale) == 0
 
 
 def test_passages_may_come_as_a_numpy_array_or_a_pandas_series(

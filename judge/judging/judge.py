@@ -75,6 +75,25 @@ _SETTINGS = frozenset(JudgeSection.model_fields) - {"provider", "model"}
 _DIMENSION_NAMES = frozenset(d.name for d in DIMENSIONS)
 
 
+def _check_kinds(provider: object, model: object, scale: object, cache: object) -> None:
+    """ConfigError naming the argument when one is of a kind Judge cannot read (an int as the
+    provider had failed deep inside, as an AttributeError)."""
+    kinds: tuple[tuple[str, object, tuple[type, ...], str], ...] = (
+        ("cache", cache, (str, Path, Cache, type(None)), "a path or a Cache"),
+        (
+            "provider",
+            provider,
+            (str, ProviderSpec, ChatProvider, JudgeSection),
+            "a preset name, a ProviderSpec, a ChatProvider or a JudgeSection",
+        ),
+        ("model", model, (str, type(None)), "a model name"),
+        ("scale", scale, (str, Scale, type(None)), "a scale name or a Scale"),
+    )
+    for name, value, allowed, what in kinds:
+        if not isinstance(value, allowed):
+            raise ConfigError(f"Judge: {name}: expected {what}, got {type(value).__name__}")
+
+
 def _read_knobs(
     provider: object, model: str | None, scale: str | Scale | None, knobs: Mapping[str, Any]
 ) -> tuple[JudgeSection, dict[str, Any], dict[str, Any]]:
@@ -140,7 +159,14 @@ def _policy(metrics: str | Sequence[str] | MetricPolicy) -> MetricPolicy:
     """``metrics`` as a policy, every name checked before anything is judged (one name given
     as a string is one metric, not its characters)."""
     if not isinstance(metrics, MetricPolicy):
+        if not isinstance(metrics, str | Iterable) or isinstance(metrics, Mapping):
+            raise ConfigError(
+                f"Judge: metrics: expected metric names or a MetricPolicy, got "
+                f"{type(metrics).__name__}"
+            )
         names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+        if not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"Judge: metrics: expected metric names, got {list(names)!r}")
         metrics = MetricPolicy(names=names)
     for name in metrics.names:
         parse_metric_name(name)  # ConfigError: unknown, with the valid names
@@ -248,6 +274,7 @@ class Judge:
         ``language``, ``params``, ``reask``, ``context_tokens``, ``sanitise``, ``cascade``,
         ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
         judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
+        _check_kinds(provider, model, scale, cache)
         settings, sections, overrides = _read_knobs(provider, model, scale, knobs)
         named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
         self.settings = settings = _with_window(settings, named, overrides)
@@ -472,8 +499,8 @@ class Judge:
     ) -> Judgements:
         """The unit loop with a tqdm bar; long because the bar, its per-verdict counter and
         the refusal stop share the loop's state."""
-        if repeats < 1:
-            raise ConfigError(f"repeats must be at least 1, got {repeats}")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ConfigError(f"repeats: expected a whole number >= 1, got {repeats!r}")
         queries = as_queries(rows, columns=columns)
         units = [(q, r) for q in queries for r in range(repeats)]
         if units:
@@ -593,6 +620,7 @@ class Judge:
 
     async def fit_band(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
         """:meth:`afit_cascade` on the running loop (a run's own, as for :meth:`averdicts`)."""
+        self._check_open()
         if self.cascade is None:
             raise ConfigError("afit_cascade: this judge has no cascade")
         return await self.cascade.fit([self.fit(q) for q in queries], labels or self.scale)
@@ -601,7 +629,11 @@ class Judge:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the Judge's own event loop (its HTTP clients live there); inside a
-        running loop (a Jupyter cell) in a worker thread, see judging/sync.py."""
+        running loop (a Jupyter cell) in a worker thread, see judging/sync.py. A closed Judge
+        refuses first: its loop is not started again (its thread would outlive it)."""
+        if self.closed:
+            coro.close()
+            self._check_open()
         return self._loop.run(coro)
 
     # Sync wrappers of the async core (inside a running loop too, as in Jupyter).
@@ -634,7 +666,7 @@ class Judge:
         self.closed = True
         self._release.detach()  # done here, not again when it is collected
         if self._loop.started:
-            self._run(self._aclose())
+            self._loop.run(self._aclose())
             self._loop.close()
         if self._cache is not None:
             self._cache.close()
