@@ -191,12 +191,17 @@ def _soak(
     ended("sigkill")
     assert code == -signal.SIGKILL
 
-    cap = 150_000  # about a third of what is left: the budget stops this one
+    # The budget caps the run: what run.json's ledger says earlier invocations spent counts
+    # (the SIGTERM'd one's, and the SIGKILL'd one's up to its last few seconds).
+    ledger = json.loads((out / "run.json").read_text(encoding="utf-8"))["spent"]
+    earlier = ledger["prompt_tokens"] + ledger["completion_tokens"]
+    assert earlier >= rotating.billed["sigterm"]  # requests lost in flight: their worst case
+    cap = earlier + 150_000  # about a third of what is left: the budget stops this one
     invocation("budget")
     assert main([*args, "--max-tokens", str(cap)]) == EXIT_BUDGET
     ended("budget")
     assert "token budget reached" in capsys.readouterr().err
-    assert 0 < rotating.billed["budget"] <= cap
+    assert 0 < rotating.billed["budget"] <= cap - earlier
     assert _summary(out)["stopped_by"] == "budget"
     assert _summary(out)["requests"] == received["budget"]
 

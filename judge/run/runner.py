@@ -73,7 +73,7 @@ FLUSH_UNITS, FLUSH_S = 256, 0.05
 MIN_FOR_ERROR_RATE = 20
 
 
-# Under a budget, how often the runner keeps its spend in run.json as it goes.
+# How often the runner keeps its spend in run.json as it goes (a budget caps the run's).
 LEDGER_EVERY_S = 5.0
 StopKind = Literal["budget", "interrupted", "errors", "refused", "template"]
 
@@ -326,13 +326,13 @@ class _Batch:
                 self.cache.close()
 
     async def _tick(self) -> None:
-        """The progress line at its interval even while no verdict comes (calls hanging);
-        under a budget, the spend ledger every few seconds (a killed run's is near its own)."""
+        """The progress line at its interval even while no verdict comes (calls hanging), and
+        the spend ledger every few seconds (a killed run's is then near what it spent)."""
         budget, last = self.caller.budget, time.monotonic()
         while True:
             await asyncio.sleep(min(1.0, self.progress.interval_s))
             self.progress.show()
-            if budget.capped and time.monotonic() - last >= LEDGER_EVERY_S:
+            if time.monotonic() - last >= LEDGER_EVERY_S:
                 record_spent(self.results_path.parent, budget.usage)
                 last = time.monotonic()
 
