@@ -203,10 +203,13 @@ def test_the_budget_stops_the_batch_and_is_a_hard_cap() -> None:
     cap = 0.03  # 30 passages at $0.0013 would cost $0.039
     limits = Limits(max_cost=cap, price=Price(**PRICE), timeout_s=5.0, concurrency=4)
     with ScriptedServer(responder=metered, latency=0.02) as srv:
-        with make_judge(srv, limits=limits) as j, pytest.raises(BudgetExceeded):
+        with make_judge(srv, limits=limits) as j, pytest.raises(BudgetExceeded) as stop:
             j.judge_many(rows, progress=False)
     assert 0 < metered.billed * EACH <= cap
     assert metered.billed < 30
+    # No cache: nothing judged is kept, so a rerun would not resume; said so.
+    assert "this Judge has no cache, so what was judged is not kept" in str(stop.value)
+    assert "rerun with a larger budget to resume" not in str(stop.value)
 
 
 def test_a_provider_refusing_every_request_stops_the_batch_early() -> None:

@@ -487,7 +487,14 @@ class Judge:
             return await self._loop.call(work)
         except BudgetExceeded:  # said with what was spent in the end (answers in flight settled)
             caller = self.caller
-            raise BudgetExceeded(caller.budget.spent_message(caller.stats.worst_counted)) from None
+            said = caller.budget.spent_message(caller.stats.worst_counted)
+            if self._cache is None or not self._cache.enabled:  # nothing of it would resume
+                said = said.replace(
+                    "; rerun with a larger budget to resume",
+                    "; this Judge has no cache, so what was judged is not kept: give it "
+                    "cache= (a path) and a larger budget, and a rerun pays only for the rest",
+                )
+            raise BudgetExceeded(said) from None
 
     async def _judge_many(
         self,
