@@ -28,6 +28,7 @@ from judge import (
     Limits,
     ProviderError,
     Query,
+    Scale,
 )
 from judge.calling.cache import open_cache
 from judge.cli.main import main
@@ -300,8 +301,8 @@ def _judged(srv: ScriptedServer, **kwargs: Any) -> Judgements:
         row("q1", "bm25", ["pale gums", "dog food"], labels={"q1-bm25-0": 2, "q1-bm25-1": 0}),
         row("q1", "dense", ["dog food again", "pale and tired"]),
     ]
-    with make_judge(srv, **kwargs) as j:
-        return j.judge_many(rows, progress=False)
+    with make_judge(srv, **kwargs) as j:  # graded human labels beside a binary judge
+        return j.judge_many(rows, progress=False, label_scale=Scale.named("graded"))
 
 
 def test_passage_records_are_one_tidy_row_per_passage(yes_if_pale: ScriptedServer) -> None:
@@ -659,6 +660,19 @@ def test_a_dimension_is_read_as_its_table_or_refused(yes_if_pale: ScriptedServer
     with pytest.raises(ConfigError, match="has no LLM to judge nuggets with"):
         Judge("embedded-fused", nuggets=True)
     assert chat_calls(srv) == 0
+
+
+def test_human_labels_off_the_label_scale_are_refused_as_judge_run_refuses_them(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """A 3 on the binary scale had been kept and read by agreement and label metrics."""
+    rows = [row("q", "e", ["pale"], labels={"q-e-0": 3})]
+    with make_judge(yes_if_pale) as j:
+        with pytest.raises(InputError, match=r"field 'labels.q-e-0': 3 is not a grade of the"):
+            j.judge_many(rows, progress=False)
+        graded = j.judge_many(rows, progress=False, label_scale=Scale.named("graded"))
+    assert len(graded) == 1
+    assert chat_calls(yes_if_pale) == 1
 
 
 def test_a_closed_judge_refuses_to_judge_instead_of_paying_without_its_cache(

@@ -140,6 +140,22 @@ def _with_window(
     return settings.model_copy(update={"context_tokens": window}) if window else settings
 
 
+def _check_labels(queries: Sequence[Query], scale: Scale) -> None:
+    """One InputError naming each human label that is not a grade of ``scale`` (the label
+    scale), as ``judge run`` refuses them: agreement and label metrics would read them."""
+    grades = {lab.grade for lab in scale.labels}
+    bad = [
+        f"{q.source or q.query_id}: field 'labels.{pid}': {grade} is not a grade of the "
+        f"'{scale.name}' scale ({', '.join(map(str, sorted(grades)))})"
+        for q in queries
+        for pid, grade in (q.labels or {}).items()
+        if grade not in grades
+    ]
+    if bad:
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{bad[0]}{more}; pass label_scale= if the labels use another scale")
+
+
 def _limits(limits: Limits | Mapping[str, Any] | None) -> Limits | None:
     """``limits`` as given, or a mapping of its fields checked as a Limits (one ConfigError
     naming each bad field: a dollar cap without a price, a concurrency of 0, ...)."""
@@ -509,6 +525,7 @@ class Judge:
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ConfigError(f"repeats: expected a whole number >= 1, got {repeats!r}")
         queries = as_queries(rows, columns=columns)
+        _check_labels(queries, labels or self.scale)
         units = [(q, r) for q in queries for r in range(repeats)]
         if units:
             await self.prepare(queries, labels)
