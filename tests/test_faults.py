@@ -127,12 +127,22 @@ def test_once_too_many_errors_stop_the_run_no_request_leaves_after_the_decision(
         },
     )
     assert main(["run", str(config), "--out", str(tmp_path / "o")]) == EXIT_INCOMPLETE
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert "too many errors" in err and "Traceback" not in err
     # The decision comes as the 20th passage fails (its 3 attempts: 60 requests); passages
     # started meanwhile (a failed attempt's backoff frees its slot) add a few tens, and
     # nothing leaves after it: 85-90 requests here, all 300 before.
     assert len(server.requests) <= 120, len(server.requests)
+    # Every page says the passages never sent as such, not as errors (the header had said
+    # "N error" beside the trust line's "0 error, N not sent"), and nothing claims a judgement.
+    out = captured.out
+    md = (tmp_path / "o" / "report.md").read_text(encoding="utf-8")
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text(encoding="utf-8"))
+    unsent = summary["counts"]["not_sent"]
+    assert unsent > 0 and md.count("not sent") >= 2, md[:800]
+    assert f"{unsent} error" not in md.split("Trust:")[0]
+    assert "(no passage was judged before it stopped)" in out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -192,7 +202,7 @@ def test_a_provider_that_goes_dark_mid_run_stops_the_run_saying_so(
     assert "stopped answering" in err and "Traceback" not in err
     assert len(server.requests) < 200  # of 200 passages x 6 attempts
     # The means printed are of the part judged, and say so on their line.
-    assert re.search(r"^  bm25: .* query-repeats judged before it stopped\)$", printed.out, re.M)
+    assert re.search(r"^  bm25: .* query-repeats that ran before it stopped\)$", printed.out, re.M)
 
 
 def test_a_server_that_is_down_is_incomplete(

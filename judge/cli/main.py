@@ -192,9 +192,12 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         print(line)
     # A stopped run's means are of the part judged: said on their lines, not only below.
     part = (
-        f" (of the {outcome.done} of {outcome.planned} query-repeats judged before it stopped)"
-        if outcome.status != "complete"
-        else ""
+        ""
+        if outcome.status == "complete"
+        else " (no passage was judged before it stopped)"
+        if not c.ok
+        else f" (of the {outcome.done} of {outcome.planned} query-repeats that ran before it "
+        "stopped)"
     )
     for engine, data in summary.engines.items():
         shown = ", ".join(

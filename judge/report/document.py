@@ -103,7 +103,7 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
         Text(
             f"{c.queries} queries ({c.query_ids} ids, engines: {', '.join(c.engines)}), "
             f"{c.repeats} repeat(s), {c.verdicts} verdicts: {c.ok} ok, "
-            f"{c.unparsed} unparsed, {c.error} error."
+            f"{c.unparsed} unparsed, {c.failed_words()}."
             + (
                 f" {c.sanitised} passage(s) carried text aimed at the judge (instructions, "
                 "forged fences or verdicts, the query stuffed in), taken out before judging; "

@@ -168,7 +168,7 @@ def header(summary: Summary, health: JudgeHealth) -> Header:
         f"judge {model or 'unknown'}" + (f" ({how})" if how else ""),
         _when(summary.created),
         f"{c.query_ids} query ids × {len(c.engines)} engine(s) × {c.repeats} repeat(s): "
-        f"{c.verdicts} verdicts, {c.unparsed} unparsed, {c.error} error",
+        f"{c.verdicts} verdicts, {c.unparsed} unparsed, {c.failed_words()}",
     ]
     title = f"{word} · judge report · {config_name(summary.config.source)}"
     return Header(title, STATUS_CSS[word], reasons, meta, verdict=summary.verdict)
