@@ -653,3 +653,19 @@ def test_compare_guards_its_inputs_and_its_arguments(
     err = capsys.readouterr().err
     assert f"judge: {missing}: cannot write or read: No such file or directory" in err
     assert "Traceback" not in err
+
+
+def test_a_query_id_that_asks_another_question_in_another_run_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runs are paired by query id: one whose ids now hold other questions compared
+    unrelated queries without a word."""
+    old = [stored(f"q{i}", "e", 0.5) for i in range(8)]
+    rotated = [
+        r.model_copy(update={"query": r.query.model_copy(update={"query": f"other {i}"})})
+        for i, r in enumerate(stored(f"q{i}", "e", 0.6) for i in range(8))
+    ]
+    a, b = write_run(tmp_path / "a", old), write_run(tmp_path / "b", rotated)
+    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
+    err = capsys.readouterr().err
+    assert "judge: 8 query id(s) ask different questions in different engines or runs" in err

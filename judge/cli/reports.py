@@ -171,6 +171,26 @@ def _summaries(sources: Sequence[str]) -> list[Summary]:
     return found
 
 
+def _say_other_questions(results: Sequence[JudgedQuery]) -> None:
+    """Engines are paired by query id: say it when one id asks different questions in
+    different engines or runs (a dataset's ids reused for other queries), which pairs
+    unrelated queries."""
+    asked: dict[str, dict[str, str]] = {}
+    for jq in results:
+        said = " ".join(jq.query.query.casefold().split())
+        asked.setdefault(jq.query.query_id, {}).setdefault(said, jq.query.engine)
+    other = {qid: texts for qid, texts in asked.items() if len(texts) > 1}
+    if other:
+        qid, texts = next(iter(sorted(other.items())))
+        (a, ea), (b, eb) = list(texts.items())[:2]
+        print(
+            f"judge: {len(other)} query id(s) ask different questions in different engines or "
+            f"runs, and are paired all the same: '{qid}' is {a!r} in {ea} but {b!r} in {eb}; "
+            "the differences on them compare unrelated queries",
+            file=sys.stderr,
+        )
+
+
 def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
     """Exit 1 when an engine is significantly worse than its baseline on one of ``metrics``;
     say so when the pairs are too few for the test to ever say it."""
@@ -229,6 +249,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             args.trec_run, args.passage_store, args.queries, engine=args.trec_engine
         )
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
+    _say_other_questions(results)
     order, base, pairs = plan(args.sources, results, args.baseline)
     first = runs[0].stability if runs else None
     cmp = compare(
