@@ -271,7 +271,8 @@ def test_empty_passage_list_is_kept_and_reported(tmp_path: Path) -> None:
     assert report.n_queries == 2 and report.n_empty == 1
     assert report.queries[1].passages == ()
     assert report.problems == (
-        f"{path}:2: query 'q3' (default) has no passages (kept; its metrics will be undefined)",
+        f"{path}:2: query 'q3' (default) has no passages (kept: its precision, hit and MRR are "
+        "0 and its other metrics undefined)",
     )
 
 

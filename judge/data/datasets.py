@@ -225,7 +225,10 @@ def _parse_row(obj: Any, row: Row, opt: _Options, unused: dict[str, int]) -> Que
     if not row.ok or qid is None or text is None or engine is None:
         return None
     if not passages:
-        row.note(f"query '{qid}' ({engine}) has no passages (kept; its metrics will be undefined)")
+        row.note(
+            f"query '{qid}' ({engine}) has no passages (kept: its precision, hit and MRR are 0 "
+            "and its other metrics undefined)"
+        )
     return Query(
         query_id=qid,
         query=text,
