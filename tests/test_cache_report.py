@@ -100,6 +100,12 @@ def test_inspecting_a_damaged_cache_reports_it_and_moves_nothing(
         assert f"{cache}: " in err and "malformed" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.glob("cache.sqlite.corrupt-*"))  # they report; they move nothing
+    # A dry run sends nothing and changes nothing: it says what a run would find.
+    dry = ["run", str(config), str(dataset), "--out", str(tmp_path / "dry"), "--dry-run"]
+    assert main(dry) == 2
+    err = capsys.readouterr().err
+    assert "a run moves it aside and asks its answers again" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("cache.sqlite.corrupt-*"))
     assert main(["cache", "clear", "--cache", str(cache)]) == 0  # clear starts a new file
     assert list(tmp_path.glob("cache.sqlite.corrupt-*"))
     assert main(["cache", "stats", "--cache", str(cache)]) == 0

@@ -158,7 +158,8 @@ class Cache:
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
         """A read or write met a damaged page: start over with a fresh file."""
         if not (damaged(exc) and self.recover):
-            raise CacheError(f"{self.path}: {exc}") from None
+            hint = " (the file is damaged: a run moves it aside and asks its answers again)"
+            raise CacheError(f"{self.path}: {exc}{hint if damaged(exc) else ''}") from None
         self._move_aside(exc)
         assert self.path is not None
         self._conn = open_file(self.path)

@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import Field
 
 from judge.calling.batch import worst_case
-from judge.calling.cache import Cache, open_cache
+from judge.calling.cache import Cache
 from judge.calling.caller import Prompt
 from judge.config import Price, RunConfig
 from judge.data.results import RESULTS_FILE
@@ -103,7 +103,8 @@ def estimate(
     and the worst case together."""
     done = set() if fresh else finished_units(out_dir / RESULTS_FILE, queries, redo)
     cache_file = config.cache_path()
-    cache_db = open_cache(cache_file if cache_file.exists() else None)
+    # Read only: a dry run moves nothing aside (a damaged file is said, as a run would find it).
+    cache_db = Cache(cache_file if cache_file.exists() else None, recover=False)
     with planning_only():
         judge = Judge.from_config(config)
     answer_tokens = min(
