@@ -133,3 +133,15 @@ def test_a_file_that_is_not_sqlite_is_never_taken_for_a_cache(
     assert dataset.read_bytes() == before
     assert not list(tmp_path.glob("*corrupt*"))
     assert server.requests == []
+
+
+def test_cache_check_calls_damaged_only_what_sqlite_finds_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder where the cache should be cannot be opened: said as that, not as a damaged
+    file the next run would move aside (the run refuses the path)."""
+    folder = tmp_path / "cache.sqlite"
+    folder.mkdir()
+    assert main(["cache", "check", "--cache", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder}: cannot open cache" in err and "damaged" not in err

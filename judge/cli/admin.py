@@ -74,7 +74,9 @@ def _check_cache(path: Path) -> int:
         problems = cache.check()
         cache.close()
     except CacheError as exc:
-        if "not a judge cache" in str(exc):  # another program's database, not a damaged cache
+        # Damaged only when SQLite says so: another program's file, a folder, a file it may
+        # not open (read-only, say) are said as they are, never as "damaged".
+        if "malformed" not in str(exc) and "not a database" not in str(exc):
             print(f"judge: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         problems = [str(exc)]
