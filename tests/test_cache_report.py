@@ -144,4 +144,4 @@ def test_cache_check_calls_damaged_only_what_sqlite_finds_damaged(
     folder.mkdir()
     assert main(["cache", "check", "--cache", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert f"{folder}: cannot open cache" in err and "damaged" not in err
+    assert f"{folder}: cannot open cache" in err and "file is damaged" not in err
