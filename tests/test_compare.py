@@ -669,3 +669,23 @@ def test_a_query_id_that_asks_another_question_in_another_run_is_said(
     assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
     err = capsys.readouterr().err
     assert "judge: 8 query id(s) ask different questions in different engines or runs" in err
+
+
+def test_runs_of_different_judges_or_unfinished_are_said_beside_the_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+
+    a, b = _runs(tmp_path, 0.05)
+    for run, model in ((a, "judge-a"), (b, "judge-b")):
+        options = {
+            "judge.model": model,
+            "judge.scale": "graded",
+            "run.history": str(tmp_path / "h"),
+        }
+        config = load_config(None, options)
+        finish_run(config, run, None)
+    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
+    err = capsys.readouterr().err
+    assert "the runs were judged by different judges (openai judge-a, openai judge-b)" in err

@@ -171,6 +171,27 @@ def _summaries(sources: Sequence[str]) -> list[Summary]:
     return found
 
 
+def _say_unlike_runs(sources: Sequence[str], runs: Sequence[Summary]) -> None:
+    """Say what makes runs' numbers unlike beside their engines: a run that did not finish
+    (its means are of a part), and runs judged by different judges (a difference may be the
+    judges', not the engines')."""
+    for run in runs:
+        if run.run is not None and run.run.status != "complete":
+            print(
+                f"judge: {run.run.out_dir} is incomplete ({run.run.done} of {run.run.planned} "
+                f"query-repeats ran: {run.run.reason}); its means are of the part judged",
+                file=sys.stderr,
+            )
+    judges = {(str(r.config.judge.get("provider")), str(r.config.judge.get("model"))) for r in runs}
+    if len(judges) > 1:
+        said = ", ".join(f"{p} {m}" for p, m in sorted(judges))
+        print(
+            f"judge: the runs were judged by different judges ({said}): a difference may be "
+            "the judges', not the engines'",
+            file=sys.stderr,
+        )
+
+
 def _say_other_questions(results: Sequence[JudgedQuery]) -> None:
     """Engines are paired by query id: say it when one id asks different questions in
     different engines or runs (a dataset's ids reused for other queries), which pairs
@@ -240,6 +261,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     config, results, scale = judged_input(args, read, no_rows)
     runs = _summaries(args.sources)
+    _say_unlike_runs(args.sources, runs)
     policy = _policy(config, runs)
     metrics = _without_pooled(args, _metrics(args, config, runs, results))
     if args.trec_run:
