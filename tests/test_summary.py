@@ -263,3 +263,24 @@ def test_the_trust_line_does_not_call_a_judge_ok_on_too_few_verdicts() -> None:
     assert trust_line(build_summary(load_config(None), many, n_boot=10)).startswith(
         "Trust: judge health ok;"
     )
+
+
+def test_a_baseline_of_another_judge_is_said_with_the_drop_checks(tmp_path: Path) -> None:
+    baseline = tmp_path / "base.json"
+    made = load_config(None, {"judge.model": "old-judge"})
+    write_summary(baseline, build_summary(made, [judged([1, 0, 0], 0)], n_boot=10))
+    config = load_config(
+        None,
+        {
+            "judge.model": "new-judge",
+            "metrics.names": ["ap"],
+            "thresholds.max_drop": {"ap": 0.05},
+            "thresholds.baseline": str(baseline),
+        },
+    )
+    checks = build_summary(config, [judged([1, 0, 0], 0)], n_boot=10).thresholds.checks
+    (said,) = [c for c in checks if c.check == "baseline"]
+    assert said.ok and said.note == (
+        f"{baseline} was judged by openai old-judge, this run by openai new-judge: a drop may "
+        "be the judge's"
+    )

@@ -461,6 +461,13 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
             checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
         else:
             checks += _drop_checks(summary, base, th.max_drop)
+            then, now = (_judged_by(x.config) for x in (base, summary))
+            if then != now:  # said where the drop checks are read, not only on the console
+                note = (
+                    f"{th.baseline} was judged by {then}, this run by {now}: a drop may be "
+                    "the judge's"
+                )
+                checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
     if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
         health = summary.health
         problems = " ".join(health.problems or health.notes[:1]) or "not degenerate"
@@ -479,6 +486,10 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
 
 
 _NOTHING = "not evaluated: no verdict was answered"
+
+
+def _judged_by(config: SummaryConfig) -> str:
+    return f"{config.judge.get('provider')} {config.judge.get('model')}"
 
 
 def _at_most(name: str, value: float, limit: float) -> Check:
