@@ -81,3 +81,23 @@ def test_a_changed_config_or_baseline_makes_them_again(
     stamps = _stamps(out)
     assert main(["run", str(config), "--out", str(out)]) == 1
     assert _stamps(out) == stamps
+
+
+def test_the_reports_of_a_run_equal_those_made_again_from_its_results_file(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The run hands its rows to the summary (slimmed of what the reports never read: an ok
+    verdict's raw answer beside its reason); rebuilt from the results file, which keeps every
+    raw answer, the reports say the same."""
+    config, out = _setup(make_server, tmp_path), tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) in (0, 1)
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    assert all(v["raw"] for row in rows for v in row["verdicts"] if v["status"] == "ok")
+    first = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    assert main(["report", str(out), "--config", str(config), "--rebuild"]) == 0
+    again = (out / "report.md").read_text(encoding="utf-8").splitlines()
+    dated = {i for i, line in enumerate(first) if "UTC" in line}  # when each was made
+    assert len(first) == len(again) and dated
+    assert [x for i, x in enumerate(first) if i not in dated] == [
+        x for i, x in enumerate(again) if i not in dated
+    ]

@@ -429,9 +429,9 @@ class _Batch:
         self._flushed = time.monotonic()
         for jq in self.judge.finish_many(ready) if ready else ():
             jq = jq.model_copy(update={"input_digest": self.inputs[jq.query.key]})
-            self.writer.add(jq)
+            self.writer.add(jq)  # written whole (the line is made here) before it is slimmed
             if self.keeping:
-                self.kept.append(jq)
+                self.kept.append(_slimmed(jq))
             self.written[jq.key] = unit_statuses_of(jq)
             self.progress.update(jq)
             self._check_health(jq)
@@ -486,6 +486,17 @@ class _Batch:
             worst_counted=s.worst_counted,
             cascade_band=self.judge.cascade.band if self.judge.cascade else None,
         )
+
+
+def _slimmed(jq: JudgedQuery) -> JudgedQuery:
+    """``jq`` as the summary holds it until the reports are written: an ok verdict with a
+    reason drops its raw answer, which the summary and reports read only for a verdict
+    without one (report/queries.py) and the results file keeps (an LLM's answer repeats
+    the reason the verdict holds)."""
+    for v in jq.verdicts:
+        if v.raw is not None and v.status == "ok" and v.reason:
+            object.__setattr__(v, "raw", None)  # frozen: this row is the summary's alone
+    return jq
 
 
 def _cancelling() -> bool:
