@@ -788,3 +788,27 @@ def test_a_judge_dropped_without_close_gives_back_its_thread_and_connections(
     while loops() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert loops() == before
+
+
+def test_ids_and_label_keys_are_read_alike_however_they_come() -> None:
+    """judge() had made the id 'None' of None and '1.0' of 1.0; dict rows refused numpy's
+    integers that a DataFrame's rows gave; a Python dict's integer label keys named no
+    passage."""
+    np = pytest.importorskip("numpy")
+    from judge.judging.rows import as_passages, as_queries
+
+    read = as_passages([{"id": 1.0, "text": "a"}, {"id": np.int64(3), "text": "b"}])
+    assert [p.id for p in read] == ["1", "3"]
+    with pytest.raises(InputError, match=r"passages\[0\]: field 'id': expected a string or"):
+        as_passages([{"id": None, "text": "a"}])
+    (q,) = as_queries(
+        [
+            {
+                "query_id": np.int64(5),
+                "query": "x",
+                "passages": [{"id": np.int64(1), "text": "b"}],
+                "labels": {1: np.int64(1)},
+            }
+        ]
+    )
+    assert (q.query_id, q.passages[0].id, q.labels) == ("5", "1", {"1": 1})

@@ -28,13 +28,14 @@ the results and qrels files (:mod:`judge.results`) are re-exported from here.
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from judge.data.frames import Table, dict_table, read_parquet, resolve_columns
-from judge.data.lines import MAX_ERRORS_SHOWN, MISSING, Row, Sink, json_lines, kind
+from judge.data.lines import MAX_ERRORS_SHOWN, MISSING, Row, Sink, id_text, json_lines, kind
 from judge.data.passages import (
     PASSAGE_FIELDS,
     ROW_FIELDS,
@@ -198,12 +199,19 @@ def _labels(value: Any, ids: set[str] | None, row: Row) -> dict[str, int] | None
     if not isinstance(value, dict):
         row.bad("labels", f"expected an object {{passage id: grade}}, got {kind(value)}")
         return None
-    for pid, grade in value.items():
-        if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
-            row.bad(f"labels.{pid}", f"expected an integer grade >= 0, got {json.dumps(grade)}")
+    out: dict[str, int] = {}
+    for key, grade in value.items():
+        pid = id_text(key)[0] or str(key)  # a Python dict's integer keys, as ids are read
+        if isinstance(grade, float) and grade.is_integer():
+            grade = int(grade)  # an integer column with a gap is float in a DataFrame
+        if isinstance(grade, bool) or not isinstance(grade, numbers.Integral) or grade < 0:
+            shown = json.dumps(grade) if isinstance(grade, str | int | float | None) else grade
+            row.bad(f"labels.{pid}", f"expected an integer grade >= 0, got {shown}")
         elif ids is not None and pid not in ids:
             row.bad(f"labels.{pid}", f"label for unknown passage id '{pid}'")
-    return dict(value)
+        else:
+            out[pid] = int(grade)
+    return out
 
 
 def _parse_row(obj: Any, row: Row, opt: _Options, unused: dict[str, int]) -> Query | None:

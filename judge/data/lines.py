@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import numbers
 import os
 import re
 import stat
@@ -28,6 +29,7 @@ __all__ = [
     "MISSING",
     "Row",
     "Sink",
+    "id_text",
     "json_lines",
     "kind",
     "objects",
@@ -204,17 +206,13 @@ class Row:
         return text
 
     def ident(self, value: Any, field: str) -> str | None:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # an integer column with a gap is float in a DataFrame: 1.0
         if value is MISSING:
             self.bad(field, "missing")
-        elif isinstance(value, bool) or not isinstance(value, str | int):
-            self.bad(field, f"expected a string or integer id, got {kind(value)}")
-        elif not str(value).strip():
-            self.bad(field, "is empty")
-        else:
-            return str(value)
-        return None
+            return None
+        text, problem = id_text(value)
+        if problem:
+            self.bad(field, problem)
+        return text
 
     def number(self, value: Any, field: str) -> float | None:
         if value is None or value is MISSING:
@@ -272,6 +270,20 @@ def ordinary_mode() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def id_text(value: Any) -> tuple[str | None, str | None]:
+    """An id as text, or the problem with it: a string, or an integer of any kind (numpy's
+    too; a float that is a whole number, as an integer column with a gap is in a DataFrame:
+    1.0 is "1"); not a bool, None, another number or anything else, and not blank."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, str | numbers.Integral):
+        return None, f"expected a string or integer id, got {kind(value)}"
+    text = str(value) if isinstance(value, str) else str(int(value))
+    if not text.strip():
+        return None, "is empty"
+    return text, None
 
 
 def write_atomic(

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 # row passed here is read exactly as the same line of a dataset file would be.
 from judge.data.datasets import _Options, _parse_row, read_queries
 from judge.data.frames import PRESETS, as_table, dict_table, matching_preset, resolve_columns
-from judge.data.lines import Row, Sink
+from judge.data.lines import Row, Sink, id_text
 from judge.data.passages import check_limit, split_columns, truncate
 from judge.errors import InputError
 from judge.schema import Passage, Query
@@ -81,7 +81,9 @@ def as_passages(
             passage = Passage(id=str(i + 1), text=item)
         elif isinstance(item, Mapping):
             data = {"id": str(i + 1), **item}
-            data["id"] = str(data["id"])
+            data["id"], problem = id_text(data["id"])  # as a dataset's ids are read
+            if problem:
+                raise InputError(f"{where}: field 'id': {problem}")
             try:
                 passage = Passage.model_validate(data)
             except ValidationError as exc:
