@@ -532,6 +532,7 @@ def test_compare_writes_an_offline_page_with_charts(
     html = page.read_text(encoding="utf-8")
     assert "<title>WORSE · judge compare · old vs new</title>" in html
     assert "significantly worse: new vs old on ndcg: -0.0500" in html
+    assert "old beats new on ndcg: +0.0500" in html  # the console's verdict, kept beside it
     assert "<script" not in html and "default-src 'none'" in html
     labels = re.findall(r'<svg role="img" aria-label="([^"]+)"', html)
     assert labels == ["mean per engine with 95% CI", "per-query new vs old"]
@@ -650,9 +651,9 @@ def test_compare_guards_its_inputs_and_its_arguments(
         assert "must be at least 1, got -3" in capsys.readouterr().err
     missing = tmp_path / "no" / "such" / "page.html"
     assert main(["compare", str(old), str(new), "--html", str(missing)]) == 2
-    err = capsys.readouterr().err
-    assert f"judge: {missing}: cannot write or read: No such file or directory" in err
-    assert "Traceback" not in err
+    said = capsys.readouterr()
+    assert f"judge: judge compare --html {missing}: its folder does not exist" in said.err
+    assert "Traceback" not in said.err and said.out == ""  # refused before the comparison
 
 
 def test_a_query_id_that_asks_another_question_in_another_run_is_said(

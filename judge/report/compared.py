@@ -231,13 +231,16 @@ def compare_header(
     """The first screen of ``judge compare --html``: worse or not, and the headline diffs."""
     worse = [d for d in cmp.diffs if d.metric in fail_if_worse and d.worse()]
     lines = [f"significantly worse: {one_line(d)}" for d in worse]
-    lines += [line for line in headline_lines(cmp) if not any(d.metric in line for d in worse)]
+    lines += headline_lines(cmp)  # the verdicts the console gives, whatever failed
     if fail_if_worse:
         word, css = ("WORSE", "failed") if worse else ("NOT WORSE", "passed")
     else:
         word, css = "COMPARED", "neutral"
+    paired = sorted(cmp.baselines.items())
     meta = [
-        f"baseline {cmp.baseline}",
+        f"baseline {cmp.baseline}"
+        if all(base == cmp.baseline for _, base in paired)
+        else "compared: " + ", ".join(f"{e} with {base}" for e, base in paired),
         f"sources {', '.join(sources)}",
         f"{cmp.n_query_ids} query ids",
         f"{cmp.n_boot} bootstrap resamples, {cmp.n_permutations} permutations, seed {cmp.seed}",
