@@ -181,3 +181,40 @@ def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_uninformative()
     assert first.startswith("zebra beats good on ndcg") or first.startswith("good ")
     assert first.endswith("(the judge's verdicts on zebra are not informative: see Trust)")
     assert trust.startswith("Trust: judge health ok overall, but not informative on zebra")
+
+
+def test_the_run_says_first_what_judge_compare_says_first() -> None:
+    """No difference on the primary metric, a significant one on another: the run's verdict
+    and ``judge compare`` lead with the same lines (the run had stopped at the first)."""
+    from judge.config import load_config
+    from judge.report.compared import headline_lines
+    from judge.report.finish import complete_summary
+    from judge.schema import JudgedQuery, Passage, Query, Verdict
+
+    rows = []
+    for q in range(8):
+        for engine, ap in (("a", 0.2), ("b", 0.4 + q / 100)):
+            query = Query(
+                query_id=f"q{q}",
+                query=f"question {q}",
+                engine=engine,
+                passages=(Passage(id=f"{engine}{q}", text="t"),),
+            )
+            seen = Verdict(
+                passage_id=f"{engine}{q}", rank=1, status="ok", label="yes", grade=1, relevant=True
+            )
+            rows.append(
+                JudgedQuery(
+                    query=query,
+                    repeat=0,
+                    scale="binary",
+                    verdicts=(seen,),
+                    metrics={"ndcg": 0.5, "ap": ap},
+                )
+            )
+    config = load_config(None, {"metrics.names": ["ndcg", "ap"], "metrics.primary": "ndcg"})
+    summary, comparison = complete_summary(config, rows, None)
+    assert comparison is not None
+    lead = headline_lines(comparison, "ndcg")
+    assert lead[-1].startswith("largest significant change: b beats a on ap")
+    assert list(summary.verdict[:-1]) == lead  # then the trust line

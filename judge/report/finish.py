@@ -31,7 +31,7 @@ from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.errors import CacheError
-from judge.report.compared import primary_metric, verdict_lines
+from judge.report.compared import headline_lines, primary_metric, verdict_lines
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
 from judge.report.status import outcome_of, trust_line, uninformative
@@ -57,20 +57,23 @@ HISTORY_SHOWN = 10
 
 
 def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
-    """Which engine is better, a sentence per pair; one saying nothing was judged when no
-    verdict was answered (not that the engines share no query where the metric is defined)."""
+    """Which engine is better, a sentence per pair, then what ``judge compare`` says next
+    (the largest significant change on another metric, when the primary shows none); one
+    saying nothing was judged when no verdict was answered (not that the engines share no
+    query where the metric is defined)."""
     said = verdict_lines(comparison, summary.policy.primary) if comparison else []
     c = summary.counts
     if said and not c.ok:
         return [
             f"no verdict on the engines: none of the {c.verdicts} passages was judged "
-            f"({c.error} error, {c.unparsed} unparsed)"
+            f"({c.failed_words()}, {c.unparsed} unparsed)"
         ]
+    more = headline_lines(comparison, summary.policy.primary)[len(said) :] if comparison else []
     if summary.health.degenerate:  # a difference a judge found unreliable measured is no verdict
-        return [f"{line} (by a judge found unreliable: see Trust)" for line in said]
+        return [f"{line} (by a judge found unreliable: see Trust)" for line in [*said, *more]]
     suspect = uninformative(summary)
     if not suspect or comparison is None:
-        return said
+        return [*said, *more]
     metric = primary_metric(comparison.metrics, summary.policy.primary)
     diffs = [d for d in comparison.diffs if d.metric == metric]
     marked = []
@@ -81,7 +84,7 @@ def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
                 f" (the judge's verdicts on {' and '.join(which)} are not informative: see Trust)"
             )
         marked.append(line)
-    return marked
+    return [*marked, *more]
 
 
 def finish_run(
