@@ -365,6 +365,10 @@ def test_to_pandas_has_the_records_columns_and_keeps_missing_values_missing(
     assert str(queries["ndcg@5"].dtype) == "Float64"
     empty = Judgements([]).to_pandas()
     assert empty.shape == (0, 19) and "passage_id" in empty.columns
+    # The queries table's columns are the same with rows or without (its error count too).
+    none = Judgements([]).to_pandas("queries")
+    assert list(none.columns) == [c for c in queries.columns if c in none.columns]
+    assert "error" in none.columns and "error" in queries.columns
 
 
 def test_without_pandas_to_pandas_says_what_to_install(

@@ -166,12 +166,16 @@ def _kind(kind: str) -> tuple[Callable[[Sequence[JudgedQuery]], list[Record]], d
     return _BUILDERS[kind]
 
 
+def _optional(column: str, fixed: dict[str, Any]) -> bool:
+    """Whether ``column`` of a table is shown only when some row has a value: the queries
+    table's error count is always there (only its "labelled" is optional)."""
+    return column in OPTIONAL_COLUMNS and (fixed is _PASSAGE_COLUMNS or column == "labelled")
+
+
 def _columns(records: Sequence[Record], fixed: dict[str, Any]) -> list[str]:
     """The fixed columns (the optional ones only when some record has a value), then the
     rest (metrics) in first-seen order."""
-    shown = [
-        c for c in fixed if c not in OPTIONAL_COLUMNS or any(r[c] is not None for r in records)
-    ]
+    shown = [c for c in fixed if not _optional(c, fixed) or any(r[c] is not None for r in records)]
     extra = dict.fromkeys(c for r in records[:1] for c in r if c not in fixed)
     return [*shown, *extra]
 
@@ -283,7 +287,7 @@ class Judgements(Sequence[JudgedQuery]):
         pd = pandas("Judgements.to_pandas", "or use to_records(), plain dicts")
         _, fixed = _kind(kind)
         records = self.to_records(kind)
-        columns = list(records[0]) if records else [c for c in fixed if c not in OPTIONAL_COLUMNS]
+        columns = list(records[0]) if records else [c for c in fixed if not _optional(c, fixed)]
         frame = pd.DataFrame.from_records(records, columns=columns)
         dtypes = {c: fixed.get(c, "Float64") for c in columns}
         return frame.astype({c: t for c, t in dtypes.items() if t is not None})
