@@ -350,3 +350,21 @@ def test_judge_run_refuses_nuggets_for_a_score_judge_before_paying(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "[nuggets] enabled: a judge by score" in err[0], err
     assert server.requests == []
+
+
+def test_a_dry_run_of_a_judge_by_score_counts_no_llm_call(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It had counted a chat call, tokens and paid hedges for every passage of a judge that
+    has no LLM; the run then made only its rerank calls."""
+    server = make_server(scorer=worded_scorer)
+    judge = {"provider": "rerank", "model": "rerank-test"}
+    config = _config(tmp_path, judge, f'[provider]\nbase_url = "{server.url}"\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert ", 0 calls (0 already cached), ~0 prompt + ~0 completion tokens" in out, out
+    assert "cascade: 3 rerank calls (0 already cached), 15 passages labelled by the reranker" in out
+    assert "hedging" not in out and "upper bound" not in out
+    assert server.requests == []

@@ -62,7 +62,13 @@ def judged_input(
 
 def print_dry_run(est: Estimate) -> int:
     """What a ``--dry-run`` would send and spend, printed; exit 0."""
-    cost = f"${est.cost_usd:.4f}" if est.cost_usd is not None else "unknown (no [prices] entry)"
+    cost = (
+        f"${est.cost_usd:.4f}"
+        if est.cost_usd is not None
+        else "nothing: no LLM call to pay for"
+        if est.calls == est.cached_calls
+        else "unknown (no [prices] entry)"
+    )
     print(
         f"dry run: {est.units} query-repeats to judge, {est.calls} calls "
         f"({est.cached_calls} already cached), ~{est.prompt_tokens} prompt + "

@@ -337,7 +337,7 @@ class Judge:
         found = Dimensions.of(sections, self.ctx, template_dir)
         if found is None:
             return None
-        if self._chat is None:
+        if self.by_score:
             names = " and ".join(d.name for d in found.on)
             raise ConfigError(
                 f"Judge: {names}: a judge by score (provider '{named}' is a reranker) has no "
@@ -345,6 +345,11 @@ class Judge:
             )
         self.policy = found.metric_policy(self.policy)
         return found
+
+    @property
+    def by_score(self) -> bool:
+        """Whether this judge decides by a reranker's score alone: it has no LLM to ask."""
+        return self._chat is None
 
     def _released_when_collected(self, mine: Cache | None) -> weakref.finalize[Any, Any]:
         """What close() gives back, given back if the Judge is collected without it: the

@@ -214,6 +214,9 @@ def _plan(
         band = fit_band(judge.cascade.section, scored, config.label_scale())
     plan: Plan = []
     floor, unknown_echo = judge.cascade.section.echo_floor, False
+    if judge.by_score:  # no LLM to ask: every passage is the reranker's
+        counts = {"rerank_calls": len(with_passages), "rerank_cached": len(scores)}
+        return [(q, [], 0) for q in with_passages], {**counts, "upper_bound": False}
     for i, q in enumerate(with_passages):
         if band is not None and i in scores:
             above = [p for p in q.passages if band.side(scores[i][p.id]) == "above"]
