@@ -128,7 +128,14 @@ def test_a_run_into_a_new_directory_hands_over_exactly_the_rows_it_wrote(
     kept: list[JudgedQuery] = []
     outcome = asyncio.run(run_async(config, queries, out, keep=kept))
     assert outcome.status == "complete" and kept
-    assert kept == load_results(out)  # what the summary would have read back, row for row
+    back = load_results(out)  # what the summary would have read back, row for row
+    held = {"verdicts": {"__all__": {"raw"}}}  # an ok verdict's raw answer beside its reason
+    assert [r.model_dump(exclude=held) for r in kept] == [r.model_dump(exclude=held) for r in back]
+    assert all(
+        (v.raw is None) == (w.status == "ok" and bool(w.reason)) and w.raw
+        for r, b in zip(kept, back, strict=True)
+        for v, w in zip(r.verdicts, b.verdicts, strict=True)
+    )
     # A directory that already held rows hands nothing over: the summary reads the file.
     again: list[JudgedQuery] = []
     asyncio.run(run_async(config, queries, out, keep=again))
