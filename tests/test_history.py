@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from functools import cache
 from pathlib import Path
@@ -252,6 +253,8 @@ def test_a_history_that_fails_after_judging_leaves_the_reports_and_one_row(
     finish_run(config, out, None)
     assert "this run is not in the history, and the reports show no trend" in caplog.text
     assert (out / "report.md").is_file()
+    made = json.loads((out / "finished.json").read_text(encoding="utf-8"))
+    assert made["complete"] is False  # a rerun with nothing new tries the history again
     fresh = tmp_path / "fresh.sqlite"
     again = load_config(None, {"run.history": str(fresh), "judge.scale": "graded"})
     (out / "finished.json").unlink()

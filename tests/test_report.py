@@ -351,7 +351,7 @@ def test_cli_report_will_not_pass_a_run_that_never_finished_nor_keep_a_stale_sum
 
     assert main(["report", str(killed), "--config", str(_graded(tmp_path))]) == 3
     err = capsys.readouterr().err
-    assert "its run stopped before it wrote a summary" in err and "Traceback" not in err
+    assert "a run into it stopped before it wrote a summary" in err and "Traceback" not in err
     assert not (killed / "summary.json").exists() and not (killed / "report.md").exists()
     done = write_run(tmp_path / "done", results)
     config = load_config(None, {"judge.scale": "graded", "run.history": str(tmp_path / "h")})
@@ -361,6 +361,14 @@ def test_cli_report_will_not_pass_a_run_that_never_finished_nor_keep_a_stale_sum
     assert main(["report", str(done), "--config", str(_graded(tmp_path))]) == 0
     after = load_summary(done / "summary.json")
     assert after.counts.judged_units == before.counts.judged_units - 4
+    # A directory judge run made whose results changed after its summary (a later run into
+    # it killed): not made again from the default config as PASSED, but incomplete.
+    (done / "run.json").write_text("{}", encoding="utf-8")
+    finish_run(config, done, None)
+    with (done / "verdicts.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(lines[-1])
+    assert main(["report", str(done)]) == 3
+    assert "a run into it stopped after its summary" in capsys.readouterr().err
 
 
 def _graded(tmp_path: Path) -> Path:

@@ -521,7 +521,7 @@ def _names(codes: Iterable[str]) -> str:
 def _language_sentences(check: LanguageCheck, llm: int) -> tuple[list[str], list[str], list[str]]:
     """(problems, findings, notes) about the language judged and whether the model serves it."""
     n, zh, other = check.passages, check.chinese, check.others()
-    counts = {"zh": zh, "other": other, "en": n - zh - other}
+    counts = {"en": n - zh - other, "zh": zh, "other": other}  # a tie goes to English
     main = max(counts, key=lambda code: counts[code])
     set_to = f'; [judge] language "{check.language}"' if check.language else ""
     who = check.served_by or "the judge's model"

@@ -26,6 +26,14 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             f"{source}: that run is incomplete ({summary.run.reason}); a baseline should be a "
             "finished run (--force to use it anyway)"
         )
+    means = [m.mean for e in summary.engines.values() for m in e.metrics.values()]
+    if not args.force and not any(mean is not None for mean in means):
+        c = summary.counts
+        raise ConfigError(
+            f"{source}: that run has no metric with a value ({c.ok} ok of {c.verdicts} "
+            f"verdicts, {c.unparsed} unparsed, {c.failed_words()}): as a baseline it would "
+            "leave every drop check unevaluated (--force to use it anyway)"
+        )
     if (made := summary.config.scale.name) != (now := config.scale().name):
         raise ConfigError(
             f"{source}: that run was judged on the '{made}' scale, {args.config} judges on "

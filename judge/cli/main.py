@@ -58,6 +58,14 @@ def _written(out_dir: Path) -> Iterator[None]:
         ) from None
 
 
+def _write_junit(path: str, summary: Summary) -> None:
+    """The JUnit file, after a paid run: a failure to write it is incomplete, not bad input."""
+    from judge.report.junit import write_junit
+
+    with _written(Path(path).parent):
+        write_junit(path, summary)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Judge, then :func:`judge.report.finish.finish_run`; print the outcome, pick the exit code."""
     from judge.cli.ray import on_ray, ray_overrides
@@ -113,9 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = finish_run(config, out_dir, outcome, kept, plan)
     _print_outcome(outcome, summary, out_dir)
     if args.junit:
-        from judge.report.junit import write_junit
-
-        write_junit(args.junit, summary)
+        _write_junit(args.junit, summary)
     _mlflow(args, out_dir)
     return _exit_code(outcome, summary)
 

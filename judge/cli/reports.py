@@ -384,10 +384,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     summary_path = out_dir / SUMMARY_FILE
     state = summary_state(out_dir)
-    if state == "missing" and (out_dir / RUN_FILE).is_file():
+    if state in ("missing", "stale") and (out_dir / RUN_FILE).is_file():
+        when = "before it wrote a summary" if state == "missing" else "after its summary"
         raise RunUnfinished(
-            f"{out_dir}: its run stopped before it wrote a summary (killed, say): it cannot "
-            "be reported as passed; rerun the same `judge run` command to resume and finish it"
+            f"{out_dir}: a run into it stopped {when} (killed, say): its results are not what "
+            "any summary says, and cannot be reported as passed; rerun the same `judge run` "
+            "command to resume and finish it"
         )
     if state == "stale" and not args.rebuild:
         log.warning("%s: the results changed since its summary was made: made again", out_dir)

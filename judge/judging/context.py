@@ -62,9 +62,13 @@ def _count(text: str) -> int:
     """``text``'s tokens as a judged model may count them: cl100k's, plus the digits cl100k
     packs three to a token and the Qwen and Llama tokenizers split one to a token (a table
     of numbers had come out a fifth longer than counted, and every request of it failed)."""
-    ids = len(_encoder().encode(text))
-    digits = sum(c.isdigit() for c in text) if _DIGIT.search(text) else 0
-    return ids + (2 * digits + 2) // 3
+    return len(_encoder().encode(text)) + _more_for_digits(text)
+
+
+def _more_for_digits(text: str) -> int:
+    """The tokens a digit-splitting tokenizer spends on ``text``'s digits beyond cl100k's."""
+    digits = len(_DIGIT.findall(text))
+    return (2 * digits + 2) // 3 if digits else 0
 
 
 _DIGIT = re.compile(r"\d")
@@ -91,7 +95,7 @@ def _cut(passage: Passage, tokens: int) -> Passage:
     unchanged if it fits."""
     enc = _encoder()
     ids = enc.encode(passage.text)
-    counted = _count(passage.text)
+    counted = len(ids) + _more_for_digits(passage.text)  # _count, from the ids at hand
     if counted <= tokens:
         return passage
     keep = (tokens - 8) * len(ids) // max(counted, 1)  # room for the marker; digits count more

@@ -49,7 +49,8 @@ def _baseline_problems(config: RunConfig, queries: Sequence[Query], first_night:
             return []
         return [
             f"{path}: thresholds.baseline not found; the drop checks need it (pass "
-            "--first-night on the first run, then copy its summary.json there)"
+            "--first-night on the first run, then `judge baseline set RUN_DIR --config "
+            "CONFIG`)"
         ]
     from judge.report.summary import load_summary  # the analyses' records: only with a baseline
 

@@ -112,7 +112,7 @@ def finish_run(
     results = _of_plan(results or load_results(out_dir), plan, out_dir)
     summary, comparison = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
-    run_id, rows = _in_history(config, summary, out_dir, outcome, current)
+    run_id, rows, kept = _in_history(config, summary, out_dir, outcome, current)
     base = config.thresholds.baseline
     written = write_reports(
         out_dir,
@@ -125,7 +125,8 @@ def finish_run(
     )
     write_qrels(out_dir / QRELS_FILE, results)
     recorded = run_id is not None or _recorded(out_dir, current)
-    _write_made(out_dir, {**current, "recorded": recorded, "complete": True})
+    # A history that failed leaves the finish incomplete: the next run tries to record again.
+    _write_made(out_dir, {**current, "recorded": recorded, "complete": kept})
     log.debug(
         "run %s recorded in %s; wrote %s, %s and %s",
         "not (incomplete)" if run_id is None else run_id,
@@ -143,10 +144,11 @@ def _in_history(
     out_dir: Path,
     outcome: RunOutcome | None,
     current: dict[str, str | None],
-) -> tuple[int | None, list[HistoryRow]]:
-    """The run recorded in the config's history (its id: see :func:`_record`) and the rows
-    of the report's trend. A history that cannot take them is said, not raised: the run was
-    judged and paid for, and its reports are written without the trend."""
+) -> tuple[int | None, list[HistoryRow], bool]:
+    """The run recorded in the config's history (its id: see :func:`_record`), the rows of
+    the report's trend, and whether the history could be read. A history that cannot take
+    them is said, not raised: the run was judged and paid for, and its reports are written
+    without the trend."""
     history = config.history_path()
     try:
         run_id = _record(history, summary, out_dir, outcome, current)
@@ -162,8 +164,8 @@ def _in_history(
         )
     except CacheError as exc:
         log.warning("%s; this run is not in the history, and the reports show no trend", exc)
-        return None, []
-    return run_id, rows
+        return None, [], False
+    return run_id, rows, True
 
 
 def _record(

@@ -101,7 +101,9 @@ async def run_batched(
     run = config.run.model_copy(
         update={"max_cost": limits.max_cost, "max_tokens": limits.max_tokens}
     )
-    outcome = await run_async(config.model_copy(update={"run": run}), queries, out_dir, redo=redo)
+    outcome = await run_async(
+        config.model_copy(update={"run": run}), queries, out_dir, redo=redo, ledger=False
+    )
     reason = outcome.reason
     if outcome.stopped_by == "budget" and spent_cost > 0:
         reason = f"{reason} (after ${spent_cost:.4f} spent by batch mode before the run)"

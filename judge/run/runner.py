@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +116,7 @@ async def run_async(
     redo: Redo = frozenset(),
     cache: Cache | None = None,
     keep: list[JudgedQuery] | None = None,
+    ledger: bool = True,
 ) -> RunOutcome:
     """Judge every (query, repeat) not already in out_dir's results; append as they finish.
 
@@ -126,6 +127,7 @@ async def run_async(
     and one with ``unparsed`` verdicts when ``redo`` says so (its good answers come from the
     cache); at the end the results file holds exactly one line per unit. ``cache``: used (and
     closed) instead of the config's, as a Ray shard's own cache is (judge/run/shards.py).
+    ``ledger``: the budget caps the run, earlier invocations' spend (run.json) included.
     """
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,15 +139,11 @@ async def run_async(
         results_path = out_dir / RESULTS_FILE
         repair_results(results_path)
         recorded, lines, done = recorded_units(results_path, queries, redo)
-        units = [
-            (q, r)
-            for r in range(config.run.repeats)
-            for q in queries
-            if (q.query_id, q.engine, r) not in done
-        ]
+        units = _to_judge(queries, config.run.repeats, done)
         planned = len(queries) * config.run.repeats
-        batch = _Batch(config, units, results_path, queries, cache, keeping=keep is not None)
-        batch.caller.budget.count_earlier(spent_before(out_dir))  # the cap is the run's
+        batch = _Batch(
+            config, units, results_path, queries, cache, keeping=keep is not None, ledger=ledger
+        )
         try:
             with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
@@ -164,9 +162,18 @@ async def run_async(
                     "errors",
                 )
         finally:
-            record_spent(out_dir, batch.caller.budget.usage)
+            batch.keep_ledger()
             elapsed = add_elapsed(out_dir, time.monotonic() - start)
         return batch.outcome(out_dir, planned, planned - len(units), elapsed)
+
+
+def _to_judge(
+    queries: Sequence[Query], repeats: int, done: Collection[UnitKey]
+) -> list[tuple[Query, int]]:
+    """Each (query, repeat) not ``done``, repeat by repeat."""
+    return [
+        (q, r) for r in range(repeats) for q in queries if (q.query_id, q.engine, r) not in done
+    ]
 
 
 @contextlib.contextmanager
@@ -260,6 +267,7 @@ class _Batch:
     queries: Sequence[Query]
     given_cache: Cache | None = None  # instead of the config's (run_async's ``cache``)
     keeping: bool = False  # keep every row written in ``kept`` (run_async's ``keep``)
+    ledger: bool = True  # keep the spend in run.json as it goes (run_async's ``ledger``)
     reason: str | None = None
     stopped_by: StopKind | None = None
     first_error: str | None = None  # a verdict's error in the provider's words, if any
@@ -275,6 +283,8 @@ class _Batch:
         # any call.
         if self.judge.dimensions is not None:
             self.judge.dimensions.load(self.queries, self.results_path.parent)
+        if self.ledger:  # the cap is the run's (a Ray shard's, a batch run's: the driver's)
+            self.caller.budget.count_earlier(spent_before(self.results_path.parent))
         self.progress = Progress(
             total_units=len(self.units),
             total_passages=sum(len(q.passages) for q, _ in self.units),
@@ -328,12 +338,12 @@ class _Batch:
     async def _tick(self) -> None:
         """The progress line at its interval even while no verdict comes (calls hanging), and
         the spend ledger every few seconds (a killed run's is then near what it spent)."""
-        budget, last = self.caller.budget, time.monotonic()
+        last = time.monotonic()
         while True:
             await asyncio.sleep(min(1.0, self.progress.interval_s))
             self.progress.show()
             if time.monotonic() - last >= LEDGER_EVERY_S:
-                record_spent(self.results_path.parent, budget.usage)
+                self.keep_ledger()
                 last = time.monotonic()
 
     def _told(self, index: int, verdict: Verdict) -> None:
@@ -366,6 +376,16 @@ class _Batch:
             self.stop(f"the reranker failed while setting the cascade band: {exc}", "errors")
             return False
         return True
+
+    def keep_ledger(self) -> None:
+        """What the run spent so far, in run.json (with ``ledger``); a failure is said, not
+        raised: the run goes on (or ends as it was ending), and a rerun counts less."""
+        if not self.ledger:
+            return
+        try:
+            record_spent(self.results_path.parent, self.caller.budget.usage)
+        except OSError as exc:
+            log.warning("%s: cannot keep what the run spent: %s", self.results_path, exc.strerror)
 
     @property
     def caller(self) -> Caller:

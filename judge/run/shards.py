@@ -262,7 +262,7 @@ def judge_shard(task: ShardTask) -> ShardResult:
     try:
         cache = ShardCache(shard_dir / SHARD_CACHE, Path(task.user_cache))
         outcome = asyncio.run(
-            run_async(task.config, task.queries, shard_dir, redo=redo, cache=cache)
+            run_async(task.config, task.queries, shard_dir, redo=redo, cache=cache, ledger=False)
         )
     except JudgeError as exc:
         return here.model_copy(update={"error": str(exc), "exit_code": exc.exit_code})

@@ -39,7 +39,9 @@ _LATIN_OR_HAN = re.compile(
 
 
 # Function words of English, and of the Latin-script languages a passage is most often in
-# otherwise; words two of them share ("a", "die", "in", "is", "de"...) are in neither list.
+# otherwise; words two of them share ("a", "die", "in", "is", "de"...), and words an English
+# text holds in names and citations ("et al.", "per", "do", "Los Angeles", "del Mar", "la"),
+# are in neither list.
 def _set(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
@@ -49,12 +51,12 @@ _ENGLISH = _set(
     "you they their were been would will there what when who how its"
 )
 _EUROPEAN = _set(
-    "le la les des est et une du dans pour qui sur pas avec au aux ce cette sont "
-    "der das und ist nicht ein eine mit sich auf für den von zu dem des auch wird "
-    "el los las del y es una por con para su al lo como más pero "
-    "il di che è per della gli sono non nel alla "
-    "os da do em um não com uma são "
-    "het een van niet op zijn met voor dat"
+    "les est une dans pour qui sur pas avec aux cette sont "
+    "der das und ist nicht ein eine mit sich auf für von zu dem auch wird "
+    "y una por para como más pero "
+    "che è della gli sono nel alla "
+    "não uma são que "
+    "het een niet zijn voor ook wordt naar bij"
 )
 # A passage is in another language when most of its letters are of another script, or, in
 # Latin script, when at least OTHER_WORDS of its words are other languages' function words
