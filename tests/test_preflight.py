@@ -157,6 +157,27 @@ def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
     assert "that run was judged on the 'graded' scale" in capsys.readouterr().err
 
 
+def test_baseline_set_refuses_a_run_with_no_metric_value(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No answer names a label: no metric has a value, and such a baseline would leave every
+    drop check unevaluated, so the gate could never fire (it was taken without a word)."""
+    server = make_server(responder=lambda request: "I would rather not say.")
+    baseline = tmp_path / "base" / "summary.json"
+    tables = {"thresholds": {"baseline": str(baseline)}, "thresholds.max_drop": {"ap": 0.05}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    night = str(tmp_path / "night")
+    main(["run", str(config), str(_dataset(tmp_path)), "--out", night, "--first-night"])
+    capsys.readouterr()
+    assert main(["baseline", "set", night, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "that run has no metric with a value" in err and "--force" in err
+    assert not baseline.exists()
+    assert main(["baseline", "set", night, "--config", str(config), "--force"]) == 0
+
+
 def test_a_graded_judge_with_coarser_labels_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
