@@ -25,13 +25,15 @@ Sections::
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from judge.errors import ConfigError
 from judge.schema import BUILTIN_SCALES, MetricPolicy, Record, Scale
@@ -167,9 +169,28 @@ def _first_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":  # a misspelt key: say so, and what it may be
+            parts.append(f"{loc}: unknown key{_did_you_mean(exc, err['loc'])}")
+            continue
         parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     more = len(exc.errors()) - len(parts)
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _did_you_mean(exc: ValidationError, loc: tuple[int | str, ...]) -> str:
+    """`` (did you mean 'repeats'?)`` for a key close to one the table takes, else ''."""
+    table: Any = RunConfig
+    for part in loc[:-1]:  # down to the record the key was given in (an optional one too)
+        field = getattr(table, "model_fields", {}).get(part)
+        kinds = [getattr(field, "annotation", None)]
+        kinds += list(typing.get_args(kinds[0]))
+        records = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if not records:
+            return ""
+        table = records[0]
+    known = list(getattr(table, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _blamed(exc: ValidationError, source: str, overrides: dict[str, Any]) -> str:

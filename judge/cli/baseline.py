@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from judge.cli.common import EXIT_OK
 from judge.config import load_config
+from judge.data.lines import write_atomic
 from judge.errors import ConfigError
 
 
@@ -26,6 +24,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             f"{source}: that run is incomplete ({summary.run.reason}); a baseline should be a "
             "finished run (--force to use it anyway)"
         )
+    if (made := summary.config.scale.name) != (now := config.scale().name):
+        raise ConfigError(
+            f"{source}: that run was judged on the '{made}' scale, {args.config} judges on "
+            f"'{now}': the nightly drop checks would compare the two scales' metrics"
+        )
     means = [m.mean for e in summary.engines.values() for m in e.metrics.values()]
     if not args.force and not any(mean is not None for mean in means):
         c = summary.counts
@@ -34,17 +37,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             f"verdicts, {c.unparsed} unparsed, {c.failed_words()}): as a baseline it would "
             "leave every drop check unevaluated (--force to use it anyway)"
         )
-    if (made := summary.config.scale.name) != (now := config.scale().name):
-        raise ConfigError(
-            f"{source}: that run was judged on the '{made}' scale, {args.config} judges on "
-            f"'{now}': the nightly drop checks would compare the two scales' metrics"
-        )
     target = Path(config.thresholds.baseline)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)  # a nightly run reading it sees the old file or the new one
+    write_atomic(target, source.read_bytes())  # a nightly run sees the old file or the new
     print(f"baseline: {source} -> {target}")
     return EXIT_OK
 
