@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from judge.calling.limits import Limits
+from judge.errors import ProviderError
 from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec, SamplingParams
 from judge.schema import MetricPolicy, Passage, Query
@@ -126,14 +127,26 @@ def test_unparsed_can_be_skipped_by_configuration() -> None:
 
 def test_client_error_is_an_error_verdict_without_retries() -> None:
     with ScriptedServer(responder=keyword_responder({"pale": "yes"}, "no")) as srv:
-        srv.enqueue(Fault("status", 401))
+        srv.enqueue(Fault("status", 400))  # about this passage, say (its text refused)
         with make_judge(srv) as j:
             jq = j.judge(PUPPY, PASSAGES[:1])
     (verdict,) = jq.verdicts
     assert verdict.status == "error"
-    assert "401" in (verdict.error or "")
+    assert "400" in (verdict.error or "")
     assert len(chat_requests(srv)) == 1
     assert jq.metrics["ap"] is None
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_a_provider_refusing_every_request_is_an_exception_not_error_verdicts(
+    status: int,
+) -> None:
+    """No key, or a base_url without its /v1: judge() raises as judge_many does (it returned
+    every verdict as an error, metrics None), after one request a passage."""
+    with ScriptedServer(responder=lambda request: Fault("status", status)) as srv:
+        with make_judge(srv) as j, pytest.raises(ProviderError, match="refuses every request"):
+            j.judge(PUPPY, PASSAGES[:2])
+        assert len(chat_requests(srv)) == 2
 
 
 def test_retryable_fault_is_retried_by_the_caller() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import statistics
 import sys
 import threading
@@ -73,6 +74,10 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
 # The keywords Judge(...) reads into its settings record, besides provider and model.
 _SETTINGS = frozenset(JudgeSection.model_fields) - {"provider", "model"}
 _DIMENSION_NAMES = frozenset(d.name for d in DIMENSIONS)
+
+
+# The answers that refuse every request alike: no key or a wrong one, no model, no such URL.
+_REFUSED = re.compile(r"HTTP (401|403|404)\b")
 
 
 def _check_kinds(provider: object, model: object, scale: object, cache: object) -> None:
@@ -451,7 +456,17 @@ class Judge:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
             raise InputError(f"repeat: expected a whole number >= 0, got {repeat!r}")
         judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
-        return self.finish_many([judged])[0]
+        done = self.finish_many([judged])[0]
+        stats, failed = self.caller.stats, [v for v in done.verdicts if v.status == "error"]
+        # Refused whatever it is asked (a key, a model, a base_url without /v1), not this
+        # passage alone (a 400 may be about its text): an exception, as judge_many raises.
+        refused = stats.unreachable or all(_REFUSED.match(v.error or "") for v in failed)
+        if failed and len(failed) == len(done.verdicts) and refused:  # no retry cures it
+            raise ProviderError(
+                f"no passage could be judged: the provider refuses every request (check the "
+                f"API key, model name and base_url): {stats.unreachable or failed[0].error}"
+            )
+        return done
 
     async def averdicts(self, query: Query, repeat: int = 0) -> Judged:
         """:meth:`ajudge` but the metrics, which :meth:`finish_many` attaches to many at once;
