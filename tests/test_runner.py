@@ -651,3 +651,20 @@ def test_a_sample_stays_the_same_queries_as_the_dataset_grows() -> None:
     assert before == {q.query_id for q in sample_queries(queries(30), 20, seed=7)}
     assert after - before <= {f"q{i}" for i in range(30, 40)}  # only new ids come in
     assert before != {q.query_id for q in sample_queries(queries(30), 20, seed=8)}
+
+
+def test_a_listwise_run_says_how_many_passages_it_asked_one_by_one(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A judge that does not answer lists (here: every answer is one verdict) has each
+    passage asked alone, a request each: said, with the count, where it had gone unsaid."""
+    from judge.cli.main import main
+
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=3, n_passages=4)
+    tables = {"judge": {"mode": "listwise"}, "dataset": {"path": str(dataset)}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    assert main(["run", str(config), "--out", str(tmp_path / "o")]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "listwise: 12 passage(s) were asked one by one, a request each" in out, out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["run"]["asked_alone"] == 12

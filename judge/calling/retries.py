@@ -49,6 +49,8 @@ class CallStats:
     silent: int = 0  # retries that timed out too, before any success (Caller._silent)
     dark: int = 0  # requests in a row that timed out at timeout_s since the last answer
     worst_counted: int = 0  # requests whose usage was not reported: counted at the worst case
+    # Passages a listwise judge asked one by one: their list's answers did not judge them.
+    asked_alone: int = 0
 
     def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
         """Before any success, once ``count`` (of one kind of failure) reaches ``limit``, the

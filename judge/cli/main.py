@@ -211,6 +211,12 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             for name, m in list(data.metrics.items())[:6]
         )
         print(f"  {engine}: {shown}{part}")
+    if outcome.asked_alone:
+        print(
+            f"listwise: {outcome.asked_alone} passage(s) were asked one by one, a request "
+            "each: their list's answers did not judge them (a judge that answers lists "
+            "poorly costs that much more; pointwise mode asks so from the start)"
+        )
     if summary.cascade is not None:
         print(summary.cascade.line())
     if c.sanitised:

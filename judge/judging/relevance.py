@@ -269,6 +269,7 @@ class Asker:
                 break  # the judge cannot do listwise here; go pointwise
         rest = [p for p in passages if p.id not in done]
         if rest:
+            self.ctx.caller.stats.asked_alone += len(rest)  # said: a request each, not a list's
             singles = await asyncio.gather(
                 *(self._pointwise(query, p, ranks[p.id], repeat) for p in rest)
             )

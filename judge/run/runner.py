@@ -102,6 +102,8 @@ class RunOutcome(Record):
     # Requests counted at their worst case, their usage not reported (lost in flight, an
     # unreadable answer, counts that are not counts): the tokens and cost are at most these.
     worst_counted: int = 0
+    # Passages a listwise judge asked one by one (their list's answers did not judge them).
+    asked_alone: int = 0
     # The band of reranker scores a [judge.cascade] run sent to the LLM judge (None: no cascade,
     # or it stopped before the band was known).
     cascade_band: Band | None = None
@@ -504,6 +506,7 @@ class _Batch:
             elapsed_s=elapsed_s,
             errors_by_kind=dict(s.errors),
             worst_counted=s.worst_counted,
+            asked_alone=s.asked_alone,
             cascade_band=self.judge.cascade.band if self.judge.cascade else None,
         )
 
