@@ -171,3 +171,20 @@ def test_a_kill_mid_query_leaves_the_paid_verdicts_on_disk_and_a_resume_pays_non
     assert len(final) == PASSAGES
     assert all(final[pid]["label"] == v["label"] for pid, v in verdicts.items())
     assert not (out / PARTIAL_FILE).exists()
+
+
+def test_the_progress_line_counts_passages_never_sent_apart_from_errors() -> None:
+    """A stopping run's unsent passages had been counted as errors on the progress line,
+    beside a summary that says "0 error, N not sent"."""
+    import io
+
+    from judge.calling.caller import Caller
+    from judge.errors import NOT_SENT
+    from judge.run.progress import Progress
+    from judge.schema import Verdict
+
+    shown = Progress(total_units=1, total_passages=3, caller=Caller(None), stream=io.StringIO())
+    for i, error in enumerate((f"{NOT_SENT}the run stopped", "HTTP 500")):
+        verdict = Verdict(passage_id=str(i), rank=i + 1, status="error", error=error)
+        shown.told(("q", "e", 0), verdict)
+    assert "  errors 1  not sent 1  " in shown.line()

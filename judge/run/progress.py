@@ -16,9 +16,18 @@ from typing import TextIO
 
 from judge.calling.caller import Caller
 from judge.data.results import UnitKey
+from judge.errors import NOT_SENT
 from judge.schema import JudgedQuery, Verdict
 
 log = logging.getLogger(__name__)
+
+
+def _shown(verdict: Verdict) -> str:
+    """How the line counts a verdict: its status, or "not sent" for a passage a stopping run
+    never asked (counted apart from errors, as the summary counts it)."""
+    if verdict.status == "error" and verdict.error and NOT_SENT in verdict.error:
+        return "not sent"
+    return verdict.status
 
 
 @dataclass
@@ -44,9 +53,9 @@ class Progress:
 
     def told(self, key: UnitKey, verdict: Verdict) -> None:
         """A verdict of the unfinished unit ``key``, just made."""
-        self._open.setdefault(key, Counter())[verdict.status] += 1
+        self._open.setdefault(key, Counter())[_shown(verdict)] += 1
         self.passages += 1
-        self.status[verdict.status] += 1
+        self.status[_shown(verdict)] += 1
         self.show()
 
     def update(self, jq: JudgedQuery) -> None:
@@ -55,18 +64,19 @@ class Progress:
         self.units += 1
         self.passages += len(jq.verdicts) - counted.total()
         self.status.subtract(counted)
-        self.status.update(v.status for v in jq.verdicts)
+        self.status.update(_shown(v) for v in jq.verdicts)
         self.show()
 
     def line(self) -> str:
         s, b, slot = self.caller.stats, self.caller.budget, self.caller.slots["chat"]
         elapsed = time.monotonic() - self.started
         rate = self.passages / elapsed if elapsed > 0 else 0.0
+        unsent = f"  not sent {self.status['not sent']}" if self.status["not sent"] else ""
         return (
             f"queries {self.units}/{self.total_units}"
             f"  passages {self.passages}/{self.total_passages}"
             f"  ({rate:.1f}/s)  cached {s.cache_hits}  retries {s.retries}"
-            f"  unparsed {self.status['unparsed']}  errors {self.status['error']}"
+            f"  unparsed {self.status['unparsed']}  errors {self.status['error']}{unsent}"
             f"  tokens {b.usage.total}  ${b.cost:.4f}"
             f"  in flight {slot.in_flight}/{slot.current}"
         )
