@@ -141,6 +141,11 @@ def test_the_budget_caps_the_run_not_each_invocation_of_it(
     first = metered.billed
     assert 0 < first * (PROMPT + COMPLETION) <= 5000
     capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 0  # the dry run says what the cap already counts
+    spent = first * (PROMPT + COMPLETION)
+    assert f"budget: earlier invocations of this run spent {spent} tokens" in (
+        capsys.readouterr().out
+    )
     for _ in range(2):
         assert main(argv) == EXIT_BUDGET
         err = capsys.readouterr().err

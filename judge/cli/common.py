@@ -83,6 +83,12 @@ def print_dry_run(est: Estimate) -> int:
             else ""
         )
     )
+    if est.earlier is not None:
+        print(
+            f"budget: earlier invocations of this run spent {est.earlier.total} tokens "
+            f"({est.earlier.prompt_tokens} + {est.earlier.completion_tokens}); --max-cost "
+            "and --max-tokens cap the run, so they count"
+        )
     if est.hedge_calls:
         print(
             f"hedging: up to {est.hedge_calls} more requests (a second one for a slow call, "

@@ -48,7 +48,7 @@ from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
 from judge.providers import planning_only, resolve_spec, why_no_batch
 from judge.providers.base import ChatRequest, RerankResult, request_key
-from judge.run.resume import Redo, finished_units
+from judge.run.resume import Redo, finished_units, spent_before
 from judge.schema import Query, Record, Usage
 
 # Per query with passages: its first-round LLM prompts and how many passages they judge.
@@ -86,6 +86,9 @@ class Estimate(Record):
     # the totals; whether assignment prompts hold stand-in nuggets (see the module docstring).
     aspect_calls: dict[str, int] = Field(default_factory=dict)
     nuggets_estimated: bool = False
+    # What earlier invocations into the run directory spent (run.json's ledger): a budget
+    # caps the run, so they count against it (None: nothing spent there yet, or --fresh).
+    earlier: Usage | None = None
 
 
 def estimate(
@@ -169,6 +172,7 @@ def estimate(
         batch=config.run.batch,
         **(_batch_costs(price, batched, usage, worst) if _has_batch(config) else {}),
         **cascade,
+        earlier=None if fresh or not (spent := spent_before(out_dir)).total else spent,
     )
 
 
