@@ -149,7 +149,10 @@ def _config(tmp_path: Path, authority: str) -> Path:
         ('official = ["a..b"]', "'a..b' is not a host name or suffix"),
         ('official = ["x.org"]\nreference = ["X.org"]', "rule 'X.org' is in both official and"),
         ("scores = { reference = 1.5 }", "metrics.authority.scores.reference: Input should be"),
-        ("scores = { refrence = 0.5 }", "metrics.authority.scores.refrence: Extra inputs"),
+        (
+            "scores = { refrence = 0.5 }",
+            "metrics.authority.scores.refrence: unknown key (did you mean 'reference'?)",
+        ),
     ],
 )
 def test_bad_tier_config_names_the_file_and_key(tmp_path: Path, authority: str, said: str) -> None:
