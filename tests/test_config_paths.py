@@ -62,3 +62,20 @@ def test_a_run_from_another_directory_finds_the_configs_dataset_and_writes_plain
     out = tmp_path / "runs" / "x"
     for name in ("qrels.txt", "summary.json", "verdicts.jsonl", "report.md"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+
+
+def test_a_missing_dataset_of_the_config_names_the_config_and_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config moved away from its dataset: said as the config's [dataset] path, resolved
+    as it is read (it had been only the path, with no word of where it came from)."""
+    from judge.cli.main import main
+
+    config = tmp_path / "elsewhere" / "c.toml"
+    config.parent.mkdir()
+    config.write_text('[dataset]\npath = "../datasets/sample.jsonl"\n', encoding="utf-8")
+    assert main(["run", str(config), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}: [dataset] path: {tmp_path / 'datasets' / 'sample.jsonl'}: no such file" in (
+        err
+    ), err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from judge.config import RunConfig
 from judge.data.datasets import read_queries, read_trec_run
@@ -43,6 +44,11 @@ def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
     if path is None:
         raise ConfigError(
             f"{config.source}: no dataset: give one on the command line or [dataset] path"
+        )
+    if dataset is None and not Path(path).exists():  # the config's: say which key, and how
+        raise ConfigError(
+            f"{config.source}: [dataset] path: {path}: no such file (a relative path is taken "
+            "from the config's own folder)"
         )
     try:
         report = read_queries(
