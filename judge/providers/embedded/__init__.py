@@ -67,13 +67,10 @@ OTHER_WORDS = 3
 def other_language(text: str) -> bool:
     """Whether ``text`` is in a language neither embedded model reads: not English and not
     Chinese (by script; among Latin-script texts, by their function words)."""
-    if text.isascii() and not _has_foreign_words(text):
-        return False
-    letters = len(_LETTER.findall(text))
-    if not letters:
-        return False
-    if letters - len(_LATIN_OR_HAN.findall(text)) > letters / 2:
-        return True
+    if not text.isascii():  # only then can most of its letters be of another script
+        letters = len(_LETTER.findall(text))
+        if letters and letters - len(_LATIN_OR_HAN.findall(text)) > letters / 2:
+            return True
     return _has_foreign_words(text)
 
 
