@@ -32,7 +32,7 @@ from judge.errors import ConfigError
 from judge.tiers import AuthorityTiers
 
 VerdictStatus = Literal["ok", "unparsed", "error"]
-VerdictSource = Literal["judge", "reranker"]
+VerdictSource = Literal["judge", "reranker", "empty"]
 OmittableParam = Literal[
     "temperature",
     "top_p",
@@ -61,6 +61,11 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _visible(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
+
+
 class Passage(Record):
     """One retrieved passage, in the engine's ranked order."""
 
@@ -72,6 +77,12 @@ class Passage(Record):
     truncated_from: int | None = None  # the text's length before a cut to a limit
     removed: tuple[str, ...] = ()  # text aimed at the judge, taken out (judging/sanitise.py)
     aimed: tuple[str, ...] = ()  # text aimed at the judge, found and left in (sanitise = "flag")
+
+    @property
+    def blank(self) -> bool:
+        """Nothing to read: no text or title but white space and invisible format characters
+        (zero-width spaces, a BOM). Judged not relevant without asking (judging/verdicts.py)."""
+        return not (_visible(self.text) or (self.title is not None and _visible(self.title)))
 
 
 class Query(Record):
@@ -307,7 +318,8 @@ class Verdict(Record):
     usage: Usage = Usage()
     latency_s: float = 0.0
     cached: bool = False
-    # Who gave the label: the LLM judge, or the reranker of a judge cascade (judging/cascade.py).
+    # Who gave the label: the LLM judge, the reranker of a judge cascade (judging/cascade.py),
+    # or nobody: an empty passage (judging/verdicts.py empty_verdict).
     source: VerdictSource = "judge"
     # What fired on the passage: "echo" (its relevance to the reranker rested on the query's
     # own words, judging/echo.py), "aimed" (it holds text aimed at the judge, left in place),

@@ -336,7 +336,8 @@ def _stats(verdicts: Sequence[Verdict], scale: Scale, engine: str | None) -> Hea
 
 
 def _ok(results: Iterable[JudgedQuery]) -> list[Verdict]:
-    return [v for jq in results for v in jq.verdicts if v.status == "ok"]
+    """The verdicts a judge gave (an empty passage's "no" was given without asking)."""
+    return [v for jq in results for v in jq.verdicts if v.status == "ok" and v.source != "empty"]
 
 
 def _asked_llm(verdict: Verdict) -> bool:

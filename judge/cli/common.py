@@ -83,6 +83,11 @@ def print_dry_run(est: Estimate) -> int:
             else ""
         )
     )
+    if est.blank_passages:
+        print(
+            f"empty: {est.blank_passages} passage(s) have no text: not relevant, without asking "
+            "the judge"
+        )
     if est.earlier is not None:
         print(
             f"budget: earlier invocations of this run spent {est.earlier.total} tokens "

@@ -217,6 +217,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             "each: their list's answers did not judge them (a judge that answers lists "
             "poorly costs that much more; pointwise mode asks so from the start)"
         )
+    if c.blank:
+        print(f"empty: {c.blank_words()}")
     if summary.cascade is not None:
         print(summary.cascade.line())
     if c.sanitised:
@@ -394,6 +396,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     requests = judge.first_requests(query)
     shown = requests if args.all else requests[:1]
     print(f"# query {args.query}: {query.query_id} / {query.engine} — {len(requests)} request(s)")
+    blank = [p.id for p in judge.fit(query).passages if p.blank]
+    if blank:
+        print(f"(empty, never sent, judged not relevant: passage(s) {', '.join(blank)})")
     for i, request in enumerate(shown):
         print(
             f"\n## request {i + 1}: model={request.model} "

@@ -110,8 +110,8 @@ def cut(passage: Passage, row: Row, max_chars: int) -> Passage:
     """``passage`` with the truncation policy applied, noting any cut or empty text."""
     short = truncate(passage.text, max_chars)
     if short == passage.text:
-        if not short.strip():
-            row.note(f"passage '{passage.id}' has empty text")
+        if passage.blank:
+            row.note(f"passage '{passage.id}' has no text: judged not relevant without asking")
         return passage
     kept = len(short) - len(TRUNCATION_MARKER)
     row.note(f"passage '{passage.id}' truncated from {len(passage.text)} to {kept} characters")

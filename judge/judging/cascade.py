@@ -66,7 +66,7 @@ from judge.config import CascadeSection
 from judge.errors import ConfigError, InputError, ProviderError
 from judge.judging.echo import ECHO, RESTATED_WEIGHT, mask_query, without_restatements
 from judge.judging.sanitise import strip_aimed
-from judge.judging.verdicts import ok_verdict
+from judge.judging.verdicts import empty_verdict, ok_verdict
 from judge.providers.base import RerankRequest
 from judge.schema import Passage, Query, Record, Scale, Verdict
 
@@ -396,9 +396,12 @@ class Cascade:
         to_llm = tuple(
             p
             for p in query.passages
-            if band.side(scores[p.id]) == "band"
-            or (self.caller.chat and p.id in echoed)
-            or p.id in aimed
+            if not p.blank
+            and (
+                band.side(scores[p.id]) == "band"
+                or (self.caller.chat and p.id in echoed)
+                or p.id in aimed
+            )
         )
         asked = await ask(query.model_copy(update={"passages": to_llm})) if to_llm else []
         out: dict[str, Verdict] = {}
@@ -408,7 +411,9 @@ class Cascade:
                 update["signals"] = (*v.signals, ECHO)
             out[v.passage_id] = v.model_copy(update=update)
         for p in query.passages:
-            if p.id not in out:
+            if p.blank:  # nothing to read, whatever its score: no call, not relevant
+                out[p.id] = empty_verdict(self.scale, p, ranks[p.id])
+            elif p.id not in out:
                 out[p.id] = reranker_verdict(
                     p,
                     ranks[p.id],

@@ -458,10 +458,11 @@ class Judge:
         judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
         done = self.finish_many([judged])[0]
         stats, failed = self.caller.stats, [v for v in done.verdicts if v.status == "error"]
+        asked = sum(v.source != "empty" for v in done.verdicts)  # a blank passage is not
         # Refused whatever it is asked (a key, a model, a base_url without /v1), not this
         # passage alone (a 400 may be about its text): an exception, as judge_many raises.
         refused = stats.unreachable or all(_REFUSED.match(v.error or "") for v in failed)
-        if failed and len(failed) == len(done.verdicts) and refused:  # no retry cures it
+        if failed and len(failed) == asked and refused:  # no retry cures it
             raise ProviderError(
                 f"no passage could be judged: the provider refuses every request (check the "
                 f"API key, model name and base_url): {stats.unreachable or failed[0].error}"

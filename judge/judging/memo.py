@@ -51,6 +51,12 @@ class _Set(Record):
 _READ = TypeAdapter(_Set)
 
 
+def _from_cache(verdict: Verdict) -> bool:
+    """Whether a cached re-run gives ``verdict`` as it is: read from the cache, or a blank
+    passage's, which no call gives."""
+    return verdict.cached or verdict.source == "empty"
+
+
 class VerdictMemo:
     """Whole queries' verdicts in the cache, keyed by what decides them."""
 
@@ -79,7 +85,7 @@ class VerdictMemo:
         fitted = fit(query)
         asked = await ask(fitted, repeat)
         if all(v.status == "ok" for v in asked):
-            kept = asked if all(v.cached for v in asked) else reread(fitted, repeat)
+            kept = asked if all(map(_from_cache, asked)) else reread(fitted, repeat)
             if kept is not None:
                 self.put(key, query, fitted, kept)
         return fitted, asked
@@ -111,14 +117,15 @@ class VerdictMemo:
             fitted = tuple(found.fitted.get(i, p) for i, p in enumerate(query.passages))
             query = query.model_copy(update={"passages": fitted})
         share_verdict_fields(found.verdicts)
-        self.caller.stats.cache_hits += len(ids)
-        self.caller.cache.hits += len(ids)
+        hits = sum(v.source != "empty" for v in found.verdicts)  # blank: no answer to hit
+        self.caller.stats.cache_hits += hits
+        self.caller.cache.hits += hits
         return query, list(found.verdicts)
 
     def put(self, key: str, query: Query, fitted: Query, found: Sequence[Verdict]) -> None:
         """Store ``found`` (``query``'s verdicts as judged from ``fitted``) under ``key``, when
         every one is ``ok`` and was read from the cache."""
-        if not all(v.status == "ok" and v.cached for v in found):
+        if not all(v.status == "ok" and _from_cache(v) for v in found):
             return
         changed = {
             i: p

@@ -23,6 +23,7 @@ from judge.judging.units import admitted, told
 from judge.judging.verdicts import (
     ListwiseParsed,
     Parsed,
+    empty_verdict,
     ok_verdict,
     parse_listwise,
     parse_pointwise,
@@ -45,6 +46,11 @@ def _split_usage(usage: Usage, n: int) -> list[Usage]:
         Usage(prompt_tokens=p + (pr if i == 0 else 0), completion_tokens=c + (cr if i == 0 else 0))
         for i in range(n)
     ]
+
+
+def _to_ask(query: Query) -> list[Passage]:
+    """``query``'s passages a judge is asked about: all but the blank ones."""
+    return [p for p in query.passages if not p.blank]
 
 
 @dataclass
@@ -117,14 +123,18 @@ class Asker:
 
     def first_prompts(self, query: Query) -> list[Prompt]:
         """The first-round prompts a query needs (:meth:`first_requests`, unrendered)."""
-        if self.mode != "listwise" or not query.passages:
-            return [self._pointwise_prompt(query, p) for p in query.passages]
-        return [self._listwise_prompt(query, list(query.passages))]
+        asked = _to_ask(query)
+        if self.mode != "listwise" or not asked:
+            return [self._pointwise_prompt(query, p) for p in asked]
+        return [self._listwise_prompt(query, asked)]
 
     async def verdicts(self, query: Query, repeat: int) -> list[Verdict]:
-        """One verdict per passage of ``query``, in rank order."""
+        """One verdict per passage of ``query``, in rank order (a blank passage's without a
+        call: ``empty_verdict``)."""
         if self.mode == "listwise" and query.passages:
-            verdicts = await self._listwise(query, list(query.passages), repeat)
+            verdicts = self._empty(query)
+            asked = _to_ask(query)
+            verdicts += await self._listwise(query, asked, repeat) if asked else []
         else:
             verdicts = []
             asks = self._asks(query, repeat, verdicts)
@@ -141,13 +151,13 @@ class Asker:
         in ``verdicts`` at once (a task per passage would cost a cached re-run more than
         reading its answers; a window, not the whole query, so that a query of 50,000
         passages holds no more prompts than the asks started need)."""
-        passages = query.passages
-        for start in range(0, len(passages), CACHED_WINDOW):
-            window = passages[start : start + CACHED_WINDOW]
-            prompts = [self._pointwise_prompt(query, p) for p in window]
+        verdicts.extend(self._empty(query))
+        ranked = [(rank, p) for rank, p in enumerate(query.passages, start=1) if not p.blank]
+        for start in range(0, len(ranked), CACHED_WINDOW):
+            window = ranked[start : start + CACHED_WINDOW]
+            prompts = [self._pointwise_prompt(query, p) for _, p in window]
             hits = self.ctx.caller.cached(prompts, repeat, self._point_reader)
-            found = zip(window, prompts, hits, strict=True)
-            for rank, (p, prompt, hit) in enumerate(found, start=start + 1):
+            for (rank, p), prompt, hit in zip(window, prompts, hits, strict=True):
                 if hit is not None and hit.value is not None:
                     verdicts.append(self._hit(p, rank, hit.call, hit.value))
                     told(verdicts[-1])
@@ -160,29 +170,42 @@ class Asker:
         and counts no hit: what a paid run stores as the query's verdict set (judging/memo.py)."""
         if self.mode == "listwise" and query.passages:
             return None
-        prompts = [self._pointwise_prompt(query, p) for p in query.passages]
+        ranked = [(rank, p) for rank, p in enumerate(query.passages, start=1) if not p.blank]
+        prompts = [self._pointwise_prompt(query, p) for _, p in ranked]
         hits = self.ctx.caller.cached(prompts, repeat, self._point_reader, count=False)
-        verdicts = []
-        for rank, (p, hit) in enumerate(zip(query.passages, hits, strict=True), start=1):
+        verdicts = self._empty(query, tell=False)
+        for (rank, p), hit in zip(ranked, hits, strict=True):
             if hit is None or hit.value is None:
                 return None
             verdicts.append(self._hit(p, rank, hit.call, hit.value))
+        verdicts.sort(key=lambda v: v.rank)
         return verdicts
+
+    def _empty(self, query: Query, *, tell: bool = True) -> list[Verdict]:
+        """The verdicts of ``query``'s blank passages, given without asking (``tell``: handed
+        on as made, as every verdict a unit makes is)."""
+        found = [
+            empty_verdict(self.scale, p, rank)
+            for rank, p in enumerate(query.passages, start=1)
+            if p.blank
+        ]
+        for verdict in found if tell else ():
+            told(verdict)
+        return found
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
         """The first-round requests a query needs, exactly as they would be sent."""
         options = self.shape.options()
-        if self.mode != "listwise" or not query.passages:
+        asked = _to_ask(query)
+        if self.mode != "listwise" or not asked:
             chats = [
                 self.pointwise_template.render_pointwise(query, p, self.scale, **options)
-                for p in query.passages
+                for p in asked
             ]
             params = self.pointwise_params
             return [ChatRequest(model=self.ctx.model, messages=m, params=params) for m in chats]
-        listwise = self.template.render_listwise(
-            query, numbered(query.passages), self.scale, **options
-        )
-        params = self._list(query.passages)
+        listwise = self.template.render_listwise(query, numbered(asked), self.scale, **options)
+        params = self._list(asked)
         return [ChatRequest(model=self.ctx.model, messages=listwise, params=params)]
 
     def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:

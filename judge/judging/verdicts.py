@@ -52,7 +52,7 @@ from pydantic import Field
 from judge.errors import ConfigError, ParseError
 from judge.judging.jsonscan import Node, values
 from judge.providers.base import Completion, Message
-from judge.schema import Record, Scale, ScaleLabel, Verdict, normalise_label
+from judge.schema import Passage, Record, Scale, ScaleLabel, Verdict, normalise_label
 
 __all__ = [
     "ID_KEYS",
@@ -61,6 +61,7 @@ __all__ = [
     "VERDICT_KEYS",
     "ListwiseParsed",
     "Parsed",
+    "empty_verdict",
     "ok_verdict",
     "parse_listwise",
     "parse_pointwise",
@@ -377,6 +378,26 @@ def ok_verdict(
         grade=grade,
         relevant=scale.relevant(grade),
         **fields,
+    )
+
+
+EMPTY_REASON = "the passage is empty: not relevant, judged without asking"
+
+
+def empty_verdict(scale: Scale, passage: Passage, rank: int) -> Verdict:
+    """The verdict of a blank passage (``Passage.blank``): the scale's lowest label, given
+    without a call. Nothing is paid to learn that nothing answers the query."""
+    label = min(scale.labels, key=lambda item: item.grade)
+    return ok_verdict(
+        scale,
+        passage.id,
+        rank,
+        label.name,
+        label.grade,
+        probability=0.0,
+        reason=EMPTY_REASON,
+        attempts=0,
+        source="empty",
     )
 
 

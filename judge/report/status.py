@@ -107,8 +107,9 @@ def trust_line(summary: Summary) -> str:
         health = "UNRELIABLE (" + " ".join(h.problems) + ")"
     elif not h.known:
         health = "unknown" + (" (no verdict was answered)" if c.verdicts else "")
-    elif c.ok < MIN_VERDICTS:  # the checks could not tell: nothing says it is ok
-        health = f"unknown (only {c.ok} ok verdicts: at least {MIN_VERDICTS} are needed to tell)"
+    elif c.ok - c.blank < MIN_VERDICTS:  # the checks could not tell: nothing says it is ok
+        given = c.ok - c.blank  # an empty passage's "no" was given without asking
+        health = f"unknown (only {given} ok verdicts: at least {MIN_VERDICTS} are needed to tell)"
     elif suspect := uninformative(summary):
         health = f"ok overall, but not informative on {', '.join(suspect)} (see the notes)"
     else:

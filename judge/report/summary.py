@@ -73,6 +73,8 @@ class Counts(Record):
     # Errors of passages a stopping run never sent (a signal, a budget, too many errors):
     # asked on the next run, not failures of the provider.
     not_sent: int = 0
+    # Verdicts of blank passages (no text to read): not relevant, given without a call.
+    blank: int = 0
     # Per engine: its distinct passages, and how many carried each signal (a verdict's
     # ``signals``: echo, sanitised) in any repeat.
     flagged: dict[str, dict[str, int]] = Field(default_factory=dict)
@@ -81,6 +83,15 @@ class Counts(Record):
         """The error verdicts in words: ``3 error`` (``3 error, 12 not sent`` apart)."""
         sent = self.error - self.not_sent
         return f"{sent} error" + (f", {self.not_sent} not sent" if self.not_sent else "")
+
+    def blank_words(self) -> str:
+        """The blank passages' verdicts in words ("" when none)."""
+        if not self.blank:
+            return ""
+        return (
+            f"{self.blank} verdict(s) of empty passages (no text): not relevant, without asking "
+            "the judge"
+        )
 
     def flag_lines(self) -> list[str]:
         """One line per engine with flagged passages, and one calling out an engine flagged
@@ -260,6 +271,7 @@ def counts(results: Sequence[JudgedQuery]) -> Counts:
             }
         ),
         flagged=_flagged(results),
+        blank=sum(1 for jq in results for v in jq.verdicts if v.source == "empty"),
         not_sent=sum(
             1
             for jq in results

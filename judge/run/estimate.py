@@ -76,6 +76,8 @@ class Estimate(Record):
     rerank_cached: int = 0
     reranker_passages: int = 0
     upper_bound: bool = False
+    # Blank passages (no text to read): judged not relevant without a call, per repeat.
+    blank_passages: int = 0
     # Batch mode: the cost with --batch (first-round verdicts at batch prices, [prices]
     # batch_factor or batch_*; what goes in real time at list price), whether this run is
     # batched ([run] batch), and the batch's worst case its budget must hold before submitting.
@@ -113,19 +115,21 @@ def estimate(
     answer_tokens = min(
         config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
     )
-    units = calls = cached = prompt = completion = passages = decided = 0
+    units = calls = cached = prompt = completion = passages = decided = blank = 0
     worst = Usage()
     seen: set[str] = set()
     listwise = config.judge.mode == "listwise"
     # Rendered once per query; only the repeat index (part of the key) differs per repeat.
     plan, cascade = _plan(judge, config, queries, cache_db)
+    blanks = [sum(p.blank for p in q.passages) for q, _, _ in plan]
     for repeat in range(config.run.repeats):
-        for q, prompts, n_llm in plan:
+        for (q, prompts, n_llm), n_blank in zip(plan, blanks, strict=True):
             if (q.query_id, q.engine, repeat) in done:
                 continue
             units += 1
             passages += len(q.passages)
-            decided += len(q.passages) - n_llm
+            blank += n_blank
+            decided += len(q.passages) - n_llm - n_blank
             per_call_answer = answer_tokens * (n_llm if listwise else 1)
             for ask in prompts:
                 key = judge.caller.key(ask, repeat)
@@ -168,6 +172,7 @@ def estimate(
         hedge_calls=hedges,
         tokens_per_passage=(prompt + completion) / passages if passages else 0.0,
         reranker_passages=decided,
+        blank_passages=blank,
         **extra.fields(),
         batch=config.run.batch,
         **(_batch_costs(price, batched, usage, worst) if _has_batch(config) else {}),
@@ -205,7 +210,11 @@ def _plan(
     """Each query's first LLM requests, and the cascade's rerank counts and upper-bound flag."""
     with_passages = [judge.fit(q) for q in queries if q.passages]
     if judge.cascade is None or judge.caller.reranker is None:
-        return [(q, judge.asker.first_prompts(q), len(q.passages)) for q in with_passages], {}
+        asked = [
+            (q, judge.asker.first_prompts(q), sum(not p.blank for p in q.passages))
+            for q in with_passages
+        ]
+        return asked, {}
     identity, model = judge.caller.reranker.identity, judge.cascade.model
     scores: dict[int, dict[str, float]] = {}
     for i, q in enumerate(with_passages):
@@ -233,7 +242,9 @@ def _plan(
                 masked = got.scores if got is not None else (0.0,) * len(above)
                 echoed = {p.id for p, s in zip(above, masked, strict=True) if s < floor}
             inside = tuple(
-                p for p in q.passages if band.side(scores[i][p.id]) == "band" or p.id in echoed
+                p
+                for p in q.passages
+                if not p.blank and (band.side(scores[i][p.id]) == "band" or p.id in echoed)
             )
             q_llm = q.model_copy(update={"passages": inside})
         else:

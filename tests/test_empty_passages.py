@@ -1,0 +1,173 @@
+"""Blank passages (no text a reader sees: empty, white space, zero-width characters) are judged
+not relevant without a call, in every path that would have paid for one: pointwise, listwise,
+the cascade's LLM band, the dry run's count, the cached re-run's verdict sets and the Python
+API. Against the loopback server, counting its requests."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from judge.data.datasets import read_results
+from judge.data.results import RESULTS_FILE
+from judge.judging.judge import Judge
+from judge.judging.verdicts import EMPTY_REASON
+from judge.schema import Passage
+from tests.servers import Answer, Item, Recorded, ScriptedServer, verdict_json
+from tests.test_cascade import calls
+from tests.test_cascade import write_config as cascade_config
+from tests.test_runner import write_config
+
+CHAT, RERANK = "/v1/chat/completions", "/v1/rerank"
+BLANKS = {"e1": "", "e2": "  \n\t ", "e3": "\u200b\ufeff \u2060"}
+
+
+def write_dataset(path: Path) -> Path:
+    """Two queries of one engine: each with two passages to read and the three blank ones
+    between them; a third query whose passages are all blank."""
+    rows = []
+    for q in range(2):
+        passages = [{"id": f"q{q}-a", "text": f"an answer to question {q}"}]
+        passages += [{"id": f"q{q}-{pid}", "text": text} for pid, text in BLANKS.items()]
+        passages += [{"id": f"q{q}-t", "text": " ", "title": f"a title about question {q}"}]
+        rows.append(
+            {"query_id": f"q{q}", "query": f"question {q}", "engine": "e", "passages": passages}
+        )
+    rows.append(
+        {
+            "query_id": "q9",
+            "query": "question 9",
+            "engine": "e",
+            "passages": [{"id": pid, "text": text} for pid, text in BLANKS.items()],
+        }
+    )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def says_yes(request: Recorded) -> Item:
+    """ "yes" to every passage asked about, pointwise or in a list (by its fenced id)."""
+    text = "\n".join(str(m.get("content", "")) for m in request.messages)
+    if '"verdicts"' not in text:
+        return Answer(verdict_json("yes"))
+    ids = [json.loads(raw) for raw in re.findall(r"<passage id=(\"[^\"]*\")>", text)]
+    return Answer(json.dumps({"verdicts": [{"id": i, "verdict": "yes"} for i in ids]}))
+
+
+def _is_blank(passage_id: str) -> bool:
+    return passage_id.rsplit("-", 1)[-1] in BLANKS
+
+
+def _config(tmp_path: Path, server: ScriptedServer, mode: str) -> Path:
+    dataset = write_dataset(tmp_path / "data.jsonl")
+    return write_config(
+        tmp_path / "run.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"judge": {"mode": mode}, "dataset": {"path": str(dataset), "label_scale": "binary"}},
+    )
+
+
+def test_the_passage_says_when_it_is_blank() -> None:
+    assert all(Passage(id="p", text=text).blank for text in BLANKS.values())
+    assert not Passage(id="p", text=" x ").blank
+    assert not Passage(id="p", text="", title="a title").blank
+    assert Passage(id="p", text="\u00a0", title="\u200b").blank  # no-break space, zero width
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "listwise"])
+def test_blank_passages_are_not_relevant_and_never_sent_or_paid(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mode: str,
+) -> None:
+    server = make_server(responder=says_yes)
+    config = _config(tmp_path, server, mode)
+    assert main(["run", str(config), "--out", str(tmp_path / "dry"), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    expected = 4 if mode == "pointwise" else 2  # two passages to read in each of two queries
+    assert f"{expected} calls (0 already cached)" in dry
+    assert "empty: 9 passage(s) have no text" in dry
+    assert not server.requests
+
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert len(server.requests) == expected
+    prompts = " ".join(r.prompt for r in server.requests)
+    assert "title^about" in prompts or "title about" in prompts  # a title alone is read
+    if mode == "listwise":  # each list holds only the two passages to read
+        assert all(len(re.findall(r"<passage id=", r.raw_prompt)) == 2 for r in server.requests)
+    rows = {jq.query.query_id: jq for jq in read_results(out / RESULTS_FILE)}
+    assert set(rows) == {"q0", "q1", "q9"}
+    for jq in rows.values():
+        assert [v.rank for v in jq.verdicts] == list(range(1, len(jq.verdicts) + 1))
+        for v in jq.verdicts:
+            assert v.status == "ok"
+            if _is_blank(v.passage_id):
+                assert (v.label, v.relevant, v.source) == ("no", False, "empty")
+                assert v.reason == EMPTY_REASON and v.usage.total == 0 and v.attempts == 0
+            else:
+                assert (v.label, v.source) == ("yes", "judge") and v.usage.total > 0
+    assert rows["q0"].metrics["relevancy_mean"] == pytest.approx(2 / 5)
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["counts"]["blank"] == 9 and summary["counts"]["ok"] == 13
+    assert summary["run"]["requests"] == expected
+    assert "empty: 9 verdict(s) of empty passages (no text): not relevant, without asking" in stdout
+    assert "Empty passages: 9 verdict(s)" in (out / "report.md").read_text(encoding="utf-8")
+    # The judge said "yes" to all it read: its health is read from those, not the blanks'.
+    assert "no to every" not in json.dumps(summary["health"])
+
+    # A cached re-run pays nothing, gives the same verdicts and counts only real cache hits.
+    again = tmp_path / "again"
+    assert main(["run", str(config), "--out", str(again)]) == 0
+    assert len(server.requests) == expected
+    rerun = {jq.query.query_id: jq for jq in read_results(again / RESULTS_FILE)}
+    for qid, jq in rows.items():
+        assert [(v.label, v.source) for v in rerun[qid].verdicts] == [
+            (v.label, v.source) for v in jq.verdicts
+        ]
+    rerun_summary = json.loads((again / "summary.json").read_text(encoding="utf-8"))
+    assert rerun_summary["run"]["cache_hits"] == expected  # answers found, not blanks
+
+
+def test_a_cascade_sends_no_blank_passage_to_the_llm_whatever_its_score(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    def scorer(query: str, document: str) -> float:
+        return 0.9 if not document.strip() else 0.5  # blank: above the band; the rest in it
+
+    server = make_server(scorer=scorer, responder=says_yes)
+    config = cascade_config(tmp_path, server, {"low": 0.3, "high": 0.7, "echo_floor": 0})
+    write_dataset(tmp_path / "data.jsonl")  # over the cascade helper's dataset
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    # The answers of q0 and q1 (a reranker scores text alone: the titled passage's blank text
+    # scores 0.9, above the band, and it is the reranker's).
+    assert calls(server, CHAT) == 2
+    assert calls(server, RERANK) == 3  # every query is scored, q9 too
+    for jq in read_results(out / RESULTS_FILE):
+        for v in jq.verdicts:
+            if _is_blank(v.passage_id):
+                assert (v.label, v.source, v.usage.total) == ("no", "empty", 0)
+            else:
+                assert v.source == ("reranker" if v.passage_id.endswith("-t") else "judge")
+
+
+def test_the_python_api_judges_a_blank_passage_without_asking(server: ScriptedServer) -> None:
+    with Judge(provider="local", model="judge-test", base_url=server.openai_base_url) as judge:
+        judged = judge.judge("what is rust?", ["", "Rust is a systems language.", " \u200b"])
+        assert len(server.requests) == 1
+        assert [(v.passage_id, v.source) for v in judged.verdicts] == [
+            ("1", "empty"),
+            ("2", "judge"),
+            ("3", "empty"),
+        ]
+        assert judge.judge("what is rust?", ["\n"]).verdicts[0].label == "no"
+        assert len(server.requests) == 1
