@@ -55,8 +55,13 @@ class CascadeSection(Record):
         return self
 
 
+# Presets of servers a user runs: they serve their own models, none of them the default's.
+_OWN_MODEL_SERVERS = {"local": "vLLM", "ollama": "Ollama", "llamacpp": "llama.cpp"}
+
+
 class JudgeSection(Record):
     provider: str = "openai"
+    # OpenAI's; a server the user runs (local, ollama, llamacpp) must be told its own.
     model: str = Field(default="gpt-4o-mini", min_length=1)
     scale: str = "binary"
     mode: Literal["pointwise", "listwise"] = "pointwise"
@@ -86,6 +91,20 @@ class JudgeSection(Record):
     params: SamplingParams = DEFAULT_PARAMS
     # Opt-in: the [rerank] provider decides the passages it is sure of (see CascadeSection).
     cascade: CascadeSection | None = None
+
+    @model_validator(mode="after")
+    def _model_for_own_server(self) -> JudgeSection:
+        """A server the user runs is not sent the default OpenAI model name: it would answer
+        every request 404 (vLLM, Ollama), or judge with whatever it has loaded under a name
+        the reports would carry (llama.cpp)."""
+        server = _OWN_MODEL_SERVERS.get(self.provider)
+        if server is not None and "model" not in self.model_fields_set:
+            raise ValueError(
+                f"model: not set, and provider '{self.provider}' is a server you run ({server}): "
+                f"name the model it serves (its GET /v1/models lists them); the default, "
+                f"'{self.model}', is OpenAI's"
+            )
+        return self
 
     @field_validator("sanitise", mode="before")
     @classmethod

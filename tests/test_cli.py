@@ -11,6 +11,8 @@ import pytest
 
 from judge.cli.main import main
 from judge.data.results import append_result
+from judge.errors import ConfigError
+from judge.judging.judge import Judge
 from judge.schema import JudgedQuery, Passage, Query, Verdict
 from tests.servers import ScriptedServer
 
@@ -70,7 +72,7 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
 def test_missing_dataset_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = write_config(tmp_path, '[judge]\nprovider = "local"\n')
+    config = write_config(tmp_path, '[judge]\nprovider = "local"\nmodel = "m"\n')
     assert main(["run", str(config), str(tmp_path / "nope.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "nope.jsonl" in err and "Traceback" not in err
@@ -295,3 +297,20 @@ def test_files_saved_the_windows_way_and_empty_names_are_said_plainly(
         assert main(command) == 2, command
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, (command, err)
+
+
+@pytest.mark.parametrize("provider", ["local", "ollama", "llamacpp"])
+def test_a_server_you_run_must_be_told_its_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], provider: str
+) -> None:
+    """The default model, OpenAI's, is never sent to a server the user runs: one line, before
+    anything is read or sent, and the Python API says the same."""
+    config = write_config(tmp_path, f'[judge]\nprovider = "{provider}"\n')
+    assert main(["validate", str(config), SAMPLE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(config) in err[0] and "model: not set" in err[0]
+    assert "GET /v1/models" in err[0]
+    with pytest.raises(ConfigError, match="model: not set"):
+        Judge(provider=provider)
+    named = write_config(tmp_path, f'[judge]\nprovider = "{provider}"\nmodel = "qwen2.5:7b"\n')
+    assert main(["validate", str(named), SAMPLE]) == 0
