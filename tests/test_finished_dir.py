@@ -9,6 +9,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from judge.cli.main import main
 from judge.report.finish import FINISHED_FILE
 from judge.report.history import list_runs
@@ -101,3 +103,41 @@ def test_the_reports_of_a_run_equal_those_made_again_from_its_results_file(
     assert [x for i, x in enumerate(first) if i not in dated] == [
         x for i, x in enumerate(again) if i not in dated
     ]
+
+
+def test_a_summary_made_again_without_config_is_made_with_the_runs_own(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`judge report --rebuild` without --config reads the config run.json names (its metrics
+    and thresholds are the config's alone; the default config had named another judge and
+    other metrics), from any working directory; a config gone or changed is one line."""
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text + '[metrics]\nnames = ["ap", "precision@3"]\n', encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    first = (out / "report.md").read_text(encoding="utf-8")
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["report", str(out), "--rebuild"]) == 0
+    assert (out / "report.md").read_text(encoding="utf-8") == first
+    again = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert again["metric_names"] == summary["metric_names"] == ["ap", "precision@3"]
+    assert again["config"] == summary["config"] and again["created"] == summary["created"]
+    capsys.readouterr()
+
+    config.write_text(config.read_text(encoding="utf-8").replace("judge-test", "other"))
+    assert main(["report", str(out), "--rebuild"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has changed since the run" in err[0] and "judge.model" in err[0]
+    config.unlink()
+    assert main(["report", str(out), "--rebuild"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --config" in err[0] and str(config) in err[0]
+    assert (out / "report.md").read_text(encoding="utf-8") == first  # nothing was rewritten

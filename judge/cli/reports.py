@@ -375,13 +375,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from judge.report.finish import complete_summary, summary_state
     from judge.report.history import history_rows_for_report, source_key
     from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
-    from judge.run.resume import RUN_FILE
+    from judge.run.resume import RUN_FILE, config_source
 
     out_dir = Path(args.run_dir)
     if not out_dir.is_dir():  # summary.json was read as results: "1794 input errors"
         raise ConfigError(f"{out_dir}: not a directory: give the run directory")
     results = load_results(out_dir)
     config = load_config(args.config) if args.config else None
+    named = args.config  # the config file the history is kept by
     summary_path = out_dir / SUMMARY_FILE
     state = summary_state(out_dir)
     if state in ("missing", "stale") and (out_dir / RUN_FILE).is_file():
@@ -399,15 +400,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         # Rebuilt, it keeps what the results cannot say: how the run went, and its dataset.
         old = load_summary(summary_path) if summary_path.exists() else None
         run, dataset = (old.run, old.dataset) if old else (None, None)
+        if config is None and (config := _the_runs_config(out_dir, config_source(out_dir))):
+            named = config_source(out_dir)
         try:
             summary, _ = complete_summary(config or load_config(None), results, run, dataset)
         except (ConfigError, InputError) as exc:
             if config is not None:
                 raise
             raise ConfigError(
-                f"{out_dir}: no {SUMMARY_FILE} to read, and the default config cannot "
-                f"summarise its results ({exc}): pass --config with the run's config"
+                f"{out_dir}: no run config is known, and the default config cannot summarise "
+                f"its results ({exc}): pass --config with the run's config"
             ) from None
+        if old is not None:  # the run's summary made again: still the run's date
+            summary = summary.model_copy(update={"created": old.created})
         write_summary(summary_path, summary)
     history_path = args.history or (config.history_path() if config else None)
     rows = []
@@ -418,11 +423,35 @@ def cmd_report(args: argparse.Namespace) -> int:
             summary.metric_names,
             args.last,
             max_drop=config.thresholds.max_drop if config else None,
-            source=source_key(args.config),
+            source=source_key(named),
         )
     for path in write_reports(out_dir, summary, results, history=rows, worst=args.worst):
         print(path)
     return 0
+
+
+def _the_runs_config(out_dir: Path, source: str | None) -> RunConfig | None:
+    """The config the run into ``out_dir`` was started with (run.json names it), to make its
+    summary again when --config names none: the metrics, thresholds and prices are the
+    config's alone, and the default config's would say other things of the same verdicts.
+    None when no run recorded one (a results file alone: the default config's summary)."""
+    from judge.run.resume import config_changes
+
+    if source is None or source.startswith("<"):
+        return None
+    if not Path(source).is_file():
+        raise ConfigError(
+            f"{out_dir}: its summary is made from the run's config, {source} (run.json), which "
+            "is not there from here: pass --config with it"
+        )
+    config = load_config(source)
+    if (changes := config_changes(out_dir, config)) is not None:
+        raise ConfigError(
+            f"{out_dir}: the run's config, {source}, has changed since the run ({changes}): "
+            "pass --config with the config the run used"
+        )
+    log.warning("%s: summary made again with the run's config, %s", out_dir, source)
+    return config
 
 
 def sparkline(values: Sequence[float | None]) -> str:

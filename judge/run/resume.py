@@ -167,6 +167,21 @@ def _run_file(out_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def config_source(out_dir: Path) -> str | None:
+    """The config file the run into ``out_dir`` was started with, as run.json names it."""
+    source = _run_file(out_dir).get("source")
+    return source if isinstance(source, str) and source else None
+
+
+def config_changes(out_dir: Path, config: RunConfig) -> str | None:
+    """How ``config`` differs from the one the run into ``out_dir`` was made with (None: it
+    does not, in what its fingerprint holds)."""
+    old = _run_file(out_dir).get("fingerprint")
+    if _settings(old) == _settings(config.fingerprint()):
+        return None
+    return describe_changes(old, config.fingerprint())
+
+
 def add_elapsed(out_dir: Path, seconds: float) -> float:
     """Add one invocation's ``seconds`` to the run directory's judging time (in run.json);
     return the total over every invocation since the directory was made (or ``--fresh``)."""
@@ -315,7 +330,7 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
         json.dumps(
             {
                 "fingerprint": fingerprint,
-                "source": config.source,
+                "source": _absolute(config.source),
                 "judge_version": __version__,
                 **elapsed,
             },
@@ -324,6 +339,14 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
         ),
         encoding="utf-8",
     )
+
+
+def _absolute(source: str | None) -> str | None:
+    """A config file's path made absolute (``<defaults>`` and None as they are): read again
+    from another working directory (``judge report --rebuild``)."""
+    if not source or source.startswith("<"):
+        return source
+    return str(Path(source).resolve())
 
 
 @contextlib.contextmanager
