@@ -218,3 +218,19 @@ def test_the_run_says_first_what_judge_compare_says_first() -> None:
     lead = headline_lines(comparison, "ndcg")
     assert lead[-1].startswith("largest significant change: b beats a on ap")
     assert list(summary.verdict[:-1]) == lead  # then the trust line
+
+
+@pytest.mark.parametrize(("b_value", "winner"), [(0.0, "b beats a"), (0.6, "a beats b")])
+def test_on_a_lower_is_better_metric_the_engine_with_less_wins(b_value: float, winner: str) -> None:
+    """near_dup rises as an engine gets worse: the sentence names the engine with less of it,
+    and its counts agree with the paired table's (they had named the other engine, 'better on
+    0 ... worse 7 of 7')."""
+    from judge.analysis.compare import paired_diff
+    from judge.report.compared import verdict_line
+
+    a = {f"q{q}": 0.3 + q / 100 for q in range(8)}
+    b = {q: b_value for q in a}
+    d = paired_diff("near_dup@5", ("b", b), ("a", a))
+    line = verdict_line(d)
+    assert line.startswith(f"{winner} on near_dup@5 (lower is better): ")
+    assert "better on 8, tied 0, worse 0 of 8 queries" in line

@@ -114,12 +114,15 @@ def verdict_line(d: PairedDiff) -> str:
             f"no significant difference between {d.engine} and {d.baseline} on {d.metric}: "
             f"{figures}, {counts}{few}"
         )
-    if d.diff > 0:
-        return f"{d.engine} beats {d.baseline} on {d.metric}: {figures}, {counts}"
+    # Wins and losses are counted in the metric's direction; the sign of diff is not.
+    lower = lower_is_better(d.metric)
+    said = f"{d.metric} (lower is better)" if lower else d.metric
+    if (d.diff < 0) if lower else (d.diff > 0):
+        return f"{d.engine} beats {d.baseline} on {said}: {figures}, {counts}"
     flipped = f"better on {d.losses}, tied {d.ties}, worse {d.wins} of {d.n} queries"
     mirrored = ci_text(-high, -low, signed=True)
     return (
-        f"{d.baseline} beats {d.engine} on {d.metric}: {_signed(-d.diff)} {mirrored}, "
+        f"{d.baseline} beats {d.engine} on {said}: {_signed(-d.diff)} {mirrored}, "
         f"{_p_short(d)}, {flipped}"
     )
 
