@@ -66,6 +66,23 @@ def _visible(text: str) -> bool:
     return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
 
 
+# Control characters (a terminal obeys ESC sequences; XML forbids most C0) and bidirectional
+# controls (they reorder the text after them), as a reader may see them.
+_UNSEEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(found: re.Match[str]) -> str:
+    code = ord(found.group(0))
+    return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as symbols (ESC as ␛), so printing it can
+    drive no terminal, and XML and Markdown carry it: passage text, a model's reason and an
+    engine's name come from outside. Tabs and line feeds are kept (a carriage return is shown)."""
+    return _UNSEEN.sub(_shown, text) if _UNSEEN.search(text) else text
+
+
 class Passage(Record):
     """One retrieved passage, in the engine's ranked order."""
 

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import io
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from judge.cli.common import (
     EXIT_BAD_INPUT,
@@ -32,6 +33,7 @@ from judge.cli.common import (
     print_dry_run,
 )
 from judge.errors import ConfigError, JudgeError, WriteError
+from judge.schema import printable
 from judge.version import __version__
 
 if TYPE_CHECKING:
@@ -256,16 +258,21 @@ def _step_summary(summary: Summary) -> None:
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:
         return
+    from judge.report.blocks import md_text  # names and sentences made of the user's text
+
     outcome = summary.outcome.status if summary.outcome else "judge run"
     reasons = summary.outcome.reasons if summary.outcome else ()
     names = list(summary.metric_names)
-    lines = [f"### {outcome} · judge", "", *(f"- **{r}**" for r in reasons)]
-    lines += [*(f"- {v}" for v in summary.verdict), ""]
-    lines += ["| engine | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = [f"### {outcome} · judge", "", *(f"- **{md_text(r)}**" for r in reasons)]
+    lines += [*(f"- {md_text(v)}" for v in summary.verdict), ""]
+    head = " | ".join(md_text(n) for n in names)
+    lines += [f"| engine | {head} |", "|---" * (len(names) + 1) + "|"]
     for engine, data in summary.engines.items():
         means = [data.mean(n) for n in names]
         lines.append(
-            f"| {engine} | " + " | ".join("—" if m is None else f"{m:.4f}" for m in means) + " |"
+            f"| {md_text(engine)} | "
+            + " | ".join("—" if m is None else f"{m:.4f}" for m in means)
+            + " |"
         )
     try:
         with open(path, "a", encoding="utf-8") as fh:
@@ -577,6 +584,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Printable(io.TextIOBase):
+    """A text stream that shows control characters as symbols (``printable``) before they
+    reach the terminal: commands print passages, queries, engine names and a model's reasons,
+    and an ESC sequence in one would drive the terminal (clear it, retitle it, hide lines)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+
 class _OneLine(logging.Formatter):
     """``judge: message``, a line per record: a library's traceback is left out (bad input or
     a broken environment is one line; ``--verbose`` keeps tracebacks)."""
@@ -585,7 +614,7 @@ class _OneLine(logging.Formatter):
         super().__init__("judge: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        record.message = record.getMessage()
+        record.message = printable(record.getMessage())
         return self.formatMessage(record)
 
 
@@ -611,10 +640,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP end a command as Ctrl-C does (one line, exit 3), not silently with
     # 143; a run takes all three over while it judges (run/runner.py).
     terminate = _as_interrupt()
+    stdout = sys.stdout
+    sys.stdout = _Printable(stdout)
     try:
         code: int = args.func(args)
     except JudgeError as exc:
-        print(f"judge: {exc}", file=sys.stderr)
+        print(f"judge: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("judge: interrupted; rerun the same command to resume", file=sys.stderr)
@@ -630,6 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for sig, previous in terminate.items():
             signal.signal(sig, previous)
+        if isinstance(sys.stdout, _Printable):  # a broken pipe left devnull in its place
+            sys.stdout = stdout
     return code
 
 

@@ -10,9 +10,12 @@ renderings; charts appear only in the HTML; a :class:`Link` cell jumps within th
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from judge.schema import printable
 
 _CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d232b}
 main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}h1{font-size:24px}
@@ -117,40 +120,48 @@ def format_value(value: Any) -> str:
 _PLAIN = frozenset({int, float, bool, type(None)})
 
 
-def _md(value: Any) -> str:
-    """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes escaped."""
+# What makes Markdown of plain text: a backslash escape, the "](" of a link or an image.
+_MD_SYNTAX = re.compile(r"\\|\](?=\()")
+
+
+def md_text(value: Any) -> str:
+    """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes, backslashes and
+    the bracket that closes a link's text escaped (no link or image made of text from
+    outside), controls shown."""
     if type(value) in _PLAIN:  # nothing to escape: most of a report's cells
         return format_value(value)
-    return html.escape(" ".join(format_value(value).split()), quote=False).replace("|", "\\|")
+    text = printable(" ".join(format_value(value).split()))
+    text = _MD_SYNTAX.sub(r"\\\g<0>", text)
+    return html.escape(text, quote=False).replace("|", "\\|")
 
 
 def render_markdown(header: Header, sections: Sequence[Section]) -> str:
     """The header, then the sections as Markdown; charts and folded tables are left out."""
-    out = [f"# {_md(header.title)}", ""]
-    out += [f"**{_md(line)}**  " for line in header.verdict[:-1]]
-    out += [f"{_md(header.verdict[-1])}", ""] if header.verdict else []
-    out += [f"- {_md(line)}" for line in header.lines]
-    out += ["", " · ".join(_md(m) for m in header.meta)] if header.meta else []
+    out = [f"# {md_text(header.title)}", ""]
+    out += [f"**{md_text(line)}**  " for line in header.verdict[:-1]]
+    out += [f"{md_text(header.verdict[-1])}", ""] if header.verdict else []
+    out += [f"- {md_text(line)}" for line in header.lines]
+    out += ["", " · ".join(md_text(m) for m in header.meta)] if header.meta else []
     prefix = {"h3": "### ", "quote": "> ", "bad": "**", "alert": "> **"}
     for section in sections:
         if all(isinstance(b, Chart) or getattr(b, "fold", None) for b in section.blocks):
             continue
-        out += ["", f"## {_md(section.title)}"]
+        out += ["", f"## {md_text(section.title)}"]
         for block in section.blocks:
             if isinstance(block, Text):
                 end = "**" if block.kind in {"bad", "alert"} else ""
-                out += ["", f"{prefix.get(block.kind, '')}{_md(block.text)}{end}"]
+                out += ["", f"{prefix.get(block.kind, '')}{md_text(block.text)}{end}"]
             elif isinstance(block, Table) and block.fold is None:
-                out += ["", "| " + " | ".join(_md(h) for h in block.head) + " |"]
+                out += ["", "| " + " | ".join(md_text(h) for h in block.head) + " |"]
                 out.append("|" + "---|" * len(block.head))
-                out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in block.rows]
+                out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in block.rows]
     return "\n".join(out) + "\n"
 
 
 def _e(value: Any) -> str:
     if type(value) in _PLAIN:
         return format_value(value)
-    return html.escape(format_value(value), quote=True)
+    return html.escape(printable(format_value(value)), quote=True)
 
 
 # Header names whose cells get a class of their own (wide text, the highlighted human label).

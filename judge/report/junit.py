@@ -16,12 +16,13 @@ from pathlib import Path
 from judge.data.lines import write_atomic
 from judge.report.status import describe_check
 from judge.report.summary import Summary
+from judge.schema import printable
 
 __all__ = ["write_junit"]
 
 
 def _case(suite: ET.Element, group: str, name: str) -> ET.Element:
-    return ET.SubElement(suite, "testcase", classname=f"judge.{group}", name=name)
+    return ET.SubElement(suite, "testcase", classname=f"judge.{group}", name=printable(name))
 
 
 def junit_xml(summary: Summary) -> bytes:
@@ -30,19 +31,20 @@ def junit_xml(summary: Summary) -> bytes:
     run = summary.run
     case = _case(suite, "run", "run complete")
     if run is not None and run.status != "complete":
-        ET.SubElement(case, "failure", message=f"incomplete: {run.reason or 'stopped'}")
+        ET.SubElement(case, "failure", message=printable(f"incomplete: {run.reason or 'stopped'}"))
     for check in summary.thresholds.checks:
         where = f" ({check.engine})" if check.engine else ""
         case = _case(suite, "thresholds", f"{check.check}{where}")
         if not check.ok:  # one that could not be evaluated and fails the run fails here too
             said = "breached" if check.evaluated else "not evaluated, counted as breached"
-            ET.SubElement(case, "failure", message=f"{said}: {describe_check(check)}")
+            ET.SubElement(case, "failure", message=printable(f"{said}: {describe_check(check)}"))
         elif not check.evaluated:
-            ET.SubElement(case, "skipped", message=f"not evaluated: {describe_check(check)}")
+            message = printable(f"not evaluated: {describe_check(check)}")
+            ET.SubElement(case, "skipped", message=message)
     for line in summary.verdict:
         name = line.split(":", 1)[0] if not line.startswith("Trust:") else "trust"
         case = _case(suite, "verdict", name)
-        ET.SubElement(case, "system-out").text = line
+        ET.SubElement(case, "system-out").text = printable(line)
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(c.find("failure") is not None for c in cases)))

@@ -377,8 +377,12 @@ def _row_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
             "nothing to judge"
         )
     texts: dict[str, tuple[str, str]] = {}  # query id -> its text, normalised, and where
+    engines: set[str] = set()
     for q in queries:
         where = q.source or f"query '{q.query_id}'"
+        if q.engine not in engines and (why := _unfit_engine(q.engine)):
+            problems.append(f"{where}: field 'engine': {_shown(q.engine)} {why}")
+        engines.add(q.engine)
         said = " ".join(q.query.casefold().split())
         first = texts.setdefault(q.query_id, (said, where))
         if first[0] != said:  # engines compared on different questions, paired as one
@@ -412,6 +416,18 @@ MAX_ID_CHARS = 512
 def _shown(text: str) -> str:
     """An id as an error shows it: its repr, a long one cut."""
     return repr(text) if len(text) <= 80 else repr(text[:60]) + "..."
+
+
+def _unfit_engine(name: str) -> str | None:
+    """What makes ``name`` unfit for an engine's name (None: nothing); reports, tables and the
+    console carry it, and the comparisons pair engines by it."""
+    if name != name.strip():
+        return "begins or ends with white space (another engine than the one without it)"
+    if found := _CONTROL.search(name):
+        return f"contains a control character (U+{ord(found.group(0)):04X})"
+    if len(name) > MAX_ID_CHARS:
+        return f"has {len(name)} characters (at most {MAX_ID_CHARS})"
+    return None
 
 
 def _unfit_id(text: str) -> str | None:
