@@ -273,8 +273,10 @@ def _relative_to(folder: Path, data: dict[str, Any]) -> None:
     for table, key in _PATH_KEYS:
         section = data.get(table)
         value = section.get(key) if isinstance(section, dict) else None
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            section[key] = os.path.normpath(folder / value)  # type: ignore[index]
+        if isinstance(value, str) and value:
+            home = os.path.expanduser(value)  # "~/runs": the user's, as a shell would say
+            absolute = home if Path(home).is_absolute() else os.path.normpath(folder / value)
+            section[key] = absolute  # type: ignore[index]
 
 
 def _toml_text(raw: bytes) -> str:
@@ -314,6 +316,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if path is not None:
         _relative_to(Path(path).parent, data)
     for key, value in (overrides or {}).items():
+        if isinstance(value, str) and tuple(key.split(".")) in _PATH_KEYS:
+            value = os.path.expanduser(value)  # from the command line: the current folder's
         _set_dotted(data, key, value)
     data["source"] = source
     try:

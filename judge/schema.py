@@ -464,6 +464,14 @@ class MetricPolicy(Record):
     grade_cuts: tuple[float, ...] | None = None
     authority: AuthorityTiers = AuthorityTiers()  # [metrics.authority]: judge/tiers.py
 
+    @field_validator("names")
+    @classmethod
+    def _each_once(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # every analysis keys its metrics by name: a second one is a second column
+            raise ValueError(f"each metric once: {', '.join(twice)} named more than once")
+        return names
+
     @field_validator("grade_cuts")
     @classmethod
     def _increasing(cls, cuts: tuple[float, ...] | None) -> tuple[float, ...] | None:

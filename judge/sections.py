@@ -223,6 +223,15 @@ class RunSection(Record):
     ray: str | None = None
     ray_shards: int = Field(default=0, ge=0, strict=True)
 
+    @model_validator(mode="after")
+    def _no_zero_budget(self) -> RunSection:
+        for key in ("max_cost", "max_tokens"):
+            if key in self.model_fields_set and getattr(self, key) == 0:
+                raise ValueError(
+                    f"{key}: 0 caps nothing (leave it out for no budget); give a cap above 0"
+                )
+        return self
+
 
 class ThresholdsSection(Record):
     min: dict[str, float] = Field(default_factory=dict)

@@ -257,3 +257,15 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     assert 1 <= len(answered) < 20  # each answer priced at its worst case, under the cap
     labels = verdict_labels(tmp_path / "o")
     assert labels and all(label is not None for label in labels.values())
+
+
+@pytest.mark.parametrize("flag", ["--max-cost", "--max-tokens"])
+def test_a_budget_of_zero_is_refused_not_taken_for_none(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """0 had meant "no budget": a user who passed it to spend nothing spent without limit."""
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), flag, "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "0 caps nothing" in err[0]
+    assert not server.requests

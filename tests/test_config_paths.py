@@ -33,6 +33,20 @@ def test_config_paths_follow_the_config_file_and_overrides_the_cwd(tmp_path: Pat
     assert load_config(config, {"dataset.path": "here.jsonl"}).dataset.path == "here.jsonl"
 
 
+def test_a_path_under_the_home_folder_is_the_users_not_a_folder_named_tilde(
+    tmp_path: Path,
+) -> None:
+    """ "~/..." in a config or on the command line is under the user's home (HOME is the
+    test's own: tests/conftest.py), as a shell says it; it had made a folder named "~"."""
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nout = "~/runs/x"\ncache = "~/c/cache.sqlite"\n', encoding="utf-8")
+    home = Path(os.environ["HOME"])
+    loaded = load_config(config)
+    assert loaded.run.out == str(home / "runs" / "x")
+    assert loaded.run.cache == str(home / "c" / "cache.sqlite")
+    assert load_config(config, {"run.history": "~/h.sqlite"}).run.history == str(home / "h.sqlite")
+
+
 def test_a_run_from_another_directory_finds_the_configs_dataset_and_writes_plain_files(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

@@ -141,3 +141,35 @@ def test_a_summary_made_again_without_config_is_made_with_the_runs_own(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pass --config" in err[0] and str(config) in err[0]
     assert (out / "report.md").read_text(encoding="utf-8") == first  # nothing was rewritten
+
+
+def test_the_files_a_run_writes_are_checked_before_it_pays(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own qrels.txt or notes in a folder no run was started in are not replaced, and
+    a report path that is a folder is found before paying (exit 3 after, else)."""
+    from judge.report.checks import WRITTEN
+    from judge.report.document import write_reports  # noqa: F401 -- owns report.md/.html
+    from judge.report.finish import FINISHED_FILE, QRELS_FILE
+    from judge.report.summary import SUMMARY_FILE
+
+    assert {SUMMARY_FILE, QRELS_FILE, FINISHED_FILE, "report.md", "report.html"} == set(WRITTEN)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "qrels.txt").write_text("q1 0 p1 3\n", encoding="utf-8")
+    (mine / "notes.txt").write_text("my notes\n", encoding="utf-8")
+    assert main(["run", str(config), "--out", str(mine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds qrels.txt, which no judge run there wrote" in err[0]
+    assert (mine / "qrels.txt").read_text(encoding="utf-8") == "q1 0 p1 3\n"
+    assert not server.requests
+
+    out = tmp_path / "out"
+    (out / "report.html").mkdir(parents=True)
+    assert main(["run", str(config), "--out", str(out)]) == 2
+    assert "report.html: is a directory" in capsys.readouterr().err
+    assert not server.requests
+    (out / "report.html").rmdir()
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    assert main(["run", str(config), "--out", str(out)]) == 0  # its own files: a rerun is fine

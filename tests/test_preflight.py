@@ -518,6 +518,7 @@ def test_one_file_for_cache_and_history_or_a_directory_as_either_is_refused_befo
         (['run.adaptive_concurrency="no"'], "run.adaptive_concurrency: Input should be a valid"),
         (["run.repeats=0"], "--set run.repeats: run.repeats: Input should be greater"),
         (["dataset.label_scale=grade"], "dataset.label_scale 'grade' is not one of"),
+        (['metrics.names=["ndcg", "ap", "ndcg"]'], "each metric once: ndcg named more than"),
     ],
 )
 def test_thresholds_no_run_can_meet_and_params_no_request_can_carry_are_refused(

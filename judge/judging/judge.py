@@ -188,7 +188,10 @@ def _policy(metrics: str | Sequence[str] | MetricPolicy) -> MetricPolicy:
         names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
         if not all(isinstance(n, str) for n in names):
             raise ConfigError(f"Judge: metrics: expected metric names, got {list(names)!r}")
-        metrics = MetricPolicy(names=names)
+        try:
+            metrics = MetricPolicy(names=names)
+        except ValidationError as exc:
+            raise ConfigError(f"Judge: {_problems(exc, 'metrics', 'metrics.')}") from None
     for name in metrics.names:
         parse_metric_name(name)  # ConfigError: unknown, with the valid names
     return metrics

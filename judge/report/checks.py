@@ -1,5 +1,6 @@
 """What the report stage would fail on once a run is paid for, checked before it is: a run
-history that cannot record the run, and the regression baseline read as the summary reads it.
+history that cannot record the run, the regression baseline read as the summary reads it,
+and the files a finished run writes into its directory.
 
 ``judge run`` and ``judge validate`` give :func:`report_problems` to judge/run/preflight.py.
 It is its own module so a run's first request does not wait for the report stage's imports
@@ -16,19 +17,49 @@ from pathlib import Path
 from judge.config import RunConfig
 from judge.errors import InputError
 from judge.report.history import history_problem
+from judge.run.resume import RUN_FILE
 from judge.schema import Query
 
 log = logging.getLogger(__name__)
 
 
-def report_problems(config: RunConfig, queries: Sequence[Query], first_night: bool) -> list[str]:
+def report_problems(
+    config: RunConfig, queries: Sequence[Query], first_night: bool, out_dir: Path | None = None
+) -> list[str]:
     """What would fail only once a run is paid for, found before it is (``judge run`` and
     ``judge validate`` give this to judge/run/preflight.py): a run history that cannot
-    record the run, and the regression baseline read as the summary reads it."""
+    record the run, the regression baseline read as the summary reads it, and the files the
+    run writes into ``out_dir`` (when given)."""
     where = config.source or "<config>"
     problems = _baseline_problems(config, queries, first_night)
     if problem := history_problem(config.history_path()):
         problems.append(f"{where}: run.history: {problem}")
+    return problems + (_output_problems(out_dir) if out_dir is not None else [])
+
+
+# What finishing a run writes into its directory (report/summary.py, report/document.py,
+# report/finish.py own these names; tests/test_finished_dir.py holds them to it). Named here,
+# not imported: this module stays light.
+WRITTEN = ("summary.json", "report.md", "report.html", "qrels.txt", "finished.json")
+
+
+def _output_problems(out_dir: Path) -> list[str]:
+    """A file the finished run would write that is a folder (found after paying, else), or a
+    user's file where a run would write one, in a directory no run was started in (no
+    run.json): it would be replaced without a word (a TREC user's own qrels.txt)."""
+    problems = [
+        f"{out_dir / name}: is a directory, where the run writes its {name}"
+        for name in WRITTEN
+        if (out_dir / name).is_dir()
+    ]
+    if (out_dir / RUN_FILE).exists():
+        return problems
+    theirs = [name for name in WRITTEN if (out_dir / name).is_file()]
+    if theirs:
+        problems.append(
+            f"{out_dir}: holds {', '.join(theirs)}, which no judge run there wrote (it has no "
+            f"{RUN_FILE}): a run would replace them; use another --out"
+        )
     return problems
 
 

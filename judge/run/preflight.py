@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_SHOWN = 20
 # A later stage's checks (see :func:`preflight`): (config, queries, first night) -> problems.
-Later = Callable[[RunConfig, Sequence[Query], bool], list[str]]
+Later = Callable[[RunConfig, Sequence[Query], bool, Path | None], list[str]]
 
 
 def preflight(
@@ -61,7 +61,8 @@ def preflight(
 
     ``out_dir`` None skips the writable-directory check (``judge validate`` without a run).
     ``later``: the checks of the stages after this one, which a run meets only once it is
-    paid for (the run history and the regression baseline: judge/report/checks.py
+    paid for (the run history, the regression baseline, the files it writes into the run
+    directory: judge/report/checks.py
     ``report_problems``), given by the command that runs them all; their problems are listed
     with these.
     """
@@ -70,7 +71,7 @@ def preflight(
     if out_dir is not None:
         problems += _writable(out_dir, "the run directory (--out)")
     if later is not None:
-        problems += later(config, queries, first_night)
+        problems += later(config, queries, first_night, out_dir)
     problems += _cascade_problems(config, queries)
     problems += _context_problems(config, queries)
     problems += _template_problems(config, queries)
