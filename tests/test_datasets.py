@@ -335,6 +335,7 @@ def test_trec_run_order_engine_override_and_query_sources(tmp_path: Path) -> Non
         ("q1 Q0 d0 1 2.0", None, "expected 6 columns"),
         ("q1 Q0 d0 1 high sys", "score", "not a number: 'high'"),
         ("qX Q0 d0 1 2.0 sys", "qid", "query 'qX' has no text"),
+        ("q1 Q0 d0 \u00b2 2.0 sys", "rank", "not an integer: '\u00b2'"),  # a digit int() refuses
     ],
 )
 def test_trec_run_errors_name_file_and_line(
@@ -391,3 +392,21 @@ def test_a_device_is_refused_not_read_until_memory_runs_out() -> None:
     """/dev/zero given as the dataset grew to 7 GB in 13 s, no output; a pipe still works."""
     with pytest.raises(InputError, match="a device, not a file of lines"):
         read_queries(Path("/dev/zero"))
+
+
+def test_a_key_given_twice_is_an_error_naming_line_and_key(tmp_path: Path) -> None:
+    """json.loads keeps the last of two equal keys: a line's second "passages" had replaced its
+    first without a word."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        '{"query": "q", "passages": [{"id": "p1", "text": "a"}]}\n'
+        '{"query": "q", "passages": [{"id": "p1", "text": "a"}], "passages": [{"id": "p2", '
+        '"text": "b"}]}\n'
+        '{"query": "q", "passages": [{"id": "p1", "text": "a", "text": "b"}]}\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(InputError) as err:
+        read_queries(path)
+    said = str(err.value)
+    assert f"{path}:2" in said and "key 'passages' given twice" in said
+    assert f"{path}:3" in said and "key 'text' given twice" in said

@@ -86,3 +86,6 @@ def test_qrels_reader_names_bad_lines(tmp_path: Path) -> None:
     path.write_text("q1 0 d1 2\nq1 0 d2 two\n")
     with pytest.raises(InputError, match=rf"^{path}:2: field 'grade': not an integer"):
         read_qrels(path)
+    path.write_text("q1 0 d1 \u00b2\n", encoding="utf-8")  # a digit to isdigit, not to int
+    with pytest.raises(InputError, match=rf"^{path}:1: field 'grade': not an integer"):
+        read_qrels(path)

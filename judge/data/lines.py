@@ -30,6 +30,7 @@ __all__ = [
     "Row",
     "Sink",
     "id_text",
+    "is_integer",
     "json_lines",
     "kind",
     "objects",
@@ -109,7 +110,12 @@ def json_lines(path: Path, sink: Sink) -> Iterator[tuple[int, Any]]:
     lines = text_lines(path, sink)
     for n, text in lines:
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=_once_each)
+        except _Twice as exc:
+            sink.error(
+                f"key '{exc.key}' given twice in one object (one would be lost)", str(path), n
+            )
+            continue
         except json.JSONDecodeError as exc:
             if n == 1 and text.lstrip().startswith("[") and _array_file(path, sink):
                 return
@@ -129,6 +135,34 @@ def json_lines(path: Path, sink: Sink) -> Iterator[tuple[int, Any]]:
             sink.error(_ARRAY_HINT, str(path), n)
             return
         yield n, value
+
+
+class _Twice(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, each key once (``json.loads`` keeps the last of two silently:
+    a line's second "passages" had replaced its first without a word)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Twice(key)
+            seen.add(key)
+    return found
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def is_integer(text: str) -> bool:
+    """Whether a column of a text file (a TREC rank, a qrels grade) is a whole number in ASCII
+    digits, as ``int`` reads it (``str.isdigit`` also takes "²", which ``int`` refuses)."""
+    return _INTEGER.fullmatch(text) is not None
 
 
 _ARRAY_HINT = (

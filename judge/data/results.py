@@ -21,7 +21,7 @@ from typing import IO, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from judge.config import RunConfig
-from judge.data.lines import Row, Sink, read_bytes, text_lines, write_atomic
+from judge.data.lines import Row, Sink, is_integer, read_bytes, text_lines, write_atomic
 from judge.errors import ConfigError, InputError
 from judge.schema import JudgedQuery, Query, Scale, VerdictStatus, share_row_fields
 
@@ -301,7 +301,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         cols = line.split()
         if len(cols) != 4:
             row.bad(None, f"expected 4 columns (qid iter docid grade), got {len(cols)}")
-        elif not cols[3].lstrip("-").isdigit():
+        elif not is_integer(cols[3]):
             row.bad("grade", f"not an integer: '{cols[3]}'")
         elif cols[2] in qrels.get(cols[0], {}):
             row.bad("docid", f"passage '{cols[2]}' graded twice for query '{cols[0]}'")

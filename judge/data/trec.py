@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from judge.data.lines import MISSING, Row, Sink, json_lines, objects, text_lines
+from judge.data.lines import MISSING, Row, Sink, is_integer, json_lines, objects, text_lines
 from judge.data.passages import DatasetReport, check_limit, counts, cut, read_store, split_columns
 from judge.schema import Passage, Query
 
@@ -74,7 +74,7 @@ def read_trec_run(
             continue
         qid, _, docid, rank, score, tag = cols
         ranked = lists.setdefault((qid, engine or tag), {})
-        if not rank.lstrip("-").isdigit():
+        if not is_integer(rank):
             row.bad("rank", f"not an integer: '{rank}'")
         if not _is_finite(score):
             row.bad("score", f"not a number: '{score}'")
