@@ -564,3 +564,38 @@ def test_engines_disagreeing_on_a_passage_are_said_not_refused(
     assert "passage 'p1' is another text in engine 'b' than in 'a'" in said
     assert "passage 'p1' is labelled 0 in engine 'b's row and 1 in 'a's" in said
     assert server.requests == []
+
+
+def test_validate_finds_what_the_run_would_refuse_a_template_that_does_not_load_and_a_cache(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`judge validate CONFIG DATASET` had said "ready to run" of a template with a syntax
+    error and of a cache that is not SQLite, both of which the run refuses."""
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    templates = tmp_path / "tmpl"
+    templates.mkdir()
+    (templates / "binary.pointwise.en.j2").write_text("broken {{ \n", encoding="utf-8")
+    for err in _both(
+        config, SAMPLE, tmp_path / "out", capsys, "--set", f"judge.template_dir={templates}"
+    ):
+        assert "judge.template_dir: template 'binary.pointwise.en.j2' line 1: syntax error" in err
+    mine = tmp_path / "mine.txt"
+    mine.write_text("not a cache\n", encoding="utf-8")
+    for err in _both(config, SAMPLE, tmp_path / "out", capsys, "--set", f"run.cache={mine}"):
+        assert "run.cache: " in err and "not a SQLite file" in err
+    assert mine.read_text(encoding="utf-8") == "not a cache\n" and server.requests == []
+
+
+def test_a_dataset_on_the_command_line_is_judged_over_the_configs_trec_run(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As validate says: the command line's dataset, with a warning (the run had refused it as
+    "[dataset] gives both path and trec_run", blaming a path the config never gave)."""
+    config = _trec_config(tmp_path, server, DATASETS / "sample.run")
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(SAMPLE), "--out", str(out), "--dry-run"]) == 0
+    assert "is judged, not [dataset] trec_run" in caplog.text
+    assert "dry run: 14 query-repeats" in capsys.readouterr().out  # the sample's 14 lists

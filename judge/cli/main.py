@@ -310,7 +310,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{result.path}: {result.n_queries} rows ({result.n_query_ids} query ids, "
         f"engines: {', '.join(result.engines) or '—'}), {result.n_passages} passages, "
         f"{result.n_labelled} rows with human labels, {result.n_truncated} truncated, "
-        f"{result.n_empty} empty"
+        f"{result.n_empty} rows without passages"
     )
     for problem in result.problems:
         print(f"note: {problem}")
@@ -321,7 +321,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if config is not None:
         out_dir = Path(args.out or config.run.out)
-        queries = load_queries(config, dataset)
+        queries = load_queries(config, dataset, said=True)  # its notes are printed above
         preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
         print(f"{config_path}: ready to run; no problems found")
     return EXIT_OK

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from judge.calling.cache import open_cache
+from judge.calling.cache_file import NotACache, check_sqlite
 from judge.calling.limits import Limits
 from judge.config import RunConfig
 from judge.data.nuggets import given_sets
@@ -122,6 +123,10 @@ def _config_problems(config: RunConfig) -> list[str]:
         problems += [f"{where}: {key}: {p}" for p in _writable(path.parent, str(path))]
         if path.is_dir():  # what the run would fail on, after paying (judge validate too)
             problems.append(f"{where}: {key}: {path} is a directory, not a file")
+    try:  # a run would refuse it when it opens the cache; validate says so too
+        check_sqlite(config.cache_path())
+    except NotACache as exc:
+        problems.append(f"{where}: run.cache: {exc}")
     if config.cache_path().resolve() == config.history_path().resolve():
         problems.append(f"{where}: run.cache and run.history are one file: give each its own")
     try:
@@ -284,6 +289,8 @@ def _template_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]
     try:
         with planning_only():
             judge = Judge.from_config(config, cache=open_cache(None))
+    except TemplateError as exc:  # one that does not load: its syntax, a block it lacks
+        return [f"{config.source or '<config>'}: judge.template_dir: {exc}"]
     except JudgeError:
         return []  # reported with the config problems
     problems: list[str] = []

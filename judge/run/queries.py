@@ -16,10 +16,13 @@ from judge.schema import Query
 log = logging.getLogger(__name__)
 
 
-def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
-    """The dataset named on the command line, else the config's [dataset]."""
+def load_queries(
+    config: RunConfig, dataset: str | None = None, *, said: bool = False
+) -> list[Query]:
+    """The dataset named on the command line, else the config's [dataset]; its notes (a
+    passage cut, a passage with no text) logged, unless ``said`` already (judge validate)."""
     ds = config.dataset
-    if ds.trec_run and ds.path:
+    if ds.trec_run and ds.path and dataset is None:  # a command line's dataset is judged
         raise ConfigError(
             f"{config.source}: [dataset] gives both path and trec_run: give one (which to judge?)"
         )
@@ -56,7 +59,7 @@ def load_queries(config: RunConfig, dataset: str | None = None) -> list[Query]:
         )
     except ConfigError as exc:  # the config's [dataset] settings: named by the config's path
         raise ConfigError(f"{config.source or '<config>'}: dataset.{exc}") from None
-    for problem in report.problems:
+    for problem in () if said else report.problems:
         log.warning("%s", problem)
     return list(report.queries)
 
