@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,8 @@ import pytest
 from judge.cli.main import main
 from judge.data.results import append_result
 from judge.schema import JudgedQuery, Passage, Query, Verdict
+from tests.servers import ScriptedServer, keyword_responder
+from tests.test_runner import write_config
 
 
 def _results(tmp_path: Path, grades: list[int], scale: str) -> Path:
@@ -74,3 +78,26 @@ def test_a_line_written_twice_counts_its_query_once(
     results.write_bytes(line + line)
     assert main(["metrics", str(results), "--metric", "precision"]) == 0
     assert _value(capsys.readouterr().out, "n") == "1"
+
+
+def test_metrics_of_a_run_directory_use_the_runs_policy_without_config(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --config the run's own policy, read from its summary.json (AP of a query with
+    nothing relevant as 0 here), so the numbers are the report's; --config still decides."""
+    server = make_server(responder=keyword_responder({"nothing": "yes"}, "no"))
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    config.write_text(
+        config.read_text(encoding="utf-8") + '[metrics]\nnames = ["ap"]\nundefined_ap = "zero"\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) in (0, 1)
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    capsys.readouterr()
+    assert main(["metrics", str(out / "verdicts.jsonl")]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[1:]
+    for line in printed:
+        engine, _, ap = line.split("\t")
+        assert float(ap) == pytest.approx(summary["engines"][engine]["metrics"]["ap"]["mean"])
+    assert any(float(line.split("\t")[2]) == 0.0 for line in printed)

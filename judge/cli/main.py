@@ -33,7 +33,7 @@ from judge.cli.common import (
     print_dry_run,
 )
 from judge.errors import ConfigError, JudgeError, WriteError
-from judge.schema import printable
+from judge.schema import MetricPolicy, printable
 from judge.version import __version__
 
 if TYPE_CHECKING:
@@ -360,14 +360,13 @@ def _validate_paths(paths: Sequence[str]) -> tuple[str | None, str | None]:
 def cmd_metrics(args: argparse.Namespace) -> int:
     from judge.data.results import latest_rows, read_results
     from judge.metrics.compute import metrics_for_queries
-    from judge.schema import MetricPolicy
 
     no_results = ConfigError(f"{args.results}: no results")
     # One row per (query, engine, repeat), the last written, as a run reads its results: a
     # line written twice (two files concatenated, a resumed unit) counted its query twice.
     read = lambda: latest_rows(read_results(args.results))  # noqa: E731
     config, results, scale = judged_input(args, read, no_results)
-    policy = config.metrics if config else MetricPolicy()
+    policy = config.metrics if config else _run_policy(Path(args.results)) or MetricPolicy()
     names = args.metric or (list(policy.names) if config else list(results[0].metrics))
     pairs = [(jq.query, jq.verdicts) for jq in results]
     reranked = [jq.rerank_scores for jq in results]
@@ -383,6 +382,21 @@ def cmd_metrics(args: argparse.Namespace) -> int:
             cells.append(f"{sum(values) / len(values):.4f}" if values else "—")
         print(f"{engine}\t{len(engine_rows)}\t" + "\t".join(cells))
     return EXIT_OK
+
+
+def _run_policy(results: Path) -> MetricPolicy | None:
+    """The metric policy of the run whose results file ``results`` is (its summary.json beside
+    it: undefined AP as 0, grade cuts, ...), so the metrics made again are the run's; None
+    when there is no readable summary there."""
+    from judge.report.summary import SUMMARY_FILE, load_summary
+
+    path = results.parent / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_summary(path).policy
+    except JudgeError:
+        return None
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:8px 1
 h2{font-size:18px;margin:10px 0}h3{font-size:15px;margin:16px 0 4px}blockquote{margin:4px 0}
 table{border-collapse:collapse;margin:6px 0;font-size:13px}th{background:#eef1f4}
 th,td{border:1px solid #d5d9de;padding:3px 7px;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{max-width:520px}
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.text{max-width:520px;overflow-wrap:anywhere}
 tr.relevant{background:#edf7ee}tr.failed{background:#fdecea}.muted{color:#667085}
 .bad{color:#b3261e;font-weight:600}.ok{color:#1b6e2f}svg.chart{width:100%;height:auto}
 section#warning{border:3px solid #b3261e;background:#fdecea}section#warning h2{color:#b3261e}

@@ -69,6 +69,12 @@ def _baseline_problems(config: RunConfig, queries: Sequence[Query], first_night:
     engine, or the wrong file)."""
     th = config.thresholds
     if not th.max_drop:
+        if th.baseline is not None and not Path(th.baseline).is_file() and not first_night:
+            log.warning(
+                "%s: thresholds.baseline not found: the report compares with no baseline (and "
+                "without thresholds.max_drop nothing is checked against one)",
+                th.baseline,
+            )
         return []
     where = config.source or "<config>"
     if th.baseline is None:
