@@ -70,9 +70,29 @@ def test_trec_eval_gives_our_ap_ndcg_and_precision(tmp_path: Path, scale: Scale)
 
 def test_pooled_ndcg_and_recall_are_trec_eval_over_the_pooled_qrels(tmp_path: Path) -> None:
     """With qrels pooled from both engines, trec_eval's nDCG@5 and R@5 are our pooled metrics
-    (the sample has no passage under two ids, so pooling by id alone is the same pool, and
-    the judge grades a passage the same whichever engine returned it, as the cache ensures)."""
+    (the sample has no passage under two ids, so pooling by id alone is the same pool), also
+    where the engines' verdicts on one passage differ: both take the grade most verdicts gave,
+    a tie going to the lower (the pool had taken the highest, qrels.txt the lower)."""
     rows = sample_results(repeats=1, nudge=False)
+    shared = {
+        (jq.query.query_id, v.passage_id): v.grade
+        for jq in rows
+        if jq.query.engine == "dense"
+        for v in jq.verdicts
+    }
+    changed = 0
+    for i, jq in enumerate(rows):
+        if jq.query.engine != "bm25":
+            continue
+        verdicts = list(jq.verdicts)
+        for j, v in enumerate(verdicts):
+            other = shared.get((jq.query.query_id, v.passage_id))
+            if other is not None and changed < 3:  # this engine's verdict says otherwise
+                grade = 3 if other < 3 else 0
+                verdicts[j] = v.model_copy(update={"grade": grade, "label": str(grade)})
+                changed += 1
+        rows[i] = jq.model_copy(update={"verdicts": tuple(verdicts)})
+    assert changed == 3
     write_qrels(tmp_path / "qrels.txt", rows)
     names = ["pooled_ndcg@5", "pooled_recall@5"]
     ours = pooled_metrics(rows, names, GRADED)

@@ -5,9 +5,11 @@ from it for a ranked list no one judged (TREC-style pooled evaluation at no cost
 
 Pooled metrics (``pooled_ndcg``, ``pooled_ndcg@k``, ``pooled_recall@k``) are computed per
 (query id, repeat) over the pool of every engine's ``ok`` verdicts; a pooled passage's grade
-is the highest grade any engine's verdict gave it. Then::
+is the one most of its verdicts gave it, a tie going to the lower (as qrels.txt grades it, so
+trec_eval over qrels.txt gives these numbers). Then::
 
-    pooled_ndcg@k   = DCG@k / IDCG@k, DCG over the engine's list, IDCG over the pool's
+    pooled_ndcg@k   = DCG@k / IDCG@k, DCG over the engine's list (each passage at the
+                      pool's grade), IDCG over the pool's
                       grades sorted descending (gain rel or 2^rel - 1, discount log2(i + 1))
     pooled_recall@k = |relevant pooled passages in the engine's top k| / |relevant in pool|
 
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from judge.data.results import majority_grade
 from judge.errors import ConfigError
 from judge.metrics.compute import Gain, metrics_for_queries, normalise_text
 from judge.schema import JudgedQuery, MetricPolicy, Query, Scale, Verdict
@@ -102,13 +105,12 @@ def _build_pool(rows: Sequence[JudgedQuery]) -> tuple[PassagePool, dict[tuple[st
     for jq in rows:
         for p in jq.query.passages:
             pool.add(p.id, p.text)
-    grades: dict[tuple[str, str], int] = {}
+    votes: dict[tuple[str, str], list[int]] = {}
     for jq in rows:
         for v in jq.verdicts:
             if v.status == "ok" and v.grade is not None:
-                root = pool.root(v.passage_id)
-                grades[root] = max(grades.get(root, 0), v.grade)
-    return pool, grades
+                votes.setdefault(pool.root(v.passage_id), []).append(v.grade)
+    return pool, {root: majority_grade(grades) for root, grades in votes.items()}
 
 
 def pooled_metrics(
@@ -139,8 +141,9 @@ def pooled_metrics(
                 root = pool.root(v.passage_id)
                 fresh = root not in seen
                 seen.add(root)
-                grades.append(v.grade if fresh else 0)
-                hits.append(fresh and scale.relevant(v.grade))
+                grade = pooled[root]  # the pool's grade, as trec_eval reads qrels.txt
+                grades.append(grade if fresh else 0)
+                hits.append(fresh and scale.relevant(grade))
             for name, spec in parsed:
                 if spec is None:
                     raise ConfigError(f"'{name}' is not a pooled metric")

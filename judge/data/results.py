@@ -239,8 +239,9 @@ def stale_units(
     return {key for key in done if key[:2] in changed}
 
 
-def _majority(grades: Sequence[int]) -> int:
-    """The most frequent grade; a tie goes to the lower grade (the cautious call)."""
+def majority_grade(grades: Sequence[int]) -> int:
+    """The most frequent grade; a tie goes to the lower grade (the cautious call). What
+    qrels.txt gives a passage graded differently (repeats, engines), and the pooled metrics."""
     if len(grades) == 1:  # one repeat, one engine: most qrels
         return grades[0]
     counts = Counter(grades)
@@ -249,7 +250,7 @@ def _majority(grades: Sequence[int]) -> int:
 
 
 REPEAT_POLICIES: dict[str, Callable[[Sequence[int]], int]] = {
-    "majority": _majority,
+    "majority": majority_grade,
     "max": lambda grades: max(grades),
     "min": lambda grades: min(grades),
 }
