@@ -23,8 +23,8 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Engines of known quality: the good one ranks its answering passage ("pale") first, the
-    others last. The verdict names the better engine on ndcg@10 first everywhere, then a
-    trust line; engines that never differ get "no query differs", not a phantom winner."""
+    others last. The verdict names the better engine on ndcg@10 first everywhere, each other
+    engine against the best one, then a trust line."""
     server = make_server(responder=keyword_responder({"pale": "yes"}, "no"))
     rows = []
     for q in range(12):
@@ -57,10 +57,10 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     verdict = summary["verdict"]
     assert verdict[0].startswith("good beats bad on ndcg@10: +")
     assert "p < 0.001, better on 12, tied 0, worse 0 of 12 queries" in verdict[0]
-    assert verdict[1] == (
-        "no query differs between twin and bad on ndcg@10 "
-        "(better on 0, tied 12, worse 0 of 12 queries)"
-    )
+    # Three engines: each is compared with the best on the primary metric (twin and bad tie
+    # with each other; each falls short of good on every query).
+    assert verdict[1].startswith("good beats twin on ndcg@10: +")
+    assert "better on 12, tied 0, worse 0 of 12 queries" in verdict[1]
     assert verdict[-1].startswith("Trust: judge health ")
     assert "0 unparsed and 0 error of 108 verdicts" in verdict[-1]
     stdout = capsys.readouterr().out.strip().splitlines()
@@ -81,6 +81,10 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     assert ("judge.thresholds", "unparsed_rate") in cases
     assert ("judge.verdict", "good beats bad on ndcg@10") in cases
     assert (suite.get("tests"), suite.get("failures")) == (str(len(cases)), "0")
+    # judge compare on the run leads with the run's own sentences.
+    assert main(["compare", str(out)]) == 0
+    lead = capsys.readouterr().out.splitlines()
+    assert lead[: len(verdict) - 1] == verdict[:-1]
 
 
 def test_junit_marks_breached_and_unevaluated_checks_and_an_incomplete_run(

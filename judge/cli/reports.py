@@ -272,6 +272,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
     _say_other_questions(results)
+    if len(args.sources) == 1 and args.baseline is None and len(runs) == 1:
+        from judge.report.document import leading_engine
+
+        args.baseline = leading_engine(runs[0])  # the run's own verdict's (3 engines or more)
     order, base, pairs = plan(args.sources, results, args.baseline)
     first = runs[0].stability if runs else None
     cmp = compare(

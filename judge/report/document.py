@@ -28,6 +28,7 @@ from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare
 from judge.analysis.stability import StabilityReport
 from judge.data.lines import write_atomic
+from judge.metrics.facts import lower_is_better
 from judge.report.blocks import (
     Chart,
     Header,
@@ -39,7 +40,7 @@ from judge.report.blocks import (
     render_html,
     render_markdown,
 )
-from judge.report.compared import ci_text, compare_section, nightly_section
+from judge.report.compared import ci_text, compare_section, nightly_section, primary_metric
 from judge.report.coverage import coverage_section, credibility_section
 from judge.report.history import HistoryRow
 from judge.report.human import agreement_section, corrected_section
@@ -69,10 +70,24 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
         results,
         list(dict.fromkeys([*summary.metric_names, *DEFAULT_POOLED])),
         summary.config.scale,
+        baseline=leading_engine(summary),
         n_boot=summary.stability.n_boot,
         seed=summary.stability.seed,
         policy=summary.policy,
     )
+
+
+def leading_engine(summary: Summary) -> str | None:
+    """Of three engines or more, the one the others are compared with: the best on the
+    primary metric, so the verdict says how each falls short of it (or does not); two
+    engines keep their order (None: the first by name)."""
+    metric = primary_metric(summary.metric_names, summary.policy.primary)
+    means = {e: data.mean(metric) for e, data in summary.engines.items()} if metric else {}
+    known = {e: m for e, m in means.items() if m is not None}
+    if len(summary.engines) < 3 or not known or metric is None:
+        return None
+    pick = min if lower_is_better(metric) else max
+    return pick(sorted(known), key=lambda e: known[e])
 
 
 def _paid(summary: Summary) -> str:
