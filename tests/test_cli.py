@@ -233,7 +233,7 @@ def test_run_exits_1_naming_each_breached_threshold(
     # and the breaches still exit 1.
     assert (outcome["status"], outcome["exit_code"]) == ("JUDGE UNRELIABLE", 1)
     captured = capsys.readouterr()
-    assert "judged 78 passages of 14 queries x 1 repeat(s): 78 ok" in captured.out
+    assert "judged 78 passages of 14 ranked lists (9 queries) x 1 repeat(s): 78 ok" in captured.out
     assert re.search(r"^  bm25: relevancy_mean \d\.\d{4}", captured.out, re.M)
     breaches = [line for line in captured.err.splitlines() if "threshold breached" in line]
     assert sorted(breaches) == [

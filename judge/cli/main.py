@@ -192,7 +192,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             f"{out_dir} (--fresh starts over)"
         )
     print(
-        f"judged {c.verdicts} passages of {c.queries} queries x {c.repeats} repeat(s): "
+        f"judged {c.verdicts} passages of {c.queries} ranked lists ({c.query_ids} queries) x "
+        f"{c.repeats} repeat(s): "
         f"{c.ok} ok, {c.unparsed} unparsed, {c.failed_words()}; "
         f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
     )
