@@ -331,3 +331,27 @@ def test_import_judge_imports_none_of_the_table_libraries() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_row_without_its_position_or_a_column_given_twice_is_refused(
+    yes_if_pale: ScriptedServer,
+) -> None:
+    """A Phoenix row with no document_position had left its query's passages in row order,
+    ranked metrics computed on it unsaid; a frame with two 'text' columns had judged one of
+    them, the other lost."""
+    frame = pd.DataFrame(
+        {
+            "context.span_id": ["s1", "s1", "s1"],
+            "document_position": [2, None, 1],
+            "input": ["why so wan?"] * 3,
+            "reference": ["dog food", "pale gums", "pale and tired"],
+        }
+    )
+    with make_judge(yes_if_pale) as j, pytest.raises(InputError) as caught:
+        j.judge_many(frame, columns="phoenix", progress=False)
+    said = str(caught.value)
+    assert "rows:2: field 'document_position': missing" in said and "order" in said
+    twice = pd.DataFrame([["q", "a", "b"]], columns=["query", "text", "text"])
+    with make_judge(yes_if_pale) as j, pytest.raises(InputError, match="'text' given more"):
+        j.judge_many(twice, progress=False)
+    assert not yes_if_pale.requests

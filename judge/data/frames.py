@@ -188,21 +188,43 @@ def _grouped(
     ]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     starts: dict[tuple[Any, ...], int] = {}
+    lines: dict[int, int] = {}  # id(row) -> its row number, for a row with no position
     for n, row in enumerate(rows, start=1):
         key = tuple(_key(row.get(k)) for k in keys)
         if key in groups:
             _same_query(row, groups[key][0], n, starts[key], ours, name)
         groups.setdefault(key, []).append(row)
         starts.setdefault(key, n)
+        lines[id(row)] = n
     out = []
     for key, members in groups.items():
-        if order is not None and all(isinstance(m.get(order), int | float) for m in members):
+        if order is not None and any(order in m for m in members):
+            _check_positions(members, order, name, lines)
             members = sorted(members, key=lambda m: m[order])
         first = members[0]
         row = {k: v for k, v in first.items() if k not in inner and k != order}
         row["passages"] = [{k: v for k, v in m.items() if k in inner} for m in members]
         out.append((starts[key], row))
     return out
+
+
+def _check_positions(
+    members: Sequence[dict[str, Any]], order: str, name: str, lines: Mapping[int, int]
+) -> None:
+    """InputError naming the first of a query's rows whose position (``order``) is missing or
+    not a number while others have one: its passages' order is not known (they had been
+    judged in row order, unsaid, and ranked metrics computed on that order)."""
+    for m in members:
+        value = m.get(order)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            shown = "missing" if value is None else f"{value!r}, not a number"
+            raise InputError(
+                f"{shown}, while other rows of the same query give their position: the order "
+                "of its passages is not known",
+                file=name,
+                line=lines[id(m)],
+                field=order,
+            )
 
 
 def _same_query(
@@ -276,6 +298,12 @@ def as_table(rows: Any) -> Table | None:
         if any(name is not None for name in rows.index.names):
             rows = rows.reset_index()
         columns = tuple(str(c) for c in rows.columns)
+        if len(set(columns)) < len(columns):  # to_dict keeps one of them, unsaid
+            twice = sorted({c for c in columns if columns.count(c) > 1})
+            raise InputError(
+                f"rows: column(s) {', '.join(map(repr, twice))} given more than once: one of "
+                "each would be read and the other lost; rename or drop them"
+            )
         return Table("rows", columns, _cells(rows.to_dict(orient="records")))
     if splits is not None and isinstance(rows, splits):
         raise InputError(
