@@ -11,10 +11,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from opentelemetry import trace
@@ -382,3 +385,67 @@ def test_reranker_calls_are_spans_too(
         assert span.attributes["gen_ai.operation.name"] == "rerank"
         assert span.attributes["gen_ai.provider.name"] == "rerank"
         assert span.parent is not None and span.parent.span_id in unit_ids
+
+
+class _EchoingServer(ThreadingHTTPServer):
+    """Answers every chat request 400 with the request's messages quoted, as a validating
+    server (vLLM, FastAPI) may: the error text holds the passages."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                said = {"error": {"message": f"invalid request: {raw.decode()}", "type": "bad"}}
+                payload = json.dumps(said).encode()
+                self.send_response(400)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *_args: Any) -> None:
+                """Silent."""
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=10)
+
+
+def _all_text(span: ReadableSpan) -> str:
+    """Every string a span carries: attributes, events' attributes, status description."""
+    return " ".join([*_strings(span), span.status.description or ""])
+
+
+@pytest.mark.parametrize("include_text", [False, True])
+def test_an_error_that_quotes_the_request_puts_no_text_in_a_span_unless_asked(
+    tmp_path: Path, spans: InMemorySpanExporter, include_text: bool
+) -> None:
+    """A server's 400 quoting the prompt: the SDK's defaults had put the passages in each
+    failed call's exception event and status; the spans say the kind, and the error status,
+    and the message only with include_text."""
+    server = _EchoingServer()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        fake = cast(ScriptedServer, SimpleNamespace(openai_base_url=url))  # its URL is read
+        extra = "[telemetry]\ninclude_text = true\n" if include_text else ""
+        config = _config(tmp_path, fake, extra)
+        assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 3
+    finally:
+        server.close()
+    found = spans.get_finished_spans()
+    (run,) = _named(found, "judge run")
+    assert run.status.status_code is StatusCode.ERROR and run.attributes["judge.stopped_by"]
+    calls = _named(found, "chat")
+    assert calls and all(c.status.status_code is StatusCode.ERROR for c in calls)
+    secret = "moon's gravity"  # a passage's words (ROWS)
+    quoted = [s.name for s in found if secret in _all_text(s)]
+    if include_text:
+        assert any("exception.message" in (e.attributes or {}) for c in calls for e in c.events)
+    else:
+        assert not quoted, quoted
+        assert all(e.name != "exception" for s in found for e in s.events)

@@ -213,9 +213,17 @@ def _include_text() -> bool:
 
 
 def _failed(span: Span, exc: BaseException) -> None:
-    """``error.type`` on ``span``: a provider failure's kind, else the exception's class."""
+    """``error.type`` on ``span`` (a provider failure's kind, else the exception's class) and
+    an error status. The message, which may quote the request (a server's 400 echoes the
+    prompt), only with text capture on: no text is in a span unless asked."""
+    from opentelemetry.trace import Status, StatusCode  # a tracer provider is set: installed
+
     kind = exc.kind if isinstance(exc, ProviderError) else type(exc).__name__
     span.set_attribute("error.type", kind)
+    said = f"{kind}: {exc}" if _include_text() else kind
+    span.set_status(Status(StatusCode.ERROR, said))
+    if _include_text():
+        span.record_exception(exc)
 
 
 class _OtelSpans(Spans):
@@ -232,7 +240,11 @@ class _OtelSpans(Spans):
         call). An SDK error ending it is said too, never raised: telemetry never fails the
         judging it watches."""
         try:
-            manager = self._tracer.start_as_current_span(name, **kwargs)
+            # The SDK's default records an exception's message and traceback, which may quote
+            # passages; _failed says what it may instead.
+            manager = self._tracer.start_as_current_span(
+                name, record_exception=False, set_status_on_exception=False, **kwargs
+            )
             span = manager.__enter__()
         except Exception as exc:
             _broken_span(exc)
@@ -343,9 +355,12 @@ def _finished(span: Span, state: RunState) -> None:
         }
     )
     if state.stopped_by is not None:
+        from opentelemetry.trace import Status, StatusCode
+
         span.set_attribute("judge.stopped_by", state.stopped_by)
         span.set_attribute("error.type", state.stopped_by)
-    if state.reason is not None:
+        span.set_status(Status(StatusCode.ERROR, f"stopped: {state.stopped_by}"))
+    if state.reason is not None and _include_text():  # it may quote a provider's answer
         span.set_attribute("judge.stop_reason", state.reason)
 
 

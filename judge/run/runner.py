@@ -149,20 +149,20 @@ async def run_async(
         try:
             with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
-            latest = recorded | batch.written
+                latest = recorded | batch.written
+                failed = sum(1 for statuses in latest.values() if "error" in statuses)
+                if failed and batch.reason is None:  # said on the run's span too
+                    example = f" (for example: {batch.first_error})" if batch.first_error else ""
+                    batch.stop(
+                        f"{failed} of {len(latest)} query-repeats have passages that ended in "
+                        f"provider errors{example}; rerun to ask them again",
+                        "errors",
+                    )
             settle_partial(out_dir, batch.partial - latest.keys())  # unfinished units' stay
             if keep is not None and not lines:
                 keep.extend(latest_rows(batch.kept))
             if lines > len(recorded) or recorded.keys() & batch.written.keys():
                 compact_results(results_path)  # one line per unit: drop the superseded ones
-            failed = sum(1 for statuses in latest.values() if "error" in statuses)
-            if failed and batch.reason is None:
-                example = f" (for example: {batch.first_error})" if batch.first_error else ""
-                batch.stop(
-                    f"{failed} of {len(latest)} query-repeats have passages that ended in "
-                    f"provider errors{example}; rerun to ask them again",
-                    "errors",
-                )
         finally:
             batch.keep_ledger()
             elapsed = add_elapsed(out_dir, time.monotonic() - start)
