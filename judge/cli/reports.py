@@ -244,6 +244,16 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
     return code
 
 
+def _leader(args: argparse.Namespace, runs: Sequence[Summary]) -> str | None:
+    """One run of three engines or more: the engine its own verdict compares the others with
+    (the best on the primary metric), so compare leads as the run did; else None."""
+    if len(args.sources) != 1 or len(runs) != 1:
+        return None
+    from judge.report.document import leading_engine
+
+    return leading_engine(runs[0])
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from judge.data.datasets import read_trec_run
 
@@ -272,11 +282,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
     _say_other_questions(results)
-    if len(args.sources) == 1 and args.baseline is None and len(runs) == 1:
-        from judge.report.document import leading_engine
-
-        args.baseline = leading_engine(runs[0])  # the run's own verdict's (3 engines or more)
-    order, base, pairs = plan(args.sources, results, args.baseline)
+    order, base, pairs = plan(args.sources, results, args.baseline or _leader(args, runs))
     first = runs[0].stability if runs else None
     cmp = compare(
         results,
