@@ -215,7 +215,13 @@ def test_a_dollar_cap_without_a_price_is_refused_before_any_call(
 @pytest.mark.parametrize("provider", ["local", "dashscope"])
 @pytest.mark.parametrize(
     ("usage", "name"),
-    [((-1_000_000, -5), "negative"), (("100", "ten"), "text"), ((2.7, 3), "fractional")],
+    [
+        ((-1_000_000, -5), "negative"),
+        (("100", "ten"), "text"),
+        ((2.7, 3), "fractional"),
+        ((0, 0), "zero"),
+        (None, "missing"),
+    ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_cap(
@@ -224,19 +230,22 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
-    usage: tuple[Any, Any],
+    usage: tuple[Any, Any] | None,
     name: str,
     provider: str,
 ) -> None:
     """A server whose usage counts are not counts neither lifts the budget (a negative count
-    was a negative spend: all 56 requests went out past the cap, on either wire protocol) nor
-    costs the verdict (text counts failed the answer, retried six times): the answer is kept
-    and counted at the worst case its request reserved."""
+    was a negative spend, and no usage or zero counts no spend: every request went out past
+    the cap, on either wire protocol) nor costs the verdict (text counts failed the answer,
+    retried six times): the answer is kept and counted at the worst case its request
+    reserved."""
     inner = hashed_responder()
 
     def odd(request: Recorded) -> Item:
         answer = inner(request)
         assert isinstance(answer, Answer)
+        if usage is None:
+            return dataclasses.replace(answer, usage_left_out=True)
         return dataclasses.replace(answer, usage=usage)
 
     server = make_server(responder=odd)

@@ -54,6 +54,7 @@ class Answer:
     tokens: tuple[Tok, ...] | None = None
     scores: tuple[float, ...] | None = None
     usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens)
+    usage_left_out: bool = False  # no "usage" in the chat answer at all
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def _openai_chat(answer: Answer, request: Recorded) -> Any:
     choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason}
     choice["logprobs"] = _logprobs(answer, request)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion}
-    return {
+    body = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
         "created": 1700000000,
@@ -286,6 +287,7 @@ def _openai_chat(answer: Answer, request: Recorded) -> Any:
         "choices": [choice],
         "usage": {**usage, "total_tokens": prompt + completion},
     }
+    return {k: v for k, v in body.items() if k != "usage" or not answer.usage_left_out}
 
 
 def _dashscope_chat(answer: Answer, request: Recorded) -> Any:
@@ -295,11 +297,12 @@ def _dashscope_chat(answer: Answer, request: Recorded) -> Any:
     if (logprobs := _logprobs(answer, request)) is not None:
         choice["logprobs"] = logprobs
     usage = {"input_tokens": prompt, "output_tokens": completion}
-    return {
+    body = {
         "output": {"choices": [choice]},
         "usage": {**usage, "total_tokens": prompt + completion},
         "request_id": str(uuid.uuid4()),
     }
+    return {k: v for k, v in body.items() if k != "usage" or not answer.usage_left_out}
 
 
 def _ranked(answer: Answer, top_n: Any) -> list[dict[str, Any]]:

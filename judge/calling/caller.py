@@ -721,8 +721,9 @@ class Caller:
         if lane not in self._said_usage:
             self._said_usage.add(lane)
             log.warning(
-                "the %s provider's answers report token usage that is not a count (negative, "
-                "fractional or text): each is counted at its request's worst case",
+                "the %s provider's answers report token usage that is not a count (none, "
+                "zero, negative, fractional or text): each is counted at its request's worst "
+                "case",
                 lane,
             )
 

@@ -115,6 +115,19 @@ def read_usage(counts: Any, *names: str) -> tuple[Usage, bool]:
     return Usage(prompt_tokens=prompt or 0, completion_tokens=rest[0] if rest else 0), True
 
 
+def read_chat_usage(counts: Any, prompt: str, completion: str, text: str) -> tuple[Usage, bool]:
+    """:func:`read_usage` for a chat answer, where no usage is not "nothing spent": a missing
+    or null ``usage``, no prompt tokens, or no completion tokens for an answer with text is
+    unknown too (the Caller counts the request's worst case, as reserved: a server that
+    reports nothing had let a run pass every budget)."""
+    if counts is None:
+        return Usage(), False
+    usage, known = read_usage(counts, prompt, completion)
+    if known and (usage.prompt_tokens == 0 or (text and usage.completion_tokens == 0)):
+        return Usage(), False
+    return usage, known
+
+
 def rerank_fields(request: RerankRequest) -> dict[str, Any]:
     """What every rerank protocol sends; ``top_n`` at most (by default) the documents' count."""
     count = len(request.documents)

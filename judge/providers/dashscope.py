@@ -44,6 +44,7 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    read_chat_usage,
     read_usage,
     rerank_fields,
     sampling_fields,
@@ -248,9 +249,11 @@ class DashScopeProvider(_DashScopeBase):
             choice = response.output.choices[0]
             # Counts that are not counts (negative, text) leave the usage unknown: the Caller
             # counts the request's worst case, never a negative spend that lifts the budget.
-            usage, known = read_usage(response.usage, "input_tokens", "output_tokens")
+            text = _text(choice.message.content if choice.message else None)
+            counts = response.usage
+            usage, known = read_chat_usage(counts, "input_tokens", "output_tokens", text)
             return Completion(
-                text=_text(choice.message.content if choice.message else None),
+                text=text,
                 model=request.model,
                 finish_reason=choice.finish_reason,
                 logprobs=_logprobs(choice),

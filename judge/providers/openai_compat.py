@@ -40,8 +40,8 @@ from judge.providers.base import (
     classify_by_type,
     parse_retry_after,
     read_api_key,
+    read_chat_usage,
     read_json_answer,
-    read_usage,
     redirect_message,
     sampling_fields,
     status_decision,
@@ -187,10 +187,12 @@ def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     try:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
-        usage, known = read_usage(data.get("usage"), "prompt_tokens", "completion_tokens")
+        text = choice["message"].get("content") or ""
+        counts = data.get("usage")
+        usage, known = read_chat_usage(counts, "prompt_tokens", "completion_tokens", text)
         return Completion.model_validate(
             {
-                "text": choice["message"].get("content") or "",
+                "text": text,
                 "model": data.get("model") or model,
                 "finish_reason": choice.get("finish_reason"),
                 "logprobs": _tokens(logprobs["content"]) if logprobs.get("content") else None,
