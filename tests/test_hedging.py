@@ -188,8 +188,9 @@ def test_a_provider_slower_for_everyone_is_not_abandoned_and_paid_twice() -> Non
     turns slower for every request, each attempt was abandoned at it and sent again, and the
     provider answered (and billed) both: while most of the latest attempts were abandoned,
     attempts get timeout_s, until the answers bring the p95 up to date. Some hung requests
-    among fast answers keep the short deadline."""
-    tail = Tail(Limits(timeout_s=60.0))
+    among fast answers keep the short deadline, as does a burst of them while answers come."""
+    now = [0.0]
+    tail = Tail(Limits(timeout_s=60.0), clock=lambda: now[0])
     for _ in range(100):
         tail.answered(0.05)
     assert tail.deadline(1) == 1.0
@@ -198,8 +199,10 @@ def test_a_provider_slower_for_everyone_is_not_abandoned_and_paid_twice() -> Non
         for _ in range(9):
             tail.answered(0.05)
     assert tail.deadline(1) == 1.0
-    for _ in range(11):  # slower for everyone: most attempts of late abandoned
+    for _ in range(11):  # most attempts of late abandoned, in a burst: not yet told apart
         tail.abandoned()
+    assert tail.deadline(1) == 1.0
+    now[0] += 2.0  # and no answer within a deadline since: slower for everyone
     assert tail.deadline(1) == 60.0
     for _ in range(20):  # its answers come (at 1.5 s) and the p95 catches up
         tail.answered(1.5)
@@ -231,3 +234,32 @@ def test_a_request_hung_before_the_p95_was_known_gets_its_deadline_once_it_is() 
     (jq,) = got
     assert [v.status for v in jq.verdicts] == ["ok"] * 60
     assert len(srv.requests) == 63  # the three hung, asked once more each
+
+
+def test_a_provider_that_hangs_on_half_its_requests_is_not_taken_for_one_gone_dark() -> None:
+    """Half the requests hang (retries too) while the rest are answered in 0.1 s: once the
+    p95 is known the first wave's deadlines are shortened and expire together. They had
+    counted as timeouts at the full timeout_s, sixteen in a row made the provider "stopped
+    answering: timed out after 60 s", and the run stopped in about 3 s, most passages
+    errors. They are abandoned attempts, asked again."""
+    hang = Fault("hang", seconds=120)
+    with ScriptedServer(latency=0.1, fault_rate=0.5, faults=[hang], seed=3) as srv:
+        judge = Judge(
+            provider="local",
+            model="m",
+            base_url=srv.openai_base_url,
+            limits=Limits(concurrency=64, timeout_s=60.0, hedge_share=0, backoff_base_s=0.01),
+        )
+        got: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: got.append(judge.judge("kettles", [f"p {i}" for i in range(160)])),
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout=50)  # a hang guard
+        assert not worker.is_alive(), "the hung requests were held to timeout_s"
+        judge.close()
+    (jq,) = got
+    statuses = Counter(v.status for v in jq.verdicts)
+    assert statuses["ok"] >= 150, statuses  # six attempts each: a few may fail them all
+    assert judge.caller.stats.unreachable is None

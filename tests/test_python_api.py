@@ -816,3 +816,27 @@ def test_ids_and_label_keys_are_read_alike_however_they_come() -> None:
         ]
     )
     assert (q.query_id, q.passages[0].id, q.labels) == ("5", "1", {"1": 1})
+
+
+def test_a_judge_that_could_not_reach_its_server_asks_again_once_it_is_up() -> None:
+    """A Judge that once met a closed port had refused every later call at once ("cannot
+    reach"), sending nothing, though the server was up by then."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    judge = Judge(
+        provider="local",
+        model="m",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        limits={"backoff_base_s": 0.01},
+    )
+    try:
+        with pytest.raises(ProviderError, match="cannot reach|refuses every request"):
+            judge.judge("what is rust?", ["Rust is a systems language.", "Bananas."])
+        with ScriptedServer(port=port) as srv:
+            got = judge.judge("what is rust?", ["Rust is a systems language."])
+            assert [v.status for v in got.verdicts] == ["ok"] and len(srv.requests) == 1
+    finally:
+        judge.close()

@@ -639,6 +639,7 @@ class Caller:
         if left is not None and not left.done():  # (done: its watcher was cancelled)
             left.set_result(None)
         deadline = self._deadline(tail, attempt)
+        timeout: asyncio.Timeout | None = None
         try:
             async with asyncio.timeout(deadline) as timeout:
                 tail.watch(timeout, attempt)
@@ -652,7 +653,7 @@ class Caller:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
             spent = billed_on_failure(exc, kind, spent)
             self.stats.worst_counted += spent.total > 0
-            self._failed(exc, kind, lane, attempt, hedge, deadline)
+            self._failed(exc, kind, lane, attempt, hedge, sent, tail.cut(timeout))
             raise
         finally:
             self.budget.settle(reservation, spent)
@@ -665,12 +666,24 @@ class Caller:
         return answer
 
     def _failed(
-        self, exc: BaseException, kind: str, lane: str, attempt: int, hedge: bool, deadline: float
+        self,
+        exc: BaseException,
+        kind: str,
+        lane: str,
+        attempt: int,
+        hedge: bool,
+        sent: float,
+        cut: bool = False,
     ) -> None:
-        """What a failed request (given ``deadline`` seconds) tells the counters, the lane's
-        limit and tail, and the checks for a provider never reached or never answering."""
-        if kind == "timeout" and deadline < self.limits.timeout_s:
-            self.tails[lane].abandoned()  # given up at the tail's deadline
+        """What a failed request (sent at ``sent``, perf_counter) tells the counters, the lane's
+        limit and tail, and the checks for a provider never reached or never answering. A
+        timeout is the tail's deadline or the full ``timeout_s`` by how long it waited, not by
+        the deadline it was sent with: the first attempts' deadlines are shortened once the
+        p95 is known (they had counted as hung for timeout_s, and a provider answering half
+        its requests in 0.1 s was said to have stopped answering for 60 s). ``cut``: one of
+        those, which tells nothing of the provider's pace now (Tail.abandoned)."""
+        if kind == "timeout" and time.perf_counter() - sent < 0.9 * self.limits.timeout_s:
+            self.tails[lane].abandoned(early=cut)  # given up at the tail's deadline
         elif kind == "timeout":
             self._dark(exc)  # at the full timeout_s
         unsent = never_sent(exc)

@@ -16,6 +16,7 @@ import contextvars
 import math
 import statistics
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -372,7 +373,8 @@ class Tail:
       concurrency limit does not shrink for it. Doubling on each retry keeps a provider that
       became slow for every request reachable while the p95 catches up, and while most of the
       latest :data:`SHIFT_WINDOW` attempts were abandoned (slow for all, not hung for some) the
-      deadline is ``timeout_s``: abandoning would pay each answer twice. Without history, or
+      deadline is ``timeout_s`` when no answer came within a deadline either (slow for all,
+      not hung for some): abandoning would pay each answer twice. Without history, or
       for a model on this machine (``local``: its latency is our own CPU), it is ``timeout_s``;
       an attempt sent before the history is given the p95's deadline once the p95 is known
       (:meth:`watch`): one hung among the first answers held the run for ``timeout_s``.
@@ -384,7 +386,9 @@ class Tail:
       0`` or ``local``: never.
     """
 
-    def __init__(self, limits: Limits, *, local: bool = False) -> None:
+    def __init__(
+        self, limits: Limits, *, local: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.timeout_s = limits.timeout_s
         self.fixed_s = limits.attempt_timeout_s
         self.share = 0.0 if local else limits.hedge_share
@@ -394,14 +398,18 @@ class Tail:
         self._saved = 0.0  # hedges earned and not yet spent
         # The latest attempts' ends: True for one abandoned at its deadline (see deadline).
         self._ends: deque[bool] = deque(maxlen=SHIFT_WINDOW)
+        self._clock = clock
+        self._last_answer: float | None = None  # when the latest answer came (clock)
         # Attempts sent before the p95 was known (deadline timeout_s): (their timeout, when
         # they left, which attempt), given the p95's deadline once it is (see watch).
         self._early: list[tuple[asyncio.Timeout, float, int]] = []
+        self._cut: weakref.WeakSet[asyncio.Timeout] = weakref.WeakSet()  # those shortened
 
     def answered(self, latency_s: float) -> None:
         self._recent.append(latency_s)
         self._p95 = None
         self._ends.append(False)
+        self._last_answer = self._clock()
         if self._early and len(self._recent) >= TAIL_HISTORY:
             self._shorten()
 
@@ -420,10 +428,20 @@ class Tail:
                 continue
             with contextlib.suppress(RuntimeError):  # ended meanwhile: nothing to shorten
                 timeout.reschedule(min(when, sent + self.deadline(attempt)))
+                self._cut.add(timeout)
 
-    def abandoned(self) -> None:
-        """An attempt given up at its deadline (its answer, if it comes, is paid all the same)."""
-        self._ends.append(True)
+    def cut(self, timeout: asyncio.Timeout | None) -> bool:
+        """Whether ``timeout`` is one sent before the p95 was known and shortened to its
+        deadline once it was (:meth:`watch`)."""
+        return timeout is not None and timeout in self._cut
+
+    def abandoned(self, *, early: bool = False) -> None:
+        """An attempt given up at its deadline (its answer, if it comes, is paid all the same).
+        ``early``: one of the first wave, its deadline shortened once the p95 was known; they
+        expire together, and would read as a provider slower for all (:meth:`_shifted`) just
+        as the answers show it is not: not counted among the latest attempts' ends."""
+        if not early:
+            self._ends.append(True)
 
     @property
     def p95(self) -> float | None:
@@ -437,18 +455,31 @@ class Tail:
         """Seconds attempt ``attempt`` (1 for a call's first) may take before it is abandoned."""
         if self.fixed_s > 0:
             base = self.fixed_s
-        elif self.local or (p95 := self.p95) is None or self._shifted():
+        elif self.local or (p95 := self.p95) is None:
             return self.timeout_s
         else:
             base = max(ATTEMPT_FLOOR_S, ATTEMPT_P95 * p95)
-        return min(self.timeout_s, base * 2.0 ** max(0, attempt - 1))
+            if self._shifted(base):
+                return self.timeout_s
+        # Doubled on each retry, so a provider turning slower stays reachable; not while some
+        # attempts are abandoned and the rest are answered (a call hung five times had waited
+        # 1 + 2 + 4 + 8 + 16 s for a provider answering everything else at once).
+        grow = 1.0 if any(self._ends) and self._answering(base) else 2.0
+        return min(self.timeout_s, base * grow ** max(0, attempt - 1))
 
-    def _shifted(self) -> bool:
-        """Most of the latest attempts were abandoned: the provider is slower for every
-        request, not hung for some, and the p95 of its answers is out of date. Abandoning more
-        would pay for each answer twice (a 20x slower provider: 7% of bodies answered twice),
-        so attempts get timeout_s until its answers bring the p95 up to date."""
-        return sum(self._ends) * 2 > SHIFT_WINDOW
+    def _answering(self, within: float) -> bool:
+        """Whether an answer came in the last ``within`` seconds."""
+        return self._last_answer is not None and self._clock() - self._last_answer < within
+
+    def _shifted(self, base: float) -> bool:
+        """Most of the latest attempts were abandoned and no answer came within a deadline
+        (``base``): the provider is slower for every request, not hung for some, and the p95
+        of its answers is out of date. Abandoning more would pay for each answer twice (a 20x
+        slower provider: 7% of bodies answered twice), so attempts get timeout_s until its
+        answers bring the p95 up to date. A provider that hangs on half its requests keeps
+        answering the rest: its hung attempts are abandoned (they had been held to timeout_s,
+        a minute each, whenever a burst of them expired together)."""
+        return sum(self._ends) * 2 > SHIFT_WINDOW and not self._answering(base)
 
     def hedge_after(self) -> float | None:
         """Seconds without an answer after which an attempt is hedged (None: never)."""

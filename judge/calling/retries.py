@@ -52,6 +52,13 @@ class CallStats:
     # Passages a listwise judge asked one by one: their list's answers did not judge them.
     asked_alone: int = 0
 
+    def reachable_again(self) -> None:
+        """Forget that the provider was unreachable: a Python API call is asked anew (a Judge
+        that once met a closed port had refused every later call at once, the server up)."""
+        self.unreachable = None
+        self.unconnected = self.silent = self.dark = 0
+        self.errors["not_api"] = 0
+
     def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
         """Before any success, once ``count`` (of one kind of failure) reaches ``limit``, the
         provider is unreachable, ``why()`` saying so: every call after fails at once (a closed

@@ -456,6 +456,7 @@ class Judge:
     ) -> JudgedQuery:
         """Judge every passage of ``query`` (a Query, or a query text plus ``passages``)."""
         self._check_open()
+        self.caller.stats.reachable_again()  # a server down before may be up now
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
             raise InputError(f"repeat: expected a whole number >= 0, got {repeat!r}")
         judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
@@ -522,6 +523,7 @@ class Judge:
         a ProviderError. Progress is a tqdm bar on stderr: plain text, which a terminal and a
         Jupyter cell both show as one updating line."""
         self._check_open()
+        self.caller.stats.reachable_again()  # a server down before may be up now
         work = self._judge_many(rows, repeats, progress, label_scale, columns)
         try:
             return await self._loop.call(work)
