@@ -833,7 +833,7 @@ def test_a_judge_that_could_not_reach_its_server_asks_again_once_it_is_up() -> N
         limits={"backoff_base_s": 0.01},
     )
     try:
-        with pytest.raises(ProviderError, match="cannot reach|refuses every request"):
+        with pytest.raises(ProviderError, match=r"cannot reach|refuses every request"):
             judge.judge("what is rust?", ["Rust is a systems language.", "Bananas."])
         with ScriptedServer(port=port) as srv:
             got = judge.judge("what is rust?", ["Rust is a systems language."])
