@@ -19,7 +19,7 @@ import pytest
 
 from judge.errors import NotTheApiError, ProviderConfigError, ResponseError
 from judge.providers import make_chat_provider, make_rerank_provider, resolve_spec
-from judge.providers.base import RetryDecision
+from judge.providers.base import ProviderSpec, ProviderStatusError, RetryDecision
 from judge.providers.openai_compat import OpenAICompatProvider
 from judge.providers.rerank import HTTPRerankProvider
 from tests.provider_harness import CHAT, PROTOCOLS, RERANK, call_once, chat_spec, complete, run
@@ -273,3 +273,37 @@ def test_an_unasked_event_stream_is_named_as_one() -> None:
     stream = b'data: {"choices": [{"delta": {"content": "yes"}}]}\n\ndata: [DONE]\n\n'
     with pytest.raises(NotTheApiError, match="answered with a stream of server-sent events"):
         read_json_answer(stream, "http://h/v1/chat/completions", "a chat completion")
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            {"object": "error", "message": "The model `m1` does not exist.", "code": 404},
+            "an error in a 200 answer from http://h/v1/chat/completions: The model `m1`",
+        ),
+        ({"id": "x", "choices": []}, "with no choices (nothing answered)"),
+        ([{"choices": []}], "a JSON list, not an object"),
+    ],
+)
+def test_a_200_answer_that_is_not_a_completion_says_what_it_is(body: object, said: str) -> None:
+    """vLLM's error object with a 200 had been "malformed ...: 'choices'" and retried six
+    times (each billed by a real provider); empty choices "list index out of range"."""
+    from judge.providers.openai_compat import to_completion
+
+    with pytest.raises((ResponseError, ProviderStatusError)) as caught:
+        to_completion(json.dumps(body).encode(), "m1", "http://h/v1/chat/completions")
+    assert said in str(caught.value)
+    if isinstance(caught.value, ProviderStatusError):  # final: the server's own words
+        spec = ProviderSpec(kind="openai", base_url="http://h/v1")
+        provider = OpenAICompatProvider(spec)
+        assert provider.classify(caught.value) == RetryDecision(retry=False, kind="client")
+
+
+def test_a_404_names_the_url_it_came_from(server: ScriptedServer) -> None:
+    """A base_url whose path is mistyped: the 404 said only "scripted failure 404"."""
+    base = server.openai_base_url.replace("/v1", "/v2")
+    provider = OpenAICompatProvider(ProviderSpec(kind="openai", base_url=base))
+    with pytest.raises(ProviderStatusError) as caught:
+        complete(provider, CHAT)
+    assert "/v2/chat/completions" in str(caught.value) and caught.value.status == 404

@@ -177,12 +177,21 @@ _NOT_THE_API = "is base_url the API's root? (for most OpenAI-compatible servers 
 
 def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     """:func:`to_completion` of a body already read as JSON (a batch output line holds one)."""
-    if isinstance(data, dict) and "choices" not in data and data.get("error"):
-        # An error object with a success status (some gateways answer so): the server's own
-        # words, final as its status says (a 200 is a client error here), not "malformed".
-        message, code = _error_of(json.dumps(data).encode())
+    if isinstance(data, dict) and "choices" not in data and (
+        data.get("error") or data.get("object") == "error"
+    ):
+        # An error object with a success status (some gateways answer so; vLLM's is
+        # {"object": "error", "message": ...}): the server's own words, final as its status
+        # says (a 200 is a client error here), not "malformed" and retried.
+        message, code = _error_of(json.dumps({"error": data.get("error") or data}).encode())
         raise ProviderStatusError(
             f"an error in a 200 answer from {where}: {message}", status=200, code=code
+        )
+    if isinstance(data, dict) and data.get("choices") == []:
+        raise ResponseError(f"a chat completion from {where} with no choices (nothing answered)")
+    if not isinstance(data, dict):
+        raise ResponseError(
+            f"not a chat completion from {where}: a JSON {type(data).__name__}, not an object"
         )
     try:
         choice = data["choices"][0]
@@ -238,9 +247,9 @@ def _lean_headers(api_key: str) -> dict[str, str]:
     return headers
 
 
-def _status_error(response: Response) -> ProviderStatusError:
+def _status_error(response: Response, where: str = "") -> ProviderStatusError:
     """An error status as the SDK reads it: the body's error message, Retry-After (seconds or
-    an HTTP date) else retry-after-ms, and the request id."""
+    an HTTP date) else retry-after-ms, and the request id; a 404 names ``where`` (the URL)."""
     headers = response.headers
     retry_after = parse_retry_after(headers.get("retry-after"))
     millis = parse_retry_after(headers.get("retry-after-ms"))
@@ -250,6 +259,8 @@ def _status_error(response: Response) -> ProviderStatusError:
         where = redirect_message(response.status, headers.get("location"))
         return ProviderStatusError(where, status=response.status)
     message, code = _error_of(response.content)
+    if response.status == 404:  # a base_url's path mistyped, or a model it does not serve
+        message = f"{message or 'not found'} (at {where})" if where else message
     return ProviderStatusError(
         message or "no message",
         status=response.status,
@@ -342,7 +353,7 @@ class OpenAICompatProvider:
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             response = await self._lean.post("/chat/completions", data.encode(), timeout=timeout)
             if response.status >= 300:  # a redirect too: named, not followed (base.py)
-                raise _status_error(response)
+                raise _status_error(response, self._chat_url)
             return to_completion(response.content, request.model, self._chat_url)
         # The SDK's documented way to POST a body we built ourselves: the same request as
         # chat.completions.create, without re-walking every field through its type
