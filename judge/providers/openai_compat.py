@@ -177,8 +177,10 @@ _NOT_THE_API = "is base_url the API's root? (for most OpenAI-compatible servers 
 
 def _completion(data: Any, model: str, where: str = "the server") -> Completion:
     """:func:`to_completion` of a body already read as JSON (a batch output line holds one)."""
-    if isinstance(data, dict) and "choices" not in data and (
-        data.get("error") or data.get("object") == "error"
+    if (
+        isinstance(data, dict)
+        and "choices" not in data
+        and (data.get("error") or data.get("object") == "error")
     ):
         # An error object with a success status (some gateways answer so; vLLM's is
         # {"object": "error", "message": ...}): the server's own words, final as its status
