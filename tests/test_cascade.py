@@ -631,3 +631,22 @@ def test_a_side_reranker_that_keeps_failing_stops_the_run_incomplete_naming_it(
     assert "Traceback" not in err
     assert (out / "summary.json").exists()
     assert calls(server, RERANK) >= 2
+
+
+def test_a_side_reranker_scores_each_query_once_and_the_dry_run_counts_it(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """[rerank] without a cascade (for rerank_*): the dry run had left its calls out (40
+    calls said, 50 made), and each repeat had paid for the same scores again."""
+    server = make_server(scorer=text_scorer)
+    config = write_config(tmp_path, server, None, run={"repeats": 2})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--dry-run"]) == 0
+    assert "rerank: 4 rerank calls (0 already cached)" in capsys.readouterr().out
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    assert calls(server, RERANK) == 4  # one a query, not one a query and repeat
+    assert all(jq.rerank_scores for jq in results(out))
+    assert main(["run", str(config), "--out", str(tmp_path / "dry2"), "--dry-run"]) == 0
+    assert "rerank: 4 rerank calls (4 already cached)" in capsys.readouterr().out

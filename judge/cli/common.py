@@ -107,7 +107,18 @@ def print_dry_run(est: Estimate) -> int:
         )
     elif est.batch:
         print("batch mode: cost unknown (no [prices] entry for the model)")
-    if est.rerank_calls:
+    _print_rerank(est)
+    return EXIT_OK
+
+
+def _print_rerank(est: Estimate) -> None:
+    """The dry run's rerank calls: a side reranker's, or a cascade's with what it labels."""
+    if est.rerank_calls and est.side_rerank:
+        print(
+            f"rerank: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached) for "
+            "the rerank_* metrics, one a query whatever the repeats"
+        )
+    elif est.rerank_calls:
         bound = (
             "; the LLM figures are an upper bound: a dry run does not call the reranker, and "
             "without its cached scores (for a quantiles or max_error band: all of them) a "
@@ -119,7 +130,6 @@ def print_dry_run(est: Estimate) -> int:
             f"cascade: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached), "
             f"{est.reranker_passages} passages labelled by the reranker{bound}"
         )
-    return EXIT_OK
 
 
 def at_least_one(text: str) -> int:

@@ -660,8 +660,10 @@ class Judge:
         return float(_AGGREGATES[agg](scores)) if scores else None
 
     async def _rerank_scores(self, query: Query, repeat: int) -> dict[str, float]:
+        """The side reranker's scores (``rerank_*``): scored once, whatever the repeat (a
+        reranker is deterministic; each repeat had paid for the same scores again)."""
         assert self.rerank_model is not None
-        return (await rerank_scores(self.caller, self.rerank_model, query, repeat))[0]
+        return (await rerank_scores(self.caller, self.rerank_model, query, 0))[0]
 
     async def afit_cascade(self, queries: Sequence[Query], labels: Scale | None = None) -> Band:
         """The cascade's band from ``queries``' reranker scores (and human labels on ``labels``,

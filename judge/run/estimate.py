@@ -74,6 +74,7 @@ class Estimate(Record):
     # LLM figures are an upper bound (scores not cached: those passages counted as the LLM's).
     rerank_calls: int = 0
     rerank_cached: int = 0
+    side_rerank: bool = False  # the rerank calls are a side reranker's (rerank_*), no cascade
     reranker_passages: int = 0
     upper_bound: bool = False
     # Blank passages (no text to read): judged not relevant without a call, per repeat.
@@ -209,18 +210,24 @@ def _plan(
 ) -> tuple[Plan, dict[str, int | bool]]:
     """Each query's first LLM requests, and the cascade's rerank counts and upper-bound flag."""
     with_passages = [judge.fit(q) for q in queries if q.passages]
-    if judge.cascade is None or judge.caller.reranker is None:
+    reranker = judge.caller.reranker
+    model = judge.cascade.model if judge.cascade is not None else judge.rerank_model
+    scores: dict[int, dict[str, float]] = {}
+    if reranker is not None and model is not None:  # one scoring a query, cascade or side
+        for i, q in enumerate(with_passages):
+            got = cache.get(
+                request_key(reranker.identity, rerank_request(model, q), 0), RerankResult
+            )
+            if got is not None and len(got.scores) == len(q.passages):
+                scores[i] = dict(zip((p.id for p in q.passages), got.scores, strict=True))
+    if judge.cascade is None or reranker is None or model is None:
         asked = [
             (q, judge.asker.first_prompts(q), sum(not p.blank for p in q.passages))
             for q in with_passages
         ]
-        return asked, {}
-    identity, model = judge.caller.reranker.identity, judge.cascade.model
-    scores: dict[int, dict[str, float]] = {}
-    for i, q in enumerate(with_passages):
-        got = cache.get(request_key(identity, rerank_request(model, q), 0), RerankResult)
-        if got is not None and len(got.scores) == len(q.passages):
-            scores[i] = dict(zip((p.id for p in q.passages), got.scores, strict=True))
+        side = {"rerank_calls": len(with_passages), "rerank_cached": len(scores)}
+        return asked, {**side, "side_rerank": True} if reranker is not None else {}
+    identity = reranker.identity
     band = judge.cascade.band
     if band is None and len(scores) == len(with_passages):
         scored = [(q, scores[i]) for i, q in enumerate(with_passages)]
