@@ -334,7 +334,35 @@ def test_an_answer_that_decodes_past_the_limit_is_refused_not_inflated(
         return None
 
     failure = run(go())
-    assert failure is not None and "decodes to more than 64 MiB" in str(failure)
+    assert failure is not None and f"decodes to more than {MAX_DECODED // 2**20} MiB" in str(
+        failure
+    )
+
+
+def test_an_answer_longer_than_any_is_refused_as_it_comes(raw: Callable[..., RawServer]) -> None:
+    """A server sending a 50 MB "reason" had it kept: 2.2 GB of memory for four passages and
+    a results file, a report and a cache of hundreds of MB. A body past MAX_DECODED is
+    refused from its Content-Length, before it is read."""
+    from judge.providers.lean_http import MAX_DECODED
+
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (MAX_DECODED + 1, BODY)
+    )
+    server = raw([answer])
+    provider = make_chat_provider(resolve_spec("local", {"base_url": server.url}))
+
+    async def go() -> BaseException | None:
+        try:
+            await provider.complete(CHAT, timeout=10)
+        except Exception as exc:
+            return exc
+        finally:
+            await provider.aclose()
+        return None
+
+    failure = run(go())
+    assert failure is not None and f"passes {MAX_DECODED // 2**20} MiB" in str(failure)
 
 
 def _answer(status: str, body: bytes) -> bytes:

@@ -286,3 +286,14 @@ def test_reask_continues_the_conversation_with_the_error() -> None:
     assert error in chinese[3].content and "请重新回答" in chinese[3].content
     with pytest.raises(ConfigError, match="'fr'"):
         reask_messages(original, "x", error, language="fr")
+
+
+def test_a_reason_far_longer_than_asked_is_cut_and_said_so() -> None:
+    from judge.judging.verdicts import MAX_REASON_CHARS, ok_verdict
+    from judge.schema import Scale
+
+    long = "because " * 2000
+    verdict = ok_verdict(Scale.binary(), "p1", 1, "yes", 1, reason=long)
+    assert verdict.reason is not None and len(verdict.reason) < MAX_REASON_CHARS + 40
+    assert verdict.reason.endswith("[cut: the reason was longer]")
+    assert ok_verdict(Scale.binary(), "p1", 1, "yes", 1, reason="short").reason == "short"

@@ -365,11 +365,19 @@ def _scores(completion: Completion, scale: Scale, offset: int) -> dict[str, floa
     }
 
 
+# A reason is asked for in a few dozen words; one far longer is cut to this many characters.
+MAX_REASON_CHARS = 2000
+
+
 def ok_verdict(
     scale: Scale, passage_id: str, rank: int, label: str, grade: int, **fields: Any
 ) -> Verdict:
     """An ``ok`` verdict giving ``label`` (``grade`` on ``scale``, relevant at its threshold);
-    ``fields``: the rest of the record (probability, reason, what the calls took)."""
+    ``fields``: the rest of the record (probability, reason, what the calls took). A reason
+    past :data:`MAX_REASON_CHARS` is cut, said so (every report and results line carries it)."""
+    reason = fields.get("reason")
+    if isinstance(reason, str) and len(reason) > MAX_REASON_CHARS:
+        fields["reason"] = reason[:MAX_REASON_CHARS] + " [cut: the reason was longer]"
     return Verdict(
         passage_id=passage_id,
         rank=rank,

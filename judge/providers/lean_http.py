@@ -186,6 +186,11 @@ class _Connection(asyncio.Protocol):
             )
             self._head = (status, headers, end + 4)
         status, headers, start = self._head
+        length = headers.get("content-length")
+        if len(data) - start > MAX_DECODED or (length is not None and int(length) > MAX_DECODED):
+            raise ValueError(
+                f"its body passes {MAX_DECODED // 2**20} MiB, more than any answer: refused"
+            )
         if status in (204, 304):
             body = b""
         elif "chunked" in headers.get("transfer-encoding", "").lower():
@@ -193,7 +198,7 @@ class _Connection(asyncio.Protocol):
             if found is None:
                 raise _Incomplete()
             body = found[0]
-        elif (length := headers.get("content-length")) is not None:
+        elif length is not None:
             if len(data) - start < int(length):
                 raise _Incomplete()
             body = bytes(data[start : start + int(length)])
@@ -208,9 +213,10 @@ class _Connection(asyncio.Protocol):
         return Response(status, headers, body)
 
 
-# An answer decoded past this is refused: no chat or rerank answer comes near it (a long
-# answer with logprobs is a few MB), and a small compressed body can decode to gigabytes.
-MAX_DECODED = 64 * 2**20
+# An answer past this, as sent or decoded, is refused: no chat or rerank answer comes near it
+# (a long answer with logprobs is a few MB); a server sending more (a 50 MB "reason") had
+# filled memory and every output file, and a small compressed body can decode to gigabytes.
+MAX_DECODED = 16 * 2**20
 
 
 def _inflate(body: bytes, wbits: int) -> bytes:
