@@ -272,6 +272,8 @@ def test_judge_many_and_judge_run_share_cascade_cache_and_results(
     run = judge.read_run(out)
     assert isinstance(run, Judgements) and run.summary is not None
     assert run.summary.counts.verdicts == 20 and run.path == out
+    by_summary = judge.read_run(out / "summary.json")  # the run's summary names the run
+    assert by_summary.path == out and len(by_summary) == len(run)
 
     def same(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         keys = ("query_id", "engine", "repeat", "passage_id", "label", "grade", "source")

@@ -121,12 +121,16 @@ def compare_engines(
 
 
 def read_run(out_dir: str | Path) -> JudgedRun:
-    """A run directory's results (or a results JSONL's) and, for a directory, its summary.json.
+    """A run directory's results (or a results JSONL's) and, for a directory, its summary.json;
+    a run's summary.json stands for its directory (it had been read as results: "1792 input
+    errors").
 
     A missing directory, a directory without results or a malformed line is an InputError
     naming the file (and line); so is a summary.json that is not one.
     """
     path = Path(out_dir)
+    if path.name == SUMMARY_FILE and path.is_file():  # its run, as log_to_mlflow takes it
+        path = path.parent
     results = load_results(path)
     summary_file = path / SUMMARY_FILE
     summary = load_summary(summary_file) if path.is_dir() and summary_file.is_file() else None
