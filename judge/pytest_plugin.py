@@ -243,6 +243,8 @@ class JudgeSession:
         metrics: Mapping[str, float] | None = None,
     ) -> Judged:
         """See :func:`assert_relevant`."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"assert_relevant: k must be a whole number >= 1, got {k!r}")
         at = "" if k is None else f"@{k}"
         wanted = dict(metrics or {})
         if min_ndcg is not None:

@@ -108,7 +108,8 @@ def test_assert_relevant_at_k_over_fewer_passages_and_bars_that_cannot_be_compar
     """With no bar, every passage in the top k must be relevant, of those there are (three
     relevant passages at k=5 failed: precision@5 0.600 < 1, "0 of 3 passages not
     relevant"); a bar that is not a number in [0, 1] is refused before paying (a string was a
-    TypeError inside the plugin, NaN passed every test)."""
+    TypeError inside the plugin, NaN passed every test), and so is a k below 1 (0 had checked
+    every passage, -1 said "unknown metric 'precision@-1'")."""
     pytester.makefile(".toml", pyproject=pyproject(yes_if_pale))
     pytester.makepyfile(
         """
@@ -125,10 +126,15 @@ def test_assert_relevant_at_k_over_fewer_passages_and_bars_that_cannot_be_compar
         def test_bad_bar(bar):
             with pytest.raises((TypeError, ValueError), match="the bar for ndcg"):
                 assert_relevant("why so wan?", ["pale a"], min_ndcg=bar)
+
+        @pytest.mark.parametrize("k", [0, -1, 2.0])
+        def test_bad_k(k):
+            with pytest.raises(ValueError, match="k must be a whole number >= 1"):
+                assert_relevant("why so wan?", ["pale a"], k=k)
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=8, failed=1)
     out = result.stdout.str()
     assert "judge: 'why so wan?': precision@2 0.500 < 1" in out
     assert chat_calls(yes_if_pale) == 4  # pale a, b, c and dog food; no bad bar paid for
