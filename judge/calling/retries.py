@@ -57,7 +57,7 @@ class CallStats:
         that once met a closed port had refused every later call at once, the server up)."""
         self.unreachable = None
         self.unconnected = self.silent = self.dark = 0
-        self.errors["not_api"] = 0
+        self.errors.pop("not_api", None)
 
     def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
         """Before any success, once ``count`` (of one kind of failure) reaches ``limit``, the
