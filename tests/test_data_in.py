@@ -171,6 +171,18 @@ def test_one_passage_per_row_with_two_questions_under_one_id_is_refused(tmp_path
     pq.write_table(same, path)
     (query,) = read_queries(path).queries
     assert [p.text for p in query.passages] == ["a", "b"]
+    # Rows with an empty id are grouped by their question, their query named line<N> as a
+    # JSONL line without an id is (they had all been one query, refused for two questions).
+    blank = pa.table(
+        {
+            "query_id": [None, None, None, "q9"],
+            "query": ["renew passport", "renew passport", "stale bread", "wasps?"],
+            "text": ["a", "b", "c", "d"],
+        }
+    )
+    pq.write_table(blank, path)
+    got = [(q.query_id, [p.text for p in q.passages]) for q in read_queries(path).queries]
+    assert got == [("line1", ["a", "b"]), ("line3", ["c"]), ("q9", ["d"])]
 
 
 def judge_config_error() -> type[Exception]:

@@ -2,7 +2,8 @@
 input or config, 3 for an incomplete run); a breached threshold exits 1.
 
 Exit codes of ``judge run``: 0 ok; 1 a threshold breached; 2 bad config or input;
-3 run incomplete (budget reached, too many errors, interrupted) — rerun to resume.
+3 run incomplete (too many errors, provider unavailable, interrupted) — rerun to resume;
+4 budget reached — rerun with a larger budget to resume.
 """
 
 from __future__ import annotations
@@ -157,10 +158,9 @@ def _exit_code(outcome: RunOutcome, summary: Summary) -> int:
         print(f"judge: {outcome.reason}; fix it and rerun to resume", file=sys.stderr)
         return EXIT_BAD_INPUT
     if outcome.status != "complete":
-        print(
-            f"judge: run incomplete: {outcome.reason or 'stopped'}; rerun to resume",
-            file=sys.stderr,
-        )
+        reason = outcome.reason or "stopped"
+        again = "" if "rerun" in reason else "; rerun to resume"  # said once, not twice
+        print(f"judge: run incomplete: {reason}{again}", file=sys.stderr)
         return EXIT_INCOMPLETE
     for b in summary.thresholds.breaches:
         said = "breached" if b.evaluated else "not evaluated, counted as breached"

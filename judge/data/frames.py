@@ -183,14 +183,20 @@ def _grouped(
     an InputError naming it: it was dropped unsaid."""
     inner = {c for c, f in ours.items() if f in PASSAGE_FIELDS}
     ids = [c for c, f in ours.items() if f == "query_id"]
-    keys = (ids or [c for c, f in ours.items() if f == "query"]) + [
-        c for c, f in ours.items() if f == "engine"
-    ]
+    engine = [c for c, f in ours.items() if f == "engine"]
+    keys = (ids or [c for c, f in ours.items() if f == "query"]) + engine
+    # A row whose id cell is empty is grouped by its question, as a table without ids is (its
+    # query then takes the id line<N>, as a JSONL line without one): every such row had been
+    # one query, "'query' is 'stale bread' here but 'renew passport' in row 1".
+    by_text = [c for c, f in ours.items() if f == "query"] + engine
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     starts: dict[tuple[Any, ...], int] = {}
     lines: dict[int, int] = {}  # id(row) -> its row number, for a row with no position
     for n, row in enumerate(rows, start=1):
-        key = tuple(_key(row.get(k)) for k in keys)
+        if ids and all(row.get(k) is None for k in ids):
+            key = ("\x00no id", *(_key(row.get(k)) for k in by_text))
+        else:
+            key = tuple(_key(row.get(k)) for k in keys)
         if key in groups:
             _same_query(row, groups[key][0], n, starts[key], ours, name)
         groups.setdefault(key, []).append(row)
