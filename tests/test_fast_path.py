@@ -321,6 +321,14 @@ def test_an_answer_that_decodes_past_the_limit_is_refused_not_inflated(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(bomb), bomb)
     )
+    failure = _lean_failure(raw, answer)
+    assert failure is not None and f"decodes to more than {MAX_DECODED // 2**20} MiB" in str(
+        failure
+    )
+
+
+def _lean_failure(raw: Callable[..., RawServer], answer: bytes) -> BaseException | None:
+    """What one chat completion through the lean client raises when ``answer`` comes back."""
     server = raw([answer])
     provider = make_chat_provider(resolve_spec("local", {"base_url": server.url}))
 
@@ -333,10 +341,7 @@ def test_an_answer_that_decodes_past_the_limit_is_refused_not_inflated(
             await provider.aclose()
         return None
 
-    failure = run(go())
-    assert failure is not None and f"decodes to more than {MAX_DECODED // 2**20} MiB" in str(
-        failure
-    )
+    return run(go())
 
 
 def test_an_answer_longer_than_any_is_refused_as_it_comes(raw: Callable[..., RawServer]) -> None:
@@ -349,19 +354,7 @@ def test_an_answer_longer_than_any_is_refused_as_it_comes(raw: Callable[..., Raw
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (MAX_DECODED + 1, BODY)
     )
-    server = raw([answer])
-    provider = make_chat_provider(resolve_spec("local", {"base_url": server.url}))
-
-    async def go() -> BaseException | None:
-        try:
-            await provider.complete(CHAT, timeout=10)
-        except Exception as exc:
-            return exc
-        finally:
-            await provider.aclose()
-        return None
-
-    failure = run(go())
+    failure = _lean_failure(raw, answer)
     assert failure is not None and f"passes {MAX_DECODED // 2**20} MiB" in str(failure)
 
 

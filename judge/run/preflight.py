@@ -428,19 +428,17 @@ def _shown(text: str) -> str:
 
 def _unfit_engine(name: str) -> str | None:
     """What makes ``name`` unfit for an engine's name (None: nothing); reports, tables and the
-    console carry it, and the comparisons pair engines by it."""
+    console carry it, and the comparisons pair engines by it. Inner spaces are fine."""
     if name != name.strip():
         return "begins or ends with white space (another engine than the one without it)"
-    if found := _CONTROL.search(name):
-        return f"contains a control character (U+{ord(found.group(0)):04X})"
-    if len(name) > MAX_ID_CHARS:
-        return f"has {len(name)} characters (at most {MAX_ID_CHARS})"
-    return None
+    why = _unfit_id(name, spaces=False)
+    return f"contains {why}" if why else None
 
 
-def _unfit_id(text: str) -> str | None:
-    """What makes ``text`` unfit for an id the outputs carry (None: nothing)."""
-    if _SPACE.search(text) is not None:
+def _unfit_id(text: str, *, spaces: bool = True) -> str | None:
+    """What makes ``text`` unfit for an id the outputs carry (None: nothing); ``spaces``:
+    white space too (qrels and TREC runs split on it)."""
+    if spaces and _SPACE.search(text) is not None:
         return "whitespace"
     if found := _CONTROL.search(text):
         return f"a control character (U+{ord(found.group(0)):04X})"
