@@ -58,9 +58,10 @@ def test_the_limit_converges_to_the_providers_capacity_and_loses_nothing() -> No
     # judged over more answers), grown one slot per round, never below an eighth of the
     # ceiling: it ends near the capacity (at most 3x it), far below the start, and the 429s
     # are under two thirds of the calls (at a fixed 64 in flight, about 7 in 8 would be; on
-    # a 2-core machine they ranged 256-370 here, so 60% was a bound on chance). (Waiting for more answers near the line costs about a tenth
-    # more 429s here than judging every round of 32 alone, which halved the limit on chance
-    # shares of 429s that come whatever the load: test_429s_and_faults_... below.)
+    # a 2-core machine they ranged 256-370 here, so 60% was a bound on chance). (Waiting for
+    # more answers near the line costs about a tenth more 429s here than judging every round
+    # of 32 alone, which halved the limit on chance shares of 429s that come whatever the
+    # load: test_429s_and_faults_... below.)
     assert slot.current <= 24
     assert throttling.throttled < 2 * len(PASSAGES)
 

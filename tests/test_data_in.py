@@ -175,7 +175,7 @@ def test_one_passage_per_row_with_two_questions_under_one_id_is_refused(tmp_path
     # JSONL line without an id is (they had all been one query, refused for two questions).
     blank = pa.table(
         {
-            "query_id": [None, None, None, "q9"],
+            "query_id": [None, "", None, "q9"],
             "query": ["renew passport", "renew passport", "stale bread", "wasps?"],
             "text": ["a", "b", "c", "d"],
         }

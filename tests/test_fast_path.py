@@ -27,6 +27,7 @@ import pytest
 from judge.config import load_config
 from judge.data.results import read_results
 from judge.errors import ProviderConfigError
+from judge.judging.judge import Judge
 from judge.providers import make_chat_provider, resolve_spec
 from judge.providers.base import Completion, RetryDecision, never_sent
 from judge.providers.lean_http import LeanClient
@@ -356,6 +357,15 @@ def test_an_answer_longer_than_any_is_refused_as_it_comes(raw: Callable[..., Raw
     )
     failure = _lean_failure(raw, answer)
     assert failure is not None and f"passes {MAX_DECODED // 2**20} MiB" in str(failure)
+    # Final: asked again, the answer would be generated and paid again (it had been, six times).
+    provider = make_chat_provider(resolve_spec("local", {"base_url": "http://127.0.0.1:9/v1"}))
+    assert isinstance(failure, Exception) and not provider.classify(failure).retry
+    # Through a judge: one request, an error verdict, its worst case counted as spent.
+    server = raw([answer] * 6)
+    with Judge(provider="local", model="m", base_url=server.url) as judge:
+        (verdict,) = judge.judge("q", ["p"]).verdicts
+        assert verdict.status == "error" and "passes" in (verdict.error or "")
+        assert len(server.heads) == 1 and judge.caller.stats.worst_counted == 1
 
 
 def _answer(status: str, body: bytes) -> bytes:

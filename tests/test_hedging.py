@@ -236,14 +236,14 @@ def test_a_request_hung_before_the_p95_was_known_gets_its_deadline_once_it_is() 
     assert len(srv.requests) == 63  # the three hung, asked once more each
 
 
-def test_a_provider_that_hangs_on_half_its_requests_is_not_taken_for_one_gone_dark() -> None:
-    """Half the requests hang (retries too) while the rest are answered in 0.1 s: once the
+def test_a_provider_that_hangs_on_some_requests_is_not_taken_for_one_gone_dark() -> None:
+    """A third of the requests hang (retries too) while the rest are answered in 0.1 s: once the
     p95 is known the first wave's deadlines are shortened and expire together. They had
     counted as timeouts at the full timeout_s, sixteen in a row made the provider "stopped
     answering: timed out after 60 s", and the run stopped in about 3 s, most passages
     errors. They are abandoned attempts, asked again."""
     hang = Fault("hang", seconds=120)
-    with ScriptedServer(latency=0.1, fault_rate=0.5, faults=[hang], seed=3) as srv:
+    with ScriptedServer(latency=0.1, fault_rate=0.3, faults=[hang], seed=3) as srv:
         judge = Judge(
             provider="local",
             model="m",
@@ -256,10 +256,10 @@ def test_a_provider_that_hangs_on_half_its_requests_is_not_taken_for_one_gone_da
             daemon=True,
         )
         worker.start()
-        worker.join(timeout=50)  # a hang guard
+        worker.join(timeout=100)  # a hang guard (a call hung four times waits 1+2+4+8 s)
         assert not worker.is_alive(), "the hung requests were held to timeout_s"
         judge.close()
     (jq,) = got
     statuses = Counter(v.status for v in jq.verdicts)
-    assert statuses["ok"] >= 150, statuses  # six attempts each: a few may fail them all
+    assert statuses["ok"] >= 155, statuses  # six attempts each: one may fail them all
     assert judge.caller.stats.unreachable is None

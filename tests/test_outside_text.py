@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -110,3 +114,38 @@ def test_an_engine_name_that_would_do_harm_is_refused_before_anything_is_sent(
     err = capsys.readouterr().err
     assert "field 'engine'" in err and said in err and "\x1b" not in err
     assert not server.requests
+
+
+def test_a_providers_error_with_control_characters_drives_no_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's stop line quotes the provider's words: an ESC sequence in them had reached
+    the terminal on stderr (retitled it, cleared the screen)."""
+    body = json.dumps({"object": "error", "message": f"model {ESC} gone"}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            """Silent."""
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        fake = cast(ScriptedServer, SimpleNamespace(openai_base_url=url))
+        config = write_config(tmp_path / "c.toml", fake, tmp_path / "cache.sqlite")
+        assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 3
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+    err = capsys.readouterr().err
+    assert "gone" in err and "\x1b" not in err and "\x07" not in err

@@ -47,6 +47,7 @@ from judge.providers.base import (
     ChatProvider,
     ChatRequest,
     Completion,
+    ProviderStatusError,
     RerankProvider,
     RerankRequest,
     RerankResult,
@@ -184,6 +185,15 @@ def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
 def _local(provider: ChatProvider | RerankProvider | None) -> bool:
     """Whether ``provider`` is a model on this machine (the embedded judge or reranker)."""
     return provider is not None and provider.identity.startswith("embedded")
+
+
+def _spent_failing(exc: BaseException, kind: str, reserved: Usage, prompt: Usage) -> Usage:
+    """What a failed request may have cost: an answer that came with a success status but
+    could not be used (too large, an error object) may have been billed whole, as the worst
+    case ``reserved``; else :func:`billed_on_failure` (its worst-case ``prompt``, or nothing)."""
+    if isinstance(exc, ProviderStatusError) and exc.status == 200:
+        return reserved
+    return billed_on_failure(exc, kind, prompt)
 
 
 class Caller:
@@ -651,7 +661,7 @@ class Caller:
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            spent = billed_on_failure(exc, kind, spent)
+            spent = _spent_failing(exc, kind, reservation.usage, spent)
             self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge, sent, tail.cut(timeout))
             raise

@@ -461,11 +461,9 @@ class Tail:
             base = max(ATTEMPT_FLOOR_S, ATTEMPT_P95 * p95)
             if self._shifted(base):
                 return self.timeout_s
-        # Doubled on each retry, so a provider turning slower stays reachable; not while some
-        # attempts are abandoned and the rest are answered (a call hung five times had waited
-        # 1 + 2 + 4 + 8 + 16 s for a provider answering everything else at once).
-        grow = 1.0 if any(self._ends) and self._answering(base) else 2.0
-        return min(self.timeout_s, base * grow ** max(0, attempt - 1))
+        # Doubled on each retry: a request slower than the rest (a long passage, a long
+        # reason) is answered on a later attempt, not abandoned and paid at every one.
+        return min(self.timeout_s, base * 2.0 ** max(0, attempt - 1))
 
     def _answering(self, within: float) -> bool:
         """Whether an answer came in the last ``within`` seconds."""

@@ -604,11 +604,15 @@ class _Printable(io.TextIOBase):
     reach the terminal: commands print passages, queries, engine names and a model's reasons,
     and an ESC sequence in one would drive the terminal (clear it, retitle it, hide lines)."""
 
-    def __init__(self, inner: TextIO) -> None:
+    def __init__(self, inner: TextIO, *, returns: bool = False) -> None:
         self.inner = inner
+        self.returns = returns  # carriage returns kept: stderr's progress line rewrites itself
 
     def write(self, text: str) -> int:
-        self.inner.write(printable(text))
+        if self.returns and "\r" in text:
+            self.inner.write("\r".join(printable(part) for part in text.split("\r")))
+        else:
+            self.inner.write(printable(text))
         return len(text)
 
     def flush(self) -> None:
@@ -655,8 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP end a command as Ctrl-C does (one line, exit 3), not silently with
     # 143; a run takes all three over while it judges (run/runner.py).
     terminate = _as_interrupt()
-    stdout = sys.stdout
-    sys.stdout = _Printable(stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(stdout), _Printable(stderr, returns=True)
     try:
         code: int = args.func(args)
     except JudgeError as exc:
@@ -678,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(sig, previous)
         if isinstance(sys.stdout, _Printable):  # a broken pipe left devnull in its place
             sys.stdout = stdout
+        sys.stderr = stderr
     return code
 
 

@@ -193,7 +193,9 @@ def _grouped(
     starts: dict[tuple[Any, ...], int] = {}
     lines: dict[int, int] = {}  # id(row) -> its row number, for a row with no position
     for n, row in enumerate(rows, start=1):
-        if ids and all(row.get(k) is None for k in ids):
+        if ids and all(row.get(k) in (None, "") for k in ids):  # "" too: a string column's
+            for k in ids:
+                row.pop(k, None)
             key = ("\x00no id", *(_key(row.get(k)) for k in by_text))
         else:
             key = tuple(_key(row.get(k)) for k in keys)

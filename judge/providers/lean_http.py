@@ -156,6 +156,10 @@ class _Connection(asyncio.Protocol):
             if eof:
                 waiter.set_exception(ConnectionResetError(_cut(self._head)))
             return
+        except AnswerTooLarge as exc:
+            self.closed = True
+            waiter.set_exception(exc)
+            return
         except (ValueError, IndexError, zlib.error) as exc:
             self.closed = True
             waiter.set_exception(ValueError(f"not an HTTP/1.1 answer: {exc}"))
@@ -188,8 +192,9 @@ class _Connection(asyncio.Protocol):
         status, headers, start = self._head
         length = headers.get("content-length")
         if len(data) - start > MAX_DECODED or (length is not None and int(length) > MAX_DECODED):
-            raise ValueError(
-                f"its body passes {MAX_DECODED // 2**20} MiB, more than any answer: refused"
+            raise AnswerTooLarge(
+                f"an answer whose body passes {MAX_DECODED // 2**20} MiB, more than any "
+                "answer: refused, and not asked again (it would be paid again)"
             )
         if status in (204, 304):
             body = b""
@@ -211,6 +216,10 @@ class _Connection(asyncio.Protocol):
         if encoding in ("gzip", "deflate") and body:
             body = _inflate(body, 47 if encoding == "gzip" else 15)
         return Response(status, headers, body)
+
+
+class AnswerTooLarge(ValueError):
+    """An answer past :data:`MAX_DECODED` as sent: refused (the caller makes it final)."""
 
 
 # An answer past this, as sent or decoded, is refused: no chat or rerank answer comes near it
@@ -312,6 +321,9 @@ class LeanClient:
         except ConnectionError as exc:
             connection.closed = True
             raise RemoteProtocolError(str(exc), sent) from exc
+        except AnswerTooLarge:
+            connection.closed = True
+            raise
         except ValueError as exc:
             raise RemoteProtocolError(str(exc), sent) from exc
         except BaseException:

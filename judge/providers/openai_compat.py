@@ -46,7 +46,7 @@ from judge.providers.base import (
     sampling_fields,
     status_decision,
 )
-from judge.providers.lean_http import LeanClient, Response
+from judge.providers.lean_http import AnswerTooLarge, LeanClient, Response
 from judge.schema import Record
 from judge.version import __version__
 
@@ -353,7 +353,12 @@ class OpenAICompatProvider:
         if self._lean is not None:
             # Serialised as the SDK serialises a body: the same bytes on the wire.
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            response = await self._lean.post("/chat/completions", data.encode(), timeout=timeout)
+            try:
+                response = await self._lean.post(
+                    "/chat/completions", data.encode(), timeout=timeout
+                )
+            except AnswerTooLarge as exc:  # final: asked again, it would be paid again
+                raise ProviderStatusError(f"{exc} ({self._chat_url})", status=200) from None
             if response.status >= 300:  # a redirect too: named, not followed (base.py)
                 raise _status_error(response, self._chat_url)
             return to_completion(response.content, request.model, self._chat_url)
