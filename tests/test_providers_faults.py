@@ -307,3 +307,15 @@ def test_a_404_names_the_url_it_came_from(server: ScriptedServer) -> None:
     with pytest.raises(ProviderStatusError) as caught:
         complete(provider, CHAT)
     assert "/v2/chat/completions" in str(caught.value) and caught.value.status == 404
+
+
+def test_chat_usage_that_says_nothing_was_spent_is_unknown_but_a_cached_prompt_is_a_count() -> None:
+    from judge.providers.base import read_chat_usage
+    from judge.schema import Usage
+
+    keys = ("prompt_tokens", "completion_tokens")
+    assert read_chat_usage(None, *keys, "yes") == (Usage(), False)  # no usage at all
+    assert read_chat_usage({"prompt_tokens": 0, "completion_tokens": 0}, *keys, "")[1] is False
+    assert read_chat_usage({"prompt_tokens": 9, "completion_tokens": 0}, *keys, "yes")[1] is False
+    cached = read_chat_usage({"prompt_tokens": 0, "completion_tokens": 5}, *keys, "yes")
+    assert cached == (Usage(prompt_tokens=0, completion_tokens=5), True)  # a cached prompt

@@ -117,13 +117,14 @@ def read_usage(counts: Any, *names: str) -> tuple[Usage, bool]:
 
 def read_chat_usage(counts: Any, prompt: str, completion: str, text: str) -> tuple[Usage, bool]:
     """:func:`read_usage` for a chat answer, where no usage is not "nothing spent": a missing
-    or null ``usage``, no prompt tokens, or no completion tokens for an answer with text is
+    or null ``usage``, or no completion tokens for an answer with text (or none at all), is
     unknown too (the Caller counts the request's worst case, as reserved: a server that
-    reports nothing had let a run pass every budget)."""
+    reports nothing had let a run pass every budget). No prompt tokens beside completion
+    tokens is a count: a server may report a prompt it had cached as none (Ollama)."""
     if counts is None:
         return Usage(), False
     usage, known = read_usage(counts, prompt, completion)
-    if known and (usage.prompt_tokens == 0 or (text and usage.completion_tokens == 0)):
+    if known and usage.completion_tokens == 0 and (text or usage.prompt_tokens == 0):
         return Usage(), False
     return usage, known
 
