@@ -92,6 +92,9 @@ class RunConfig(Record):
     prices: dict[str, Price] = Field(default_factory=dict)
     # Where the config came from (for messages); not part of any fingerprint.
     source: str | None = None
+    # The command line's settings over the file (--set and the flags), paths made absolute: a
+    # run's run.json keeps them, so its summary can be made again as the run made it.
+    overrides: dict[str, Any] = Field(default_factory=dict)
 
     def scale(self, key: str = "judge.scale") -> Scale:
         """The scale ``judge.scale`` names (``key``: the setting that named it, for the
@@ -315,11 +318,16 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     if path is not None:
         _relative_to(Path(path).parent, data)
+    given: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
         if isinstance(value, str) and tuple(key.split(".")) in _PATH_KEYS:
             value = os.path.expanduser(value)  # from the command line: the current folder's
+            given[key] = os.path.abspath(value) if value else value
+        else:
+            given[key] = value
         _set_dotted(data, key, value)
     data["source"] = source
+    data["overrides"] = given
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:

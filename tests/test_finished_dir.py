@@ -173,3 +173,30 @@ def test_the_files_a_run_writes_are_checked_before_it_pays(
     (out / "report.html").rmdir()
     assert main(["run", str(config), "--out", str(out)]) == 0
     assert main(["run", str(config), "--out", str(out)]) == 0  # its own files: a rerun is fine
+
+
+def test_a_run_started_with_set_is_made_again_with_its_settings(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run.json keeps the command line's settings over the config (paths made absolute), so
+    `judge report --rebuild` without --config makes the run's summary, not the file's alone
+    (it had been refused as "changed since the run")."""
+    server = make_server()
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    sets = ["--set", "judge.model=judge-other", "--set", 'metrics.names=["ap"]']
+    monkeypatch.chdir(tmp_path)
+    sets += ["--set", "run.history=h.sqlite"]  # relative: from the folder it ran in
+    assert main(["run", str(config), "--out", str(out), *sets]) in (0, 1)
+    first = (out / "report.md").read_text(encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["report", str(out), "--rebuild"]) == 0
+    assert (out / "report.md").read_text(encoding="utf-8") == first
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert (
+        summary["metric_names"] == ["ap"] and summary["config"]["judge"]["model"] == "judge-other"
+    )

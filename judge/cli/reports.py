@@ -21,7 +21,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from judge.analysis.compare import (
     DEFAULT_POOLED,
@@ -410,8 +410,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         # Rebuilt, it keeps what the results cannot say: how the run went, and its dataset.
         old = load_summary(summary_path) if summary_path.exists() else None
         run, dataset = (old.run, old.dataset) if old else (None, None)
-        if config is None and (config := _the_runs_config(out_dir, config_source(out_dir))):
-            named = config_source(out_dir)
+        if config is None and (config := _the_runs_config(out_dir, *config_source(out_dir))):
+            named = config.source
         try:
             summary, _ = complete_summary(config or load_config(None), results, run, dataset)
         except (ConfigError, InputError) as exc:
@@ -440,7 +440,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _the_runs_config(out_dir: Path, source: str | None) -> RunConfig | None:
+def _the_runs_config(out_dir: Path, source: str | None, given: dict[str, Any]) -> RunConfig | None:
     """The config the run into ``out_dir`` was started with (run.json names it), to make its
     summary again when --config names none: the metrics, thresholds and prices are the
     config's alone, and the default config's would say other things of the same verdicts.
@@ -454,7 +454,7 @@ def _the_runs_config(out_dir: Path, source: str | None) -> RunConfig | None:
             f"{out_dir}: its summary is made from the run's config, {source} (run.json), which "
             "is not there from here: pass --config with it"
         )
-    config = load_config(source)
+    config = load_config(source, given)  # with the run's --set and flags over it
     if (changes := config_changes(out_dir, config)) is not None:
         raise ConfigError(
             f"{out_dir}: the run's config, {source}, has changed since the run ({changes}): "

@@ -167,10 +167,15 @@ def _run_file(out_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def config_source(out_dir: Path) -> str | None:
-    """The config file the run into ``out_dir`` was started with, as run.json names it."""
-    source = _run_file(out_dir).get("source")
-    return source if isinstance(source, str) and source else None
+def config_source(out_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    """The config file the run into ``out_dir`` was started with, and the command line's
+    settings over it, as run.json names them."""
+    data = _run_file(out_dir)
+    source, given = data.get("source"), data.get("overrides")
+    return (
+        source if isinstance(source, str) and source else None,
+        given if isinstance(given, dict) else {},
+    )
 
 
 def config_changes(out_dir: Path, config: RunConfig) -> str | None:
@@ -331,11 +336,13 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
             {
                 "fingerprint": fingerprint,
                 "source": _absolute(config.source),
+                "overrides": config.overrides,
                 "judge_version": __version__,
                 **elapsed,
             },
             indent=2,
             ensure_ascii=False,
+            default=str,  # an override TOML reads as a date, say
         ),
         encoding="utf-8",
     )
