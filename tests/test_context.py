@@ -59,8 +59,10 @@ def test_a_listwise_request_fits_with_every_passage_sharing_the_room() -> None:
         with _judge(srv, "listwise") as judge:
             passages = tuple(Passage(id=str(i), text=LONG) for i in range(4))
             first = judge.first_requests(Query(query_id="q", query="kettles", passages=passages))
-    assert len(first) == 1
-    assert count_tokens(first[0].messages) + 256 <= 2048
+    # 256 answer tokens hold three verdicts with 30-word reasons: windows of 3 and 1, each
+    # request's passages sharing its room.
+    assert [r.messages[-1].content.count("<passage id=") for r in first] == [3, 1]
+    assert all(count_tokens(r.messages) + 256 <= 2048 for r in first)
 
 
 def test_the_embedded_window_matches_the_servers_default() -> None:

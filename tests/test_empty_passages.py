@@ -171,3 +171,41 @@ def test_the_python_api_judges_a_blank_passage_without_asking(server: ScriptedSe
         ]
         assert judge.judge("what is rust?", ["\n"]).verdicts[0].label == "no"
         assert len(server.requests) == 1
+
+
+def test_a_long_list_is_asked_in_windows_each_fitting_its_answer(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Listwise, 25 passages with list_size 10: three requests of 10, 10 and 5, every passage
+    judged once, as the dry run says. With a max_tokens that holds four verdicts and their
+    reasons, windows of four (one request for a whole list had been cut off at max_tokens)."""
+    server = make_server(responder=says_yes)
+    rows = [
+        {
+            "query_id": "q",
+            "query": "question",
+            "passages": [{"id": f"p{i}", "text": f"answer {i}"} for i in range(25)],
+        }
+    ]
+    dataset = tmp_path / "long.jsonl"
+    dataset.write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")
+    tables = {
+        "judge": {"mode": "listwise", "list_size": 10},
+        "judge.params": {"max_tokens": 2000},  # room for 26 verdicts: the list_size decides
+        "dataset": {"path": str(dataset), "label_scale": "binary"},
+    }
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite", tables)
+    assert main(["run", str(config), "--out", str(tmp_path / "dry"), "--dry-run"]) == 0
+    assert "3 calls (0 already cached)" in capsys.readouterr().out
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 0
+    sizes = sorted(len(re.findall(r"<passage id=", r.raw_prompt)) for r in server.requests)
+    assert sizes == [5, 10, 10]
+    (jq,) = read_results(tmp_path / "out" / RESULTS_FILE)
+    assert [v.passage_id for v in jq.verdicts] == [f"p{i}" for i in range(25)]
+    assert all(v.status == "ok" and v.label == "yes" for v in jq.verdicts)
+    tight = tables | {"judge.params": {"max_tokens": 4 * 76}}
+    config = write_config(tmp_path / "tight.toml", server, tmp_path / "cache2.sqlite", tight)
+    assert main(["run", str(config), "--out", str(tmp_path / "dry2"), "--dry-run"]) == 0
+    assert "7 calls (0 already cached)" in capsys.readouterr().out  # 25 in windows of 4

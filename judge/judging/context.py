@@ -115,21 +115,30 @@ def fit_to_context(
     answer_tokens: int,
     listwise: bool,
     render: Callable[[Query, Sequence[Passage]], Sequence[Message]],
+    list_size: int | None = None,
 ) -> Query:
     """``query`` with passages cut so that each request fits ``context_tokens``.
 
-    ``render(query, passages)`` gives the messages of one request (one passage pointwise, all
-    of them listwise); it is called with emptied passages to measure the prompt around them.
+    ``render(query, passages)`` gives the messages of one request (one passage pointwise, a
+    window of ``list_size`` listwise, all of them without one); it is called with emptied
+    passages to measure the prompt around them.
     """
     room = context_room(context_tokens, answer_tokens)
     passages = list(query.passages)
     if not passages:
         return query
     empty = [p.model_copy(update={"text": ""}) for p in passages]
-    if listwise:
-        free = room - count_tokens(render(query, empty))
-        _room_for(query, free, len(passages), context_tokens)
-        fitted = _fit(query, passages, free, room, render)
+    if listwise:  # window by window, as they are asked (a blank passage is not)
+        asked = [i for i, p in enumerate(passages) if not p.blank]
+        size = list_size or max(len(asked), 1)
+        fitted = list(passages)
+        for start in range(0, len(asked), size):
+            at = asked[start : start + size]
+            free = room - count_tokens(render(query, [empty[i] for i in at]))
+            _room_for(query, free, len(at), context_tokens)
+            cuts = _fit(query, [passages[i] for i in at], free, room, render)
+            for i, cut in zip(at, cuts, strict=True):
+                fitted[i] = cut
     else:
         fitted = []
         for p, e in zip(passages, empty, strict=True):

@@ -43,7 +43,7 @@ from judge.judging.context import (
 from judge.judging.dimensions import DIMENSIONS, Dimensions, UnitAspects
 from judge.judging.memo import VerdictMemo
 from judge.judging.prompts import AnswerShape, template_name, template_pair, with_schema
-from judge.judging.relevance import Asker
+from judge.judging.relevance import Asker, window_size
 from judge.judging.rows import PassageLike, QueryRow, as_passages, as_queries, as_query
 from judge.judging.sanitise import AIMED, SANITISED, sanitise_query
 from judge.judging.sync import OwnLoop
@@ -387,6 +387,7 @@ class Judge:
             shape=shape,
             # The listwise schema the scale implies is made per list (its ids and count).
             schema_per_list=mode == "listwise" and implied,
+            list_size=window_size(settings),
         )
 
     def first_requests(self, query: Query) -> list[ChatRequest]:
@@ -406,6 +407,7 @@ class Judge:
             answer_tokens=self.params.max_tokens or DEFAULT_ANSWER_TOKENS,
             listwise=self.mode == "listwise",
             render=self.asker.render,
+            list_size=self.asker.list_size,
         )
 
     @staticmethod

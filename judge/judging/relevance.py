@@ -30,6 +30,7 @@ from judge.judging.verdicts import (
 )
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale, Usage, Verdict, share_verdict_fields
+from judge.sections import JudgeSection
 
 R = TypeVar("R")
 # Passages of a query whose cached answers are looked up together (see ``_asks``).
@@ -46,6 +47,19 @@ def _split_usage(usage: Usage, n: int) -> list[Usage]:
         Usage(prompt_tokens=p + (pr if i == 0 else 0), completion_tokens=c + (cr if i == 0 else 0))
         for i in range(n)
     ]
+
+
+# What one verdict of a list answer takes: its id, label and punctuation, then its reason.
+VERDICT_TOKENS, TOKENS_PER_WORD = 16, 2
+
+
+def window_size(settings: JudgeSection) -> int:
+    """Passages a listwise request holds: ``list_size``, fewer when their answers would not
+    fit its ``max_tokens`` (a verdict about ``VERDICT_TOKENS``, and ``TOKENS_PER_WORD`` a
+    word of its reason): an answer cut off at max_tokens leaves the rest asked again."""
+    per = VERDICT_TOKENS + (TOKENS_PER_WORD * settings.max_reason_words if settings.reasons else 0)
+    most = settings.params.max_tokens
+    return max(1, min(settings.list_size, most // per)) if most else settings.list_size
 
 
 def _to_ask(query: Query) -> list[Passage]:
@@ -68,6 +82,8 @@ class Asker:
     # The listwise schema is the one the scale implies: each list request gets its own, with
     # its passages' ids and count (a schema the user gave is sent as given).
     schema_per_list: bool = False
+    # Listwise: passages a request holds at most; a longer list is asked in windows.
+    list_size: int = 20
 
     def __post_init__(self) -> None:
         # First-round prompts are known by digests before they are rendered, and their
@@ -89,7 +105,7 @@ class Asker:
     def identity(self) -> str:
         """What decides this asker's verdicts besides the query, its passages and the cached
         answers: its prompts' shared digests, the parser's tag and how it asks."""
-        how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language)
+        how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language, self.list_size)
         parts = (self._keys.identity, self._point_keys.identity, self._point_reader.tag, repr(how))
         return "\x00".join(parts)
 
@@ -123,18 +139,31 @@ class Asker:
 
     def first_prompts(self, query: Query) -> list[Prompt]:
         """The first-round prompts a query needs (:meth:`first_requests`, unrendered)."""
+        return [prompt for prompt, _ in self.first_asks(query)]
+
+    def first_asks(self, query: Query) -> list[tuple[Prompt, tuple[str, ...] | None]]:
+        """Each first-round prompt with the passage ids it asks about (None: one passage,
+        pointwise): one a passage, or one a listwise window."""
         asked = _to_ask(query)
         if self.mode != "listwise" or not asked:
-            return [self._pointwise_prompt(query, p) for p in asked]
-        return [self._listwise_prompt(query, asked)]
+            return [(self._pointwise_prompt(query, p), None) for p in asked]
+        return [
+            (self._listwise_prompt(query, w), tuple(p.id for p in w)) for w in self.windows(asked)
+        ]
+
+    def windows(self, passages: Sequence[Passage]) -> list[list[Passage]]:
+        """``passages`` in the listwise windows they are asked in, ``list_size`` each."""
+        size = self.list_size
+        return [list(passages[i : i + size]) for i in range(0, len(passages), size)]
 
     async def verdicts(self, query: Query, repeat: int) -> list[Verdict]:
         """One verdict per passage of ``query``, in rank order (a blank passage's without a
         call: ``empty_verdict``)."""
         if self.mode == "listwise" and query.passages:
             verdicts = self._empty(query)
-            asked = _to_ask(query)
-            verdicts += await self._listwise(query, asked, repeat) if asked else []
+            lists = [self._listwise(query, w, repeat) for w in self.windows(_to_ask(query))]
+            for got in await asyncio.gather(*lists):
+                verdicts += got
         else:
             verdicts = []
             asks = self._asks(query, repeat, verdicts)
@@ -204,9 +233,14 @@ class Asker:
             ]
             params = self.pointwise_params
             return [ChatRequest(model=self.ctx.model, messages=m, params=params) for m in chats]
-        listwise = self.template.render_listwise(query, numbered(asked), self.scale, **options)
-        params = self._list(asked)
-        return [ChatRequest(model=self.ctx.model, messages=listwise, params=params)]
+        return [
+            ChatRequest(
+                model=self.ctx.model,
+                messages=self.template.render_listwise(query, numbered(w), self.scale, **options),
+                params=self._list(w),
+            )
+            for w in self.windows(asked)
+        ]
 
     def render(self, query: Query, passages: Sequence[Passage]) -> tuple[Message, ...]:
         """The messages of one first-round request for ``passages`` (one passage pointwise)."""

@@ -50,15 +50,13 @@ def plan_requests(
 ) -> dict[str, Item]:
     """The uncached first-round requests of the units not done, by custom id (a passage two
     engines returned is one request). A cached prompt is found by its alias, unrendered."""
-    listwise = config.judge.mode == "listwise"
     items: dict[str, Item] = {}
     for repeat in range(config.run.repeats):
         for query in queries:
             if (query.query_id, query.engine, repeat) in done or not query.passages:
                 continue
             fitted = judge.fit(query)
-            ids = tuple(p.id for p in fitted.passages) if listwise else None
-            for prompt in judge.asker.first_prompts(fitted):
+            for prompt, ids in judge.asker.first_asks(fitted):  # ids: a listwise window's
                 alias = judge.caller.key(prompt, repeat)
                 if cache.contains(alias, alias=True):
                     continue

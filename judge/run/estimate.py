@@ -131,7 +131,9 @@ def estimate(
             passages += len(q.passages)
             blank += n_blank
             decided += len(q.passages) - n_llm - n_blank
-            per_call_answer = answer_tokens * (n_llm if listwise else 1)
+            # A listwise window answers for up to list_size passages, within its max_tokens.
+            window = min(n_llm, judge.asker.list_size) if listwise else 1
+            per_call_answer = min(answer_tokens * window, config.judge.params.max_tokens or 10**9)
             for ask in prompts:
                 key = judge.caller.key(ask, repeat)
                 if key in seen:  # the same passage from another engine: asked once

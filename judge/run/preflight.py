@@ -38,6 +38,7 @@ from judge.judging.context import (
     query_tokens,
 )
 from judge.judging.judge import Judge
+from judge.judging.relevance import window_size
 from judge.metrics.facts import metric_of, parse_metric_name
 from judge.providers import judges_by_score, planning_only, resolve_spec
 from judge.providers.base import read_api_key
@@ -264,7 +265,8 @@ def _context_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
     listwise = config.judge.mode == "listwise"
     problems, seen = [], set()
     for q in queries:
-        passages = len(q.passages) if listwise else min(len(q.passages), 1)
+        size = window_size(config.judge)  # a listwise request holds a window of them
+        passages = min(len(q.passages), size) if listwise else min(len(q.passages), 1)
         if (q.query, passages) in seen or not passages:
             continue
         seen.add((q.query, passages))
