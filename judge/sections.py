@@ -68,7 +68,9 @@ class JudgeSection(Record):
     # Listwise: passages one request holds at most; a longer list is judged in windows of this
     # many, each fitted to the context window (one request for 3,000 passages had been cut to
     # a few words each, its answer cut off at max_tokens).
-    list_size: int = Field(default=20, ge=1, le=1000, strict=True)
+    # None: LIST_SIZE (unset, it is no setting of a run's fingerprint: a run directory made
+    # before the setting existed resumes).
+    list_size: int | None = Field(default=None, ge=1, le=1000, strict=True)
     language: Literal["en", "zh"] = "en"
     # Explicit template name; default is "<scale>.<mode>.<language>".
     template: str | None = None

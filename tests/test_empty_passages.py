@@ -209,3 +209,34 @@ def test_a_long_list_is_asked_in_windows_each_fitting_its_answer(
     config = write_config(tmp_path / "tight.toml", server, tmp_path / "cache2.sqlite", tight)
     assert main(["run", str(config), "--out", str(tmp_path / "dry2"), "--dry-run"]) == 0
     assert "7 calls (0 already cached)" in capsys.readouterr().out  # 25 in windows of 4
+
+
+def test_a_run_directory_made_before_list_size_existed_resumes() -> None:
+    """list_size unset is no setting of the fingerprint (a run directory's run.json from
+    before it existed had been refused as "changed: judge.list_size unset -> 20")."""
+    from judge.config import load_config
+    from judge.run.resume import _settings
+
+    unset = load_config(None, {"judge.provider": "openai"}).fingerprint()
+    assert "judge.list_size" not in _settings(unset)
+    given = load_config(None, {"judge.list_size": 10}).fingerprint()
+    assert _settings(given)["judge.list_size"] == 10
+
+
+def test_a_listwise_cascade_counts_a_call_a_window(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cascade's line had counted one LLM call a query in listwise mode."""
+    from tests.test_cascade import calls as calls_to
+    from tests.test_cascade import text_scorer
+
+    server = make_server(scorer=text_scorer, responder=says_yes)
+    band = {"low": 0.3, "high": 0.7, "echo_floor": 0}
+    config = cascade_config(tmp_path, server, band, n_queries=3)
+    text = config.read_text(encoding="utf-8").replace(
+        "[judge]\n", '[judge]\nmode = "listwise"\nlist_size = 2\n'
+    )
+    config.write_text(text, encoding="utf-8")
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 0
+    assert calls_to(server, CHAT) == 6  # three band passages a query: windows of 2 and 1
+    assert "(6 LLM calls, 3 saved" in capsys.readouterr().out  # 15 passages: 9 calls else

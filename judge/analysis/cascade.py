@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from judge.analysis.agreement import human_agreement
 from judge.config import RunConfig
+from judge.judging.relevance import window_size
 from judge.schema import JudgedQuery, Record, Usage
 
 __all__ = ["CascadeSummary", "cascade_summary"]
@@ -68,9 +69,12 @@ def cascade_summary(results: Sequence[JudgedQuery], config: RunConfig) -> Cascad
         return None
     llm = sum(v.source == "judge" for jq in results for v in jq.verdicts)
     reranker = sum(_labelled_by_reranker(jq) for jq in results)
-    if config.judge.mode == "listwise":
-        calls = sum(any(v.source == "judge" for v in jq.verdicts) for jq in results)
-        saved = sum(0 < _labelled_by_reranker(jq) == len(jq.verdicts) for jq in results)
+    if config.judge.mode == "listwise":  # a request a window of the passages asked
+        size = window_size(config.judge)
+        asked = [sum(v.source == "judge" for v in jq.verdicts) for jq in results]
+        whole = [sum(v.source != "empty" for v in jq.verdicts) for jq in results]
+        calls = sum(-(-n // size) for n in asked)
+        saved = sum(-(-n // size) for n in whole) - calls
     else:
         calls, saved = llm, reranker
     usage = sum((v.usage for jq in results for v in jq.verdicts if v.source == "judge"), Usage())

@@ -429,9 +429,13 @@ def cmd_render(args: argparse.Namespace) -> int:
         for m in request.messages:
             print(f"\n--- {m.role} ---\n{m.content}")
     if len(requests) > len(shown):
+        each = (
+            f"one per window of up to {judge.asker.list_size} passages"
+            if judge.mode == "listwise"
+            else "one per passage"
+        )
         print(
-            f"\n({len(requests) - len(shown)} more request(s) like this, one per passage; "
-            "--all shows them)"
+            f"\n({len(requests) - len(shown)} more request(s) like this, {each}; --all shows them)"
         )
     return EXIT_OK
 

@@ -51,6 +51,8 @@ def _split_usage(usage: Usage, n: int) -> list[Usage]:
 
 # What one verdict of a list answer takes: its id, label and punctuation, then its reason.
 VERDICT_TOKENS, TOKENS_PER_WORD = 16, 2
+# Passages a listwise request holds at most unless [judge] list_size says.
+LIST_SIZE = 20
 
 
 def window_size(settings: JudgeSection) -> int:
@@ -58,8 +60,8 @@ def window_size(settings: JudgeSection) -> int:
     fit its ``max_tokens`` (a verdict about ``VERDICT_TOKENS``, and ``TOKENS_PER_WORD`` a
     word of its reason): an answer cut off at max_tokens leaves the rest asked again."""
     per = VERDICT_TOKENS + (TOKENS_PER_WORD * settings.max_reason_words if settings.reasons else 0)
-    most = settings.params.max_tokens
-    return max(1, min(settings.list_size, most // per)) if most else settings.list_size
+    size, most = settings.list_size or LIST_SIZE, settings.params.max_tokens
+    return max(1, min(size, most // per)) if most else size
 
 
 def _to_ask(query: Query) -> list[Passage]:
@@ -83,7 +85,7 @@ class Asker:
     # its passages' ids and count (a schema the user gave is sent as given).
     schema_per_list: bool = False
     # Listwise: passages a request holds at most; a longer list is asked in windows.
-    list_size: int = 20
+    list_size: int = LIST_SIZE
 
     def __post_init__(self) -> None:
         # First-round prompts are known by digests before they are rendered, and their
@@ -105,7 +107,8 @@ class Asker:
     def identity(self) -> str:
         """What decides this asker's verdicts besides the query, its passages and the cached
         answers: its prompts' shared digests, the parser's tag and how it asks."""
-        how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language, self.list_size)
+        window = self.list_size if self.mode == "listwise" else None  # pointwise: none
+        how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language, window)
         parts = (self._keys.identity, self._point_keys.identity, self._point_reader.tag, repr(how))
         return "\x00".join(parts)
 

@@ -131,10 +131,12 @@ def estimate(
             passages += len(q.passages)
             blank += n_blank
             decided += len(q.passages) - n_llm - n_blank
-            # A listwise window answers for up to list_size passages, within its max_tokens.
-            window = min(n_llm, judge.asker.list_size) if listwise else 1
-            per_call_answer = min(answer_tokens * window, config.judge.params.max_tokens or 10**9)
-            for ask in prompts:
+            # A listwise window answers for its passages (the last one: the rest), within its
+            # max_tokens; a pointwise request for one.
+            size, most = judge.asker.list_size, config.judge.params.max_tokens or 10**9
+            for i, ask in enumerate(prompts):
+                window = min(size, n_llm - i * size) if listwise else 1
+                per_call_answer = min(answer_tokens * max(window, 1), most)
                 key = judge.caller.key(ask, repeat)
                 if key in seen:  # the same passage from another engine: asked once
                     continue
