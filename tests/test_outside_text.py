@@ -51,6 +51,22 @@ def _dataset(path: Path, engines: tuple[str, str]) -> Path:
     return path
 
 
+def test_the_console_streams_answer_as_the_streams_they_wrap() -> None:
+    """A library asking the wrapped stdout or stderr its encoding gets the real one."""
+    import io
+
+    from judge.cli.main import _Printable
+
+    inner = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    shown = _Printable(inner, returns=True)
+    assert (shown.encoding, shown.errors) == ("utf-8", "strict")
+    shown.write("a\r\x1b[2Jb")
+    shown.flush()
+    raw = inner.buffer
+    assert isinstance(raw, io.BytesIO)
+    assert raw.getvalue().decode("utf-8") == "a\r\u241b[2Jb"  # the progress line's \r kept
+
+
 def test_printable_shows_controls_as_symbols() -> None:
     assert printable("a\x1b[2Jb\r\n\tc\u202ed\x7f") == "a\u241b[2Jb\u240d\n\tc\ufffdd\u2421"
     assert printable("plain text, 中文") == "plain text, 中文"

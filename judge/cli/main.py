@@ -625,6 +625,14 @@ class _Printable(io.TextIOBase):
     def isatty(self) -> bool:
         return self.inner.isatty()
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.inner.encoding  # what a library asking the stream's encoding expects
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return self.inner.errors
+
     def fileno(self) -> int:
         return self.inner.fileno()
 
