@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -185,6 +185,41 @@ class _Handler(BaseHTTPRequestHandler):
     def hang_up(self) -> None:
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class AnswerServer:
+    """A loopback server answering every POST with ``answer(request body)``: a status and a
+    JSON body, for answers no protocol's script gives (an error quoting the request, an
+    error object sent with 200). Its ``openai_base_url`` stands where a ScriptedServer's
+    does; closed by its ``with`` block."""
+
+    def __init__(self, answer: Callable[[bytes], tuple[int, Any]]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, body = answer(raw)
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *_args: Any) -> None:
+                """Silent."""
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.openai_base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> AnswerServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
 
 
 class ScriptedServer:

@@ -11,12 +11,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -29,7 +26,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from judge.cli.main import main
 from judge.data.datasets import read_results
 from judge.data.results import RESULTS_FILE
-from tests.servers import Answer, Fault, Recorded, ScriptedServer, hashed_responder
+from tests.servers import Answer, AnswerServer, Fault, Recorded, ScriptedServer, hashed_responder
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the server says each answer used, so the spans' token counts can be checked.
@@ -387,33 +384,10 @@ def test_reranker_calls_are_spans_too(
         assert span.parent is not None and span.parent.span_id in unit_ids
 
 
-class _EchoingServer(ThreadingHTTPServer):
-    """Answers every chat request 400 with the request's messages quoted, as a validating
-    server (vLLM, FastAPI) may: the error text holds the passages."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                said = {"error": {"message": f"invalid request: {raw.decode()}", "type": "bad"}}
-                payload = json.dumps(said).encode()
-                self.send_response(400)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *_args: Any) -> None:
-                """Silent."""
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self.thread.join(timeout=10)
+def _quoting(raw: bytes) -> tuple[int, Any]:
+    """A 400 quoting the request's messages, as a validating server (vLLM, FastAPI) may
+    answer: the error text holds the passages."""
+    return 400, {"error": {"message": f"invalid request: {raw.decode()}", "type": "bad"}}
 
 
 def _all_text(span: ReadableSpan) -> str:
@@ -428,15 +402,10 @@ def test_an_error_that_quotes_the_request_puts_no_text_in_a_span_unless_asked(
     """A server's 400 quoting the prompt: the SDK's defaults had put the passages in each
     failed call's exception event and status; the spans say the kind, and the error status,
     and the message only with include_text."""
-    server = _EchoingServer()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        fake = cast(ScriptedServer, SimpleNamespace(openai_base_url=url))  # its URL is read
+    with AnswerServer(_quoting) as server:
         extra = "[telemetry]\ninclude_text = true\n" if include_text else ""
-        config = _config(tmp_path, fake, extra)
+        config = _config(tmp_path, cast(ScriptedServer, server), extra)  # its URL is read
         assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 3
-    finally:
-        server.close()
     found = spans.get_finished_spans()
     (run,) = _named(found, "judge run")
     assert run.status.status_code is StatusCode.ERROR and run.attributes["judge.stopped_by"]

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from judge.cli.main import main
 from judge.schema import printable
-from tests.servers import Answer, Item, Recorded, ScriptedServer
+from tests.servers import Answer, AnswerServer, Item, Recorded, ScriptedServer
 from tests.test_runner import write_config
 
 ESC = "\x1b[2J\x1b]0;pwned\x07"  # clear the screen, retitle the window
@@ -137,31 +134,10 @@ def test_a_providers_error_with_control_characters_drives_no_terminal(
 ) -> None:
     """The run's stop line quotes the provider's words: an ESC sequence in them had reached
     the terminal on stderr (retitled it, cleared the screen)."""
-    body = json.dumps({"object": "error", "message": f"model {ESC} gone"}).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            """Silent."""
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        fake = cast(ScriptedServer, SimpleNamespace(openai_base_url=url))
+    said = {"object": "error", "message": f"model {ESC} gone"}  # vLLM's, sent with 200
+    with AnswerServer(lambda _raw: (200, said)) as server:
+        fake = cast(ScriptedServer, server)  # its URL is read
         config = write_config(tmp_path / "c.toml", fake, tmp_path / "cache.sqlite")
         assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 3
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=10)
     err = capsys.readouterr().err
     assert "gone" in err and "\x1b" not in err and "\x07" not in err
