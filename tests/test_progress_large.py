@@ -101,13 +101,16 @@ def _setup(
     make_server: Callable[..., ScriptedServer], tmp_path: Path
 ) -> tuple[ScriptedServer, Path, Path, Path]:
     server = make_server(latency=0.01)
-    # No hedging: a slow call's second request is paid by design (tests/test_hedging.py), and
-    # here every request beyond one per passage must be a call in flight at the kill.
+    # No hedging and a fixed attempt deadline far beyond any answer's time: a slow call's
+    # second request is paid by design (tests/test_hedging.py), and on a loaded machine a
+    # loopback answer can take longer than the 1 s a deadline drawn from 10 ms answers gives.
+    # Here every request beyond one per passage must be a call in flight at the kill.
     run = {
         "concurrency": CONCURRENCY,
         "progress_interval_s": 0.2,
         "grace_s": 30.0,
         "hedge_share": 0.0,
+        "attempt_timeout_s": 30.0,
     }
     config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite", {"run": run})
     return server, config, _one_huge_query(tmp_path / "rows.jsonl"), tmp_path / "out"

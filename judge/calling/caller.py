@@ -33,6 +33,7 @@ from judge.calling.cache import Cache, Reading, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
+    Deadline,
     Gate,
     Limits,
     RateLimiter,
@@ -649,9 +650,9 @@ class Caller:
         if left is not None and not left.done():  # (done: its watcher was cancelled)
             left.set_result(None)
         deadline = self._deadline(tail, attempt)
-        timeout: asyncio.Timeout | None = None
+        timeout: Deadline | None = None
         try:
-            async with asyncio.timeout(deadline) as timeout:
+            async with Deadline(deadline) as timeout:
                 tail.watch(timeout, attempt)
                 answer = await send()
             if not answer.usage_known:  # counts that are not counts: the worst case, as reserved

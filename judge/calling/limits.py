@@ -4,8 +4,9 @@
 of a cache key. :class:`AdaptiveLimit` keeps the calls in flight to what a provider can take;
 :class:`Gate` starts a query's asks in the order queries started;
 :class:`Tail` draws an attempt's deadline and when to hedge it from the provider's recent
-latency; :class:`RateLimiter` paces requests and tokens per minute; :class:`Budget` counts
-what was spent and refuses a call the budget no longer allows.
+latency, and :class:`Deadline` holds an attempt to it; :class:`RateLimiter` paces requests
+and tokens per minute; :class:`Budget` counts what was spent and refuses a call the budget no
+longer allows.
 """
 
 from __future__ import annotations
@@ -289,6 +290,60 @@ HEDGE_BURST = 8.0
 # The latest attempts' ends that tell a provider slower for everyone (most abandoned at their
 # deadline) from some hung requests (Tail._shifted).
 SHIFT_WINDOW = 20
+# A deadline found past by more than STALL_S saw this process stalled (see Deadline): it is
+# moved STALL_GRACE_S on from when the process runs again.
+STALL_S, STALL_GRACE_S = 0.25, 0.5
+
+
+class Deadline:
+    """An attempt's deadline, as ``asyncio.timeout`` holds a block to one, except when this
+    process stalled across it: its event loop busy, or the machine too loaded to run it. The
+    timer then runs late, in the same turn of the loop as the answer that came meanwhile, and
+    would abandon (and pay again) a request the provider had answered in time. A deadline
+    found past by more than :data:`STALL_S` is moved :data:`STALL_GRACE_S` on from then, as
+    often as it is so found. ``when``, ``reschedule`` and ``expired`` as
+    :class:`asyncio.Timeout`'s."""
+
+    __slots__ = ("__weakref__", "_handle", "_loop", "_timeout", "_when")
+
+    def __init__(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._when = self._loop.time() + seconds
+        self._timeout = asyncio.timeout(None)
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> Deadline:
+        await self._timeout.__aenter__()
+        self._handle = self._loop.call_at(self._when, self._due)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        return await self._timeout.__aexit__(*exc)
+
+    def when(self) -> float | None:
+        return None if self._handle is None else self._when
+
+    def expired(self) -> bool:
+        return self._timeout.expired()
+
+    def reschedule(self, when: float) -> None:
+        if self._handle is None:
+            raise RuntimeError("the deadline is not running")
+        self._handle.cancel()
+        self._when = max(when, self._loop.time())  # one already past expires now, no stall
+        self._handle = self._loop.call_at(when, self._due)
+
+    def _due(self) -> None:
+        now = self._loop.time()
+        if now - self._when > STALL_S:
+            self._when = now + STALL_GRACE_S
+            self._handle = self._loop.call_at(self._when, self._due)
+            return
+        self._handle = None
+        self._timeout.reschedule(now)  # expires now: the block ends in TimeoutError
 
 
 class Gate:
@@ -402,8 +457,8 @@ class Tail:
         self._last_answer: float | None = None  # when the latest answer came (clock)
         # Attempts sent before the p95 was known (deadline timeout_s): (their timeout, when
         # they left, which attempt), given the p95's deadline once it is (see watch).
-        self._early: list[tuple[asyncio.Timeout, float, int]] = []
-        self._cut: weakref.WeakSet[asyncio.Timeout] = weakref.WeakSet()  # those shortened
+        self._early: list[tuple[Deadline, float, int]] = []
+        self._cut: weakref.WeakSet[Deadline] = weakref.WeakSet()  # those shortened
 
     def answered(self, latency_s: float) -> None:
         self._recent.append(latency_s)
@@ -413,7 +468,7 @@ class Tail:
         if self._early and len(self._recent) >= TAIL_HISTORY:
             self._shorten()
 
-    def watch(self, timeout: asyncio.Timeout, attempt: int) -> None:
+    def watch(self, timeout: Deadline, attempt: int) -> None:
         """An attempt just sent under ``timeout``: one sent before the p95 is known waits
         ``timeout_s`` (60 s), and a hung one among the first held the run that long after
         every other answer was in; it gets the p95's deadline once the p95 is known."""
@@ -430,7 +485,7 @@ class Tail:
                 timeout.reschedule(min(when, sent + self.deadline(attempt)))
                 self._cut.add(timeout)
 
-    def cut(self, timeout: asyncio.Timeout | None) -> bool:
+    def cut(self, timeout: Deadline | None) -> bool:
         """Whether ``timeout`` is one sent before the p95 was known and shortened to its
         deadline once it was (:meth:`watch`)."""
         return timeout is not None and timeout in self._cut
