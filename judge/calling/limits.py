@@ -317,11 +317,11 @@ class Deadline:
         self._handle = self._loop.call_at(self._when, self._due)
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, *exc: Any) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        return await self._timeout.__aexit__(*exc)
+        await self._timeout.__aexit__(*exc)  # never swallows: raises TimeoutError or passes
 
     def when(self) -> float | None:
         return None if self._handle is None else self._when
