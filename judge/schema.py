@@ -18,6 +18,7 @@ does both for rows read back from a results file (3.4 KB a passage before, 1.3 K
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -121,10 +122,13 @@ class Query(Record):
         return (self.query_id, self.engine)
 
 
+_SPACES = re.compile(r"\s+")
+
+
 def normalise_label(text: str) -> str:
     """Case-fold, NFKC-normalise, collapse inner spaces and strip punctuation around a label."""
     text = unicodedata.normalize("NFKC", text).strip(_LABEL_STRIP).casefold()
-    return re.sub(r"\s+", " ", text)
+    return _SPACES.sub(" ", text)
 
 
 class ScaleLabel(Record):
@@ -177,6 +181,16 @@ class Scale(Record):
                 seen[norm] = label.name
         return self
 
+    @functools.cached_property
+    def forms(self) -> tuple[tuple[str, ScaleLabel], ...]:
+        """Each label's name and aliases, normalised (``normalise_label``), with the label:
+        made once a scale, as every answer's label is looked up in them."""
+        return tuple(
+            (normalise_label(form), label)
+            for label in self.labels
+            for form in (label.name, *label.aliases)
+        )
+
     @property
     def max_grade(self) -> int:
         return max(label.grade for label in self.labels)
@@ -202,8 +216,8 @@ class Scale(Record):
         if isinstance(text, int):
             return next((lab for lab in self.labels if lab.grade == text), None)
         norm = normalise_label(text)
-        for label in self.labels:
-            if norm in {normalise_label(f) for f in (label.name, *label.aliases)}:
+        for form, label in self.forms:
+            if norm == form:
                 return label
         if norm.isdigit():
             return self.snap(int(norm))

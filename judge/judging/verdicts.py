@@ -314,12 +314,8 @@ def _token_label(token: str, prefix: str, scale: Scale) -> ScaleLabel | None:
     piece = normalise_label(token[len(prefix) :])
     if not piece:
         return None
-    hits = {
-        label.name: label
-        for label in scale.labels
-        for form in (label.name, *label.aliases, str(label.grade))
-        if normalise_label(form).startswith(piece)
-    }
+    hits = {label.name: label for form, label in scale.forms if form.startswith(piece)}
+    hits.update((lab.name, lab) for lab in scale.labels if str(lab.grade).startswith(piece))
     return next(iter(hits.values())) if len(hits) == 1 else None
 
 
