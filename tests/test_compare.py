@@ -22,10 +22,13 @@ from judge.analysis.compare import (
 )
 from judge.analysis.reliability import bootstrap_ci
 from judge.cli.reports import add_commands, format_table, load_engines
+from judge.config import load_config
 from judge.data.datasets import append_result, read_queries
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import DEFAULT_METRICS, metrics_for_queries
 from judge.report.compared import headline_lines, p_text
+from judge.report.document import leading_engine
+from judge.report.summary import build_summary
 from judge.schema import JudgedQuery, MetricPolicy, Passage, Query, Scale, Verdict
 
 GRADED = Scale.graded()
@@ -561,6 +564,59 @@ def test_ties_say_no_query_differs_and_the_headline_skips_them() -> None:
     )
     assert lines[1].startswith("largest significant change: b beats a on ap: +0.2")
     assert lines[1].endswith("p = 0.008, better on 8, tied 0, worse 0 of 8 queries")
+
+
+def _found_at(qid: str, engine: str, rank: int | None, grade: int | str = 0) -> JudgedQuery:
+    """A list of three passages, the relevant one at ``rank`` (None: none); the others get
+    ``grade`` (an "error" makes the list not judged fully)."""
+    grades = [3 if i == rank else grade for i in (1, 2, 3)]
+    passages = [(f"{engine}{qid}-{i}", f"text {i}") for i in (1, 2, 3)]
+    return judged(qid, engine, passages, grades, text=f"query {qid}")
+
+
+def test_an_engine_that_finds_nothing_relevant_loses_the_query_not_leaves_it() -> None:
+    """a finds a relevant passage at rank 2 on all 20 queries; b finds one at rank 1 on 6 and
+    nothing on 14. NDCG is undefined where nothing is relevant: paired on the 6 alone, b had
+    "won". The 14 count 0 for b: a wins, on all 20 queries."""
+    rows = [_found_at(f"q{i:02d}", "a", 2) for i in range(20)]
+    rows += [_found_at(f"q{i:02d}", "b", 1 if i < 6 else None) for i in range(20)]
+    cmp = compare(rows, ["ndcg"], GRADED, n_boot=200)
+    (d,) = cmp.diffs
+    assert (d.engine, d.baseline, d.n, d.wins, d.losses, d.left_out) == ("b", "a", 20, 6, 14, 0)
+    line = headline_lines(cmp)[0]
+    assert line.startswith("a beats b on ndcg: ")
+    assert line.endswith("better on 14, tied 0, worse 6 of 20 queries")
+    assert cmp.means["ndcg"]["b"].mean == pytest.approx(6 / 20)
+
+
+def test_queries_left_out_of_the_pairs_are_said_beside_the_verdict() -> None:
+    """b's 6 weaker queries each hold an error verdict: undefined (not judged fully), they
+    stay out of the pairs, and the verdict says how many were left out."""
+    rows = [_found_at(f"q{i:02d}", "a", 2) for i in range(12)]
+    rows += [
+        _found_at(f"q{i:02d}", "b", 1) if i < 6 else _found_at(f"q{i:02d}", "b", 3, "error")
+        for i in range(12)
+    ]
+    (d,) = compare(rows, ["ndcg"], GRADED, n_boot=200).diffs
+    assert (d.n, d.left_out) == (6, 6)
+    line = headline_lines(compare(rows, ["ndcg"], GRADED, n_boot=200))[0]
+    assert line.endswith(
+        "of 6 queries; 6 more left out, undefined for b or a (not judged fully, or nothing "
+        "relevant found by either)"
+    )
+
+
+def test_the_leading_engine_is_not_one_asked_a_few_easy_queries() -> None:
+    """a beats b on all 20 queries; c holds only 4 of them and ranks each perfectly. The
+    engines are compared with a (the best of those that hold the run's queries), not with c,
+    which would leave a against b unsaid."""
+    rows = [_found_at(f"q{i:02d}", "a", 1 if i % 2 else 2) for i in range(20)]
+    rows += [_found_at(f"q{i:02d}", "b", 3) for i in range(20)]
+    rows += [_found_at(f"q{i:02d}", "c", 1) for i in range(4)]
+    config = load_config(None, {"metrics.names": ["ndcg"], "judge.scale": "graded"})
+    summary = build_summary(config, rows, n_boot=20)
+    assert summary.engines["c"].mean("ndcg") == 1.0 > summary.engines["a"].mean("ndcg")
+    assert leading_engine(summary) == "a"
 
 
 def test_a_baseline_summary_json_compares_like_its_run_directory(

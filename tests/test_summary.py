@@ -127,6 +127,40 @@ def test_a_drop_is_measured_over_the_queries_both_runs_hold(tmp_path: Path) -> N
     )
 
 
+def test_a_night_that_finds_nothing_relevant_where_the_baseline_did_is_a_drop(
+    tmp_path: Path,
+) -> None:
+    """The baseline found a relevant passage at rank 2 on all 10 queries (AP 0.5 each);
+    tonight the engine finds one at rank 1 on 4 and nothing on 6. AP is undefined on those 6,
+    and over its defined queries tonight's mean rose to 1.0: the 6 count 0 instead (0.4), a
+    drop the check catches and says how. A query tonight did not judge fully stays out."""
+    base_rows = [_on(f"q{i}", f"query {i}", [0, 1, 0]) for i in range(10)]
+    baseline = tmp_path / "baseline.json"
+    write_summary(baseline, build_summary(load_config(None), base_rows, n_boot=10))
+    config = load_config(
+        None,
+        {
+            "metrics.names": ["ap"],
+            "thresholds.max_drop": {"ap": 0.05},
+            "thresholds.baseline": str(baseline),
+        },
+    )
+    tonight = [_on(f"q{i}", f"query {i}", [1, 0, 0] if i < 4 else [0, 0, 0]) for i in range(10)]
+    summary = build_summary(config, tonight, n_boot=10)
+    assert summary.engines["e"].mean("ap") == 1.0  # each query's own: nothing relevant, no AP
+    (drop,) = _drops(summary)
+    assert (drop.ok, drop.baseline, drop.current) == (False, 0.5, pytest.approx(0.4))
+    assert drop.note == (
+        "6 queries where one night found nothing relevant and the other found something "
+        "counted 0"
+    )
+    # One of the six was not judged fully tonight (an error verdict): it stays undefined.
+    failed = judged([0, 0, None], 0).model_copy(update={"query": tonight[9].query})
+    (drop,) = _drops(build_summary(config, [*tonight[:9], failed], n_boot=10))
+    assert drop.current == pytest.approx(4 / 9) and drop.note is not None
+    assert drop.note.startswith("5 queries")
+
+
 def test_missing_baseline_is_noted_not_fatal(tmp_path: Path) -> None:
     config = load_config(
         None,

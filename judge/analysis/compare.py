@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,7 @@ from judge.analysis.judged_pool import (
 from judge.analysis.reliability import bootstrap_ci
 from judge.errors import ConfigError, InputError
 from judge.metrics.compute import metrics_for_queries
-from judge.metrics.facts import lower_is_better
+from judge.metrics.facts import family_of, lower_is_better
 from judge.metrics.facts import parse_metric_name as parse_plain
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale
 
@@ -64,6 +64,8 @@ __all__ = [
     "parse_pooled",
     "per_query_values",
     "pooled_metrics",
+    "score_misses",
+    "scored_when_missed",
     "sign_flip_floor",
     "sign_flip_p",
 ]
@@ -106,6 +108,9 @@ class PairedDiff(Record):
     wins: int = 0
     ties: int = 0
     losses: int = 0
+    # Query ids either side holds that the pairs leave out: undefined on one side (not judged
+    # fully, or not held) or on both (nothing relevant found by either).
+    left_out: int = 0
 
     @property
     def too_few(self) -> bool:
@@ -186,17 +191,61 @@ def _metric_rows(
     return rows
 
 
+def scored_when_missed(metric: str) -> bool:
+    """Whether a query ``metric`` leaves undefined for one side of a comparison, and defines
+    for another, counts 0 for the first: the label-free and soft metrics, undefined when a
+    list holds nothing relevant (their ideal is the list's own)."""
+    return family_of(metric) in ("label-free", "soft")
+
+
+def score_misses(
+    metric: str,
+    values: Mapping[str, dict[str, float]],
+    judged: Mapping[str, Collection[str]],
+) -> int:
+    """In place: a query some side of ``values`` (``[side][query_id]``) defines ``metric``
+    for, and a side that judged it fully (``judged[side]``: every verdict answered) leaves
+    undefined, counts 0 for that side: it found nothing relevant where another side found
+    something. Left undefined, the query would drop out of the pairing and flatter the side
+    that found nothing. Returns how many values were so scored."""
+    if not scored_when_missed(metric):
+        return 0
+    defined = set().union(*(v.keys() for v in values.values()))
+    scored = 0
+    for side, held in judged.items():
+        mine = values[side]
+        for qid in held:
+            if qid in defined and qid not in mine:
+                mine[qid] = 0.0
+                scored += 1
+    return scored
+
+
 def per_query_values(
     results: Sequence[JudgedQuery],
     names: Sequence[str],
     scale: Scale,
     policy: MetricPolicy = MetricPolicy(),
+    *,
+    score_missed: bool = True,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``[metric][engine][query_id]`` = mean over the repeats where the value is defined."""
+    """``[metric][engine][query_id]`` = mean over the repeats where the value is defined; a
+    query an engine judged fully and found nothing relevant in, where another engine did,
+    is 0 for it (:func:`score_misses`) unless not ``score_missed`` (each engine's own
+    values, as the run's per-query table shows them)."""
     rows = _metric_rows(results, names, scale, policy)
     repeats: dict[tuple[str, str], list[dict[str, float | None]]] = defaultdict(list)
+    judged: dict[str, set[str]] = defaultdict(set)
+    unjudged: set[tuple[str, str]] = set()
     for jq, row in zip(results, rows, strict=True):
-        repeats[(jq.query.engine, jq.query.query_id)].append(row)
+        key = (jq.query.engine, jq.query.query_id)
+        repeats[key].append(row)
+        if all(v.status == "ok" for v in jq.verdicts):
+            judged[key[0]].add(key[1])
+        else:
+            unjudged.add(key)
+    for engine, qid in unjudged:  # every repeat answered, or not judged fully
+        judged[engine].discard(qid)
     engines = sorted({engine for engine, _ in repeats})
     out: dict[str, dict[str, dict[str, float]]] = {n: {e: {} for e in engines} for n in names}
     for (engine, qid), group in sorted(repeats.items()):  # query ids in order, per engine
@@ -204,6 +253,8 @@ def per_query_values(
             values = [v for row in group if (v := row.get(name)) is not None]
             if values:
                 out[name][engine][qid] = sum(values) / len(values)
+    for name in names if score_missed else ():
+        score_misses(name, out[name], judged)
     return out
 
 
@@ -273,10 +324,13 @@ def paired_diff(
     n_boot: int = N_BOOT,
     n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
+    held: tuple[Collection[str], Collection[str]] | None = None,
 ) -> PairedDiff:
-    """``engine - baseline`` over the query ids where both have a value."""
+    """``engine - baseline`` over the query ids where both have a value; ``held``: the query
+    ids each side holds, defined or not, to count those left out."""
     (name, values), (base, base_values) = engine, baseline
     common = sorted(values.keys() & base_values.keys())
+    held_ids = set(held[0]) | set(held[1]) if held is not None else set(common)
     a = np.array([values[q] for q in common], dtype=np.float64)
     b = np.array([base_values[q] for q in common], dtype=np.float64)
     d = a - b
@@ -299,6 +353,7 @@ def paired_diff(
         wins=int(np.count_nonzero(better > _ZERO)),
         ties=int(np.count_nonzero(np.abs(d) <= _ZERO)),
         losses=int(np.count_nonzero(better < -_ZERO)),
+        left_out=len(held_ids.difference(common)),
     )
 
 
@@ -351,6 +406,9 @@ def compare(
     found = sorted({jq.query.engine for jq in results})
     order, base, pairs = _pairs(found, engines, baseline, baselines)
     per_query = per_query_values(results, metrics, scale, policy)
+    held: dict[str, set[str]] = defaultdict(set)
+    for jq in results:
+        held[jq.query.engine].add(jq.query.query_id)
     means = {
         m: {e: engine_mean(per_query[m][e], n_boot=n_boot, seed=seed) for e in order}
         for m in metrics
@@ -363,6 +421,7 @@ def compare(
             n_boot=n_boot,
             n_permutations=n_permutations,
             seed=seed,
+            held=(held[e], held[pairs[e]]),
         )
         for m in metrics
         for e in order

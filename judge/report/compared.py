@@ -25,6 +25,7 @@ from judge.report.blocks import (
     lazy_chart,
     render_html,
 )
+from judge.report.queries import night_values
 from judge.report.summary import Summary
 
 # Metrics drawn in the per-query scatter (the table holds them all).
@@ -92,10 +93,20 @@ def _p_short(d: PairedDiff) -> str:
     return "p < 0.001" if d.p_value < 0.001 else f"p = {d.p_value:.3f}"
 
 
+def _left(d: PairedDiff) -> str:
+    """The queries the pairs leave out, said beside those they hold."""
+    if not d.left_out:
+        return ""
+    return (
+        f"; {d.left_out} more left out, undefined for {d.engine} or {d.baseline} (not "
+        "judged fully, or nothing relevant found by either)"
+    )
+
+
 def verdict_line(d: PairedDiff) -> str:
     """Which of two engines is better on ``d.metric``, or that neither is (a CI that holds 0,
     p >= 0.05, or no query that differs), with the paired figures."""
-    counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries"
+    counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries{_left(d)}"
     if d.diff is None or d.n == 0:
         return f"{d.engine} and {d.baseline} share no query where {d.metric} is defined"
     if d.wins + d.losses == 0:
@@ -119,7 +130,7 @@ def verdict_line(d: PairedDiff) -> str:
     said = f"{d.metric} (lower is better)" if lower else d.metric
     if (d.diff < 0) if lower else (d.diff > 0):
         return f"{d.engine} beats {d.baseline} on {said}: {figures}, {counts}"
-    flipped = f"better on {d.losses}, tied {d.ties}, worse {d.wins} of {d.n} queries"
+    flipped = f"better on {d.losses}, tied {d.ties}, worse {d.wins} of {d.n} queries{_left(d)}"
     mirrored = ci_text(-high, -low, signed=True)
     return (
         f"{d.baseline} beats {d.engine} on {said}: {_signed(-d.diff)} {mirrored}, "
@@ -153,7 +164,9 @@ def verdict_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
 
 
 FOOTNOTE = (
-    "Paired: over the queries both the engine and its baseline define; diff = mean of the "
+    "Paired: over the queries both the engine and its baseline define (on a label-free or "
+    "soft metric, a query one judged fully and found nothing relevant in, where the other "
+    "found something, counts 0 for it); diff = mean of the "
     "per-query differences, 95% CI by bootstrap over queries, p from the two-sided exact "
     "sign-flip test ('~': sampled). With m queries that differ no p can fall below 2 / 2^m, so "
     f"fewer than 6 give no p < {SIGNIFICANCE}. Unpaired means cover each engine's own queries "
@@ -278,14 +291,6 @@ def compare_page(
 FELL_SHOWN = 10
 
 
-def _per_query(summary: Summary, engine: str, metric: str) -> dict[str, float]:
-    return {
-        row.query_id: value
-        for row in summary.queries
-        if row.engine == engine and (value := row.metrics.get(metric)) is not None
-    }
-
-
 def nightly_section(
     summary: Summary, baseline: Summary, ids: dict[tuple[str, str], str]
 ) -> Section | None:
@@ -299,9 +304,19 @@ def nightly_section(
     blocks: list[Text | Table | Chart] = []
     st, rise = summary.stability, lower_is_better(metric)
     for engine in engines:
-        now, before = _per_query(summary, engine, metric), _per_query(baseline, engine, metric)
+        nights = {
+            night: [r for r in rows if r.engine == engine]
+            for night, rows in (("tonight", summary.queries), ("baseline", baseline.queries))
+        }
+        values, held, _ = night_values(metric, nights)
+        now, before = values["tonight"], values["baseline"]
         d = paired_diff(
-            metric, ("tonight", now), ("baseline", before), n_boot=st.n_boot, seed=st.seed
+            metric,
+            ("tonight", now),
+            ("baseline", before),
+            n_boot=st.n_boot,
+            seed=st.seed,
+            held=(held["tonight"], held["baseline"]),
         )
         blocks.append(Text(f"{engine}: {verdict_line(d)}"))
         change = {q: now[q] - before[q] for q in now.keys() & before.keys()}
@@ -322,7 +337,8 @@ def nightly_section(
             head = ["query", f"baseline {metric}", f"tonight {metric}", "change"]
             blocks.append(Table(head, rows, frozenset({1, 2, 3})))
     note = (
-        f"Paired over the query ids both tonight and the baseline define, per engine; the "
+        f"Paired over the query ids both tonight and the baseline define, per engine (a "
+        f"query one night found nothing relevant in and the other did counts 0 for it); the "
         f"{FELL_SHOWN} queries that fell most are listed, linked to tonight's passages."
     )
     blocks.append(Text(note, "muted"))

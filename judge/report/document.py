@@ -48,6 +48,7 @@ from judge.report.queries import (
     QueryRow,
     anchors,
     failed_section,
+    night_values,
     passages_section,
     query_rows,
     query_table_section,
@@ -80,11 +81,25 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
 def leading_engine(summary: Summary) -> str | None:
     """Of three engines or more, the one the others are compared with: the best on the
     primary metric, so the verdict says how each falls short of it (or does not); two
-    engines keep their order (None: the first by name)."""
+    engines keep their order (None: the first by name). Only an engine that holds at least
+    half as many queries as the one holding the most can lead (one asked a few easy queries
+    is not the best), judged over the queries those engines all hold, a query one found
+    nothing relevant in counting 0 for it where another found something (as compared)."""
     metric = primary_metric(summary.metric_names, summary.policy.primary)
-    means = {e: data.mean(metric) for e, data in summary.engines.items()} if metric else {}
+    if len(summary.engines) < 3 or metric is None:
+        return None
+    means = {e: data.mean(metric) for e, data in summary.engines.items()}
+    rows = {e: [r for r in summary.queries if r.engine == e] for e in summary.engines}
+    most = max(len(group) for group in rows.values())
+    if most:  # of those that hold at least half the most queries, over those all of them hold
+        rows = {e: group for e, group in rows.items() if 2 * len(group) >= most}
+        shared = set.intersection(*({r.query_id for r in group} for group in rows.values()))
+        values, _, _ = night_values(
+            metric, {e: [r for r in group if r.query_id in shared] for e, group in rows.items()}
+        )
+        means = {e: sum(v.values()) / len(v) if v else None for e, v in values.items()}
     known = {e: m for e, m in means.items() if m is not None}
-    if len(summary.engines) < 3 or not known or metric is None:
+    if not known:
         return None
     pick = min if lower_is_better(metric) else max
     return pick(sorted(known), key=lambda e: known[e])

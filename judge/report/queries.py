@@ -14,10 +14,10 @@ judge's majority label is a disagreement, marked in the report and counted per q
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from judge.analysis.compare import per_query_values
+from judge.analysis.compare import per_query_values, score_misses
 from judge.config import RunConfig
 from judge.report.blocks import Chart, Link, Section, Table, Text, format_value
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Verdict
@@ -42,6 +42,22 @@ class QueryRow(Record):
     # with (None when the row carries no human label).
     labelled: int = 0
     disagreements: int | None = None
+
+
+def night_values(
+    metric: str, nights: Mapping[str, Sequence[QueryRow]]
+) -> tuple[dict[str, dict[str, float]], dict[str, set[str]], int]:
+    """Per side (rows of one engine: a night's, or an engine's of one run): ``metric`` per
+    query id where defined, a query one side found nothing relevant in and another did
+    counting 0 for it (:func:`judge.analysis.compare.score_misses`); the query ids each side
+    holds; how many values were so scored."""
+    values = {
+        side: {r.query_id: v for r in rows if (v := r.metrics.get(metric)) is not None}
+        for side, rows in nights.items()
+    }
+    judged = {side: {r.query_id for r in rows if not r.failed} for side, rows in nights.items()}
+    scored = score_misses(metric, values, judged)
+    return values, {side: {r.query_id for r in rows} for side, rows in nights.items()}, scored
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,7 @@ def query_rows(
 ) -> tuple[QueryRow, ...]:
     """One row per (query id, engine), sorted by both; ``results`` hold human labels on the
     judge's scale unless ``label_scale`` says what scale they are on."""
-    values = per_query_values(results, names, scale, policy)
+    values = per_query_values(results, names, scale, policy, score_missed=False)
     out = []
     for (qid, engine), rows in grouped(results).items():
         if rows[0].query.labels:

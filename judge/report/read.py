@@ -48,6 +48,7 @@ COMPARE_COLUMNS: dict[str, str] = {
     "wins": "Int64",
     "ties": "Int64",
     "losses": "Int64",
+    "left_out": "Int64",
     "significant": "string",
 }
 

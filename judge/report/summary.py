@@ -44,7 +44,7 @@ from judge.data.lines import write_atomic
 from judge.errors import NOT_SENT, InputError, JudgeError
 from judge.metrics.facts import family_of, lower_is_better, needs_judge
 from judge.providers import ADAPTERS, judges_by_score, resolve_spec
-from judge.report.queries import QueryRow, labels_on_scale, query_rows
+from judge.report.queries import QueryRow, labels_on_scale, night_values, query_rows
 from judge.run.runner import RunOutcome
 from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Record, Scale, Usage
 from judge.version import __version__
@@ -540,11 +540,21 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
             rise = lower_is_better(metric)
             before, now = base.engines[engine].mean(metric), data.mean(metric)
             note: str | None = None
-            if shared is not None:
+            if shared is None:  # the same queries (or no rows): all of them
+                ours = [r for r in summary.queries if r.engine == engine]
+                theirs = [r for r in base.queries if r.engine == engine]
+            else:
                 ours, theirs, note = shared
                 if ours:
                     before = _mean(r.metrics.get(metric) for r in theirs)
                     now = _mean(r.metrics.get(metric) for r in ours)
+            nights = {"tonight": ours, "baseline": theirs}
+            values, _, scored = night_values(metric, nights) if ours and theirs else ({}, {}, 0)
+            if scored:  # one night found nothing relevant where the other found something
+                before, now = _mean(values["baseline"].values()), _mean(values["tonight"].values())
+                missed = f"{scored} quer{'y' if scored == 1 else 'ies'} where one night found "
+                missed += "nothing relevant and the other found something counted 0"
+                note = f"{note}; {missed}" if note else missed
             if before is None:
                 why = "not in the baseline, or undefined for every query there"
                 checks.append(_unmade(f"{'rise' if rise else 'drop'} {metric}", engine, why))
