@@ -151,8 +151,7 @@ def test_a_night_that_finds_nothing_relevant_where_the_baseline_did_is_a_drop(
     (drop,) = _drops(summary)
     assert (drop.ok, drop.baseline, drop.current) == (False, 0.5, pytest.approx(0.4))
     assert drop.note == (
-        "6 queries where one night found nothing relevant and the other found something "
-        "counted 0"
+        "6 queries where one night found nothing relevant and the other found something counted 0"
     )
     # One of the six was not judged fully tonight (an error verdict): it stays undefined.
     failed = judged([0, 0, None], 0).model_copy(update={"query": tonight[9].query})
