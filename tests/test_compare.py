@@ -562,7 +562,10 @@ def test_ties_say_no_query_differs_and_the_headline_skips_them() -> None:
     assert lines[0] == (
         "no query differs between b and a on ndcg (better on 0, tied 8, worse 0 of 8 queries)"
     )
-    assert lines[1].startswith("largest significant change: b beats a on ap: +0.2")
+    # Its p (0.0078) doubled by Holm over the two metrics compared: still under 0.05.
+    assert lines[1].startswith(
+        "largest significant change, p = 0.016 Holm-adjusted over 2 metrics: b beats a on ap: +0.2"
+    )
     assert lines[1].endswith("p = 0.008, better on 8, tied 0, worse 0 of 8 queries")
 
 
@@ -617,6 +620,58 @@ def test_the_leading_engine_is_not_one_asked_a_few_easy_queries() -> None:
     summary = build_summary(config, rows, n_boot=20)
     assert summary.engines["c"].mean("ndcg") == 1.0 > summary.engines["a"].mean("ndcg")
     assert leading_engine(summary) == "a"
+
+
+def test_an_ndcg_win_that_pooled_ndcg_contradicts_is_said_beside_it() -> None:
+    """b ranks its one relevant passage first; a finds four, one of them second. Each NDCG is
+    over its own list's best order, so b "wins" on ndcg; against everything either found
+    (pooled_ndcg) a is better, and the headline says so next to the ndcg verdict."""
+    rows = []
+    for i in range(10):
+        a = [(f"a{i}-{r}", f"answer {i} part {r}") for r in range(5)]
+        b = [(f"b{i}-{r}", f"other {i} text {r}") for r in range(5)]
+        rows.append(judged(f"q{i}", "a", a, [3, 0, 3, 3, 3], text=f"query {i}"))
+        rows.append(judged(f"q{i}", "b", b, [3, 0, 0, 0, 0], text=f"query {i}"))
+    lines = headline_lines(compare(rows, ["ndcg", "pooled_ndcg"], GRADED, n_boot=200))
+    assert lines[0].startswith("b beats a on ndcg: ")
+    assert lines[1].startswith("but a beats b on pooled_ndcg: ")
+    assert lines[1].endswith(
+        "(ndcg ranks each engine against its own list's best order, so an engine that finds "
+        "fewer relevant passages can score higher on it; pooled_ndcg ranks both against all "
+        "they found)"
+    )
+
+
+def test_the_largest_change_is_claimed_only_once_its_p_is_adjusted_for_the_metrics() -> None:
+    """No difference on ndcg; ap differs on 6 of 8 queries, all one way: p = 2/64 = 0.031
+    alone, 0.094 once adjusted over the three metrics compared. No metric is named as having
+    moved; with ap alone beside ndcg, the 6 pairs still fall short (0.0625), and with 7 they
+    do not (0.031 once adjusted)."""
+
+    def rows(differ: int) -> list[JudgedQuery]:
+        out = []
+        for i in range(8):
+            out.append(stored(f"q{i}", "a", 0.5, ap=0.2, hit=1.0))
+            out.append(stored(f"q{i}", "b", 0.5, ap=0.4 + i / 100 if i < differ else 0.2, hit=1.0))
+        return out
+
+    three = compare(rows(6), ["ndcg", "ap", "hit"], GRADED, n_boot=200)
+    (ap,) = [d for d in three.diffs if d.metric == "ap"]
+    assert ap.p_value == pytest.approx(2 / 64) and ap.better()
+    assert len(headline_lines(three)) == 1
+    two = compare(rows(7), ["ndcg", "ap"], GRADED, n_boot=200)
+    assert headline_lines(two)[1].startswith(
+        "largest significant change, p = 0.031 Holm-adjusted over 2 metrics: b beats a on ap"
+    )
+
+
+def test_an_engine_named_with_beats_does_not_hide_the_largest_change() -> None:
+    rows = []
+    for i in range(8):
+        rows += [stored(f"q{i}", "new beats old", 0.5, ap=0.2), stored(f"q{i}", "z", 0.5, ap=0.6)]
+    lines = headline_lines(compare(rows, ["ndcg", "ap"], GRADED, n_boot=200))
+    assert lines[0].startswith("no query differs between z and new beats old on ndcg")
+    assert "z beats new beats old on ap" in lines[1]
 
 
 def test_a_baseline_summary_json_compares_like_its_run_directory(

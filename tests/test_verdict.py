@@ -220,7 +220,8 @@ def test_the_run_says_first_what_judge_compare_says_first() -> None:
     summary, comparison = complete_summary(config, rows, None)
     assert comparison is not None
     lead = headline_lines(comparison, "ndcg")
-    assert lead[-1].startswith("largest significant change: b beats a on ap")
+    assert lead[-1].startswith("largest significant change, p = ")
+    assert "Holm-adjusted over 5 metrics: b beats a on ap" in lead[-1]
     assert list(summary.verdict[:-1]) == lead  # then the trust line
 
 

@@ -369,11 +369,15 @@ def _metrics(
     """--metric, else the config's or the first run's metrics and the pooled ones; with every
     --fail-if-worse metric."""
     if config is not None:
-        default = list(config.metrics.names)
+        default, chosen = list(config.metrics.names), config.metrics.primary
     else:
         default = list(runs[0].metric_names) if runs else list(results[0].metrics)
+        chosen = runs[0].policy.primary if runs else None
+    from judge.report.compared import pooled_counterpart
+
+    pooled = [*DEFAULT_POOLED, *pooled_counterpart(default, chosen)]
     metrics = list(
-        dict.fromkeys([*(args.metric or [*default, *DEFAULT_POOLED]), *(args.fail_if_worse or [])])
+        dict.fromkeys([*(args.metric or [*default, *pooled]), *(args.fail_if_worse or [])])
     )
     for name in metrics:
         check_metric(name)

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from judge.analysis.compare import SIGNIFICANCE, Comparison, PairedDiff, paired_diff
+from judge.analysis.compare import (
+    SIGNIFICANCE,
+    Comparison,
+    PairedDiff,
+    paired_diff,
+    parse_pooled,
+)
 from judge.metrics.facts import lower_is_better
 from judge.report.blocks import (
     Chart,
@@ -87,6 +93,14 @@ def primary_metric(names: Sequence[str], chosen: str | None = None) -> str | Non
     return names[0] if names else None
 
 
+def pooled_counterpart(names: Sequence[str], chosen: str | None = None) -> list[str]:
+    """The pooled metric that stands for the primary one (``pooled_ndcg@10`` for
+    ``ndcg@10``), to be compared beside it: none for a primary without one."""
+    primary = primary_metric(names, chosen)
+    pooled = f"pooled_{primary}"
+    return [pooled] if primary is not None and parse_pooled(pooled) is not None else []
+
+
 def _p_short(d: PairedDiff) -> str:
     if d.p_value is None:
         return "p —"
@@ -103,6 +117,34 @@ def _left(d: PairedDiff) -> str:
     )
 
 
+def decided(d: PairedDiff, p_value: float | None = None) -> bool:
+    """Whether ``d`` names a better engine: some query differs, p (``p_value``, when adjusted)
+    < 0.05 and the CI leaves out 0."""
+    p = d.p_value if p_value is None else p_value
+    low, high = d.ci_low, d.ci_high
+    return (
+        d.diff is not None
+        and d.wins + d.losses > 0
+        and p is not None
+        and p < SIGNIFICANCE
+        and low is not None
+        and high is not None
+        and not low <= 0 <= high
+    )
+
+
+def holm(diffs: Sequence[PairedDiff]) -> list[float | None]:
+    """Each diff's p-value adjusted by Holm's step-down over ``diffs`` (one pair of engines,
+    several metrics): what a claim of "some metric moved" may be read at."""
+    ranked = sorted((d.p_value, i) for i, d in enumerate(diffs) if d.p_value is not None)
+    adjusted: list[float | None] = [None] * len(diffs)
+    running = 0.0
+    for step, (p, i) in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - step) * p))
+        adjusted[i] = running
+    return adjusted
+
+
 def verdict_line(d: PairedDiff) -> str:
     """Which of two engines is better on ``d.metric``, or that neither is (a CI that holds 0,
     p >= 0.05, or no query that differs), with the paired figures."""
@@ -113,13 +155,7 @@ def verdict_line(d: PairedDiff) -> str:
         return f"no query differs between {d.engine} and {d.baseline} on {d.metric} ({counts})"
     figures = f"{_signed(d.diff)} {ci_text(d.ci_low, d.ci_high, signed=True)}, {_p_short(d)}"
     low, high = d.ci_low, d.ci_high
-    if (
-        d.p_value is None
-        or d.p_value >= SIGNIFICANCE
-        or low is None
-        or high is None
-        or low <= 0 <= high
-    ):
+    if not decided(d) or low is None or high is None:
         few = " (too few queries differ for p < 0.05)" if d.too_few else ""
         return (
             f"no significant difference between {d.engine} and {d.baseline} on {d.metric}: "
@@ -139,22 +175,51 @@ def verdict_line(d: PairedDiff) -> str:
 
 
 def headline_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
-    """What ``judge compare`` says first: the verdict on the primary metric, then, when that
-    found no significant difference, the largest significant change on any other metric
-    (never a metric on which every query ties)."""
-    lines = verdict_lines(cmp, chosen)
+    """What ``judge compare`` says first: the verdict on the primary metric, each pair's
+    contradiction by the pooled metric that stands for it (an NDCG's ideal is the engine's
+    own list, so one that finds less can score higher on it: ``pooled_ndcg`` ranks both
+    against the passages either found), then, when the primary found no significant
+    difference, the largest change on another metric still significant once its p is
+    adjusted (Holm) over the metrics that pair was compared on (never a metric on which every
+    query ties)."""
     primary = primary_metric(cmp.metrics, chosen)
-    if any(" beats " in line for line in lines):
+    firsts = [d for d in cmp.diffs if d.metric == primary]
+    lines = [verdict_line(d) for d in firsts]
+    pooled = {(d.metric, d.engine, d.baseline): d for d in cmp.diffs}
+    for d in firsts:
+        other = pooled.get((f"pooled_{primary}", d.engine, d.baseline))
+        if other is not None and decided(d) and decided(other) and _opposite(d, other):
+            lines.append(
+                f"but {verdict_line(other)} ({primary} ranks each engine against its own "
+                "list's best order, so an engine that finds fewer relevant passages can "
+                f"score higher on it; pooled_{primary} ranks both against all they found)"
+            )
+    if any(decided(d) for d in firsts):
         return lines
-    moved = [
-        d
-        for d in cmp.diffs
-        if d.metric != primary and (d.better() or d.worse()) and d.diff is not None
-    ]
+    moved: list[tuple[PairedDiff, float, int]] = []
+    for engine, baseline in {(d.engine, d.baseline) for d in cmp.diffs}:
+        pair = [d for d in cmp.diffs if (d.engine, d.baseline) == (engine, baseline)]
+        for d, p in zip(pair, holm(pair), strict=True):
+            if d.metric != primary and p is not None and decided(d, p):
+                moved.append((d, p, len(pair)))
     if moved:
-        top = max(moved, key=lambda d: abs(d.diff or 0.0))
-        lines.append(f"largest significant change: {verdict_line(top)}")
+        top, p, n = max(moved, key=lambda m: (abs(m[0].diff or 0.0), m[0].metric, m[0].engine))
+        lines.append(
+            f"largest significant change, p = {p:.2g} Holm-adjusted over {n} metrics: "
+            f"{verdict_line(top)}"
+        )
     return lines
+
+
+def _opposite(a: PairedDiff, b: PairedDiff) -> bool:
+    """Whether two decided diffs of one pair name different winners."""
+    return _won(a) != _won(b)
+
+
+def _won(d: PairedDiff) -> bool:
+    """Whether the engine (not its baseline) is the better of ``d``."""
+    assert d.diff is not None
+    return d.diff < 0 if lower_is_better(d.metric) else d.diff > 0
 
 
 def verdict_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:

@@ -40,7 +40,13 @@ from judge.report.blocks import (
     render_html,
     render_markdown,
 )
-from judge.report.compared import ci_text, compare_section, nightly_section, primary_metric
+from judge.report.compared import (
+    ci_text,
+    compare_section,
+    nightly_section,
+    pooled_counterpart,
+    primary_metric,
+)
 from judge.report.coverage import coverage_section, credibility_section
 from judge.report.history import HistoryRow
 from judge.report.human import agreement_section, corrected_section
@@ -69,7 +75,15 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
         return None
     return compare(
         results,
-        list(dict.fromkeys([*summary.metric_names, *DEFAULT_POOLED])),
+        list(
+            dict.fromkeys(
+                [
+                    *summary.metric_names,
+                    *DEFAULT_POOLED,
+                    *pooled_counterpart(summary.metric_names, summary.policy.primary),
+                ]
+            )
+        ),
         summary.config.scale,
         baseline=leading_engine(summary),
         n_boot=summary.stability.n_boot,

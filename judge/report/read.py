@@ -23,6 +23,7 @@ from typing import Any
 
 from judge.analysis.compare import DEFAULT_POOLED, N_BOOT, N_PERMUTATIONS, PairedDiff, compare
 from judge.data.results import load_results, resolve_scale
+from judge.report.compared import pooled_counterpart
 from judge.errors import InputError
 from judge.judging.tables import Judgements, pandas
 from judge.report.summary import SUMMARY_FILE, Summary, load_summary
@@ -105,7 +106,9 @@ def compare_engines(
     summary = judged.summary if isinstance(judged, JudgedRun) else None
     if metrics is None:
         names = summary.metric_names if summary else tuple(judged[0].metrics)
-        metrics = list(dict.fromkeys([*names, *DEFAULT_POOLED]))
+        chosen = summary.policy.primary if summary else None
+        pooled = [*DEFAULT_POOLED, *pooled_counterpart(names, chosen)]
+        metrics = list(dict.fromkeys([*names, *pooled]))
     cmp = compare(
         judged,
         list(metrics),
