@@ -23,9 +23,9 @@ from typing import Any
 
 from judge.analysis.compare import DEFAULT_POOLED, N_BOOT, N_PERMUTATIONS, PairedDiff, compare
 from judge.data.results import load_results, resolve_scale
-from judge.report.compared import pooled_counterpart
 from judge.errors import InputError
 from judge.judging.tables import Judgements, pandas
+from judge.report.compared import pooled_counterpart
 from judge.report.summary import SUMMARY_FILE, Summary, load_summary
 from judge.schema import JudgedQuery, MetricPolicy
 
