@@ -513,6 +513,26 @@ class MetricPolicy(Record):
                 f"grades, so {len(scale.labels) - 1} cut points, not {len(cuts)}"
             )
 
+    def unlike(self, other: MetricPolicy) -> list[str]:
+        """The settings that make this policy's values differ from ``other``'s for the same
+        verdicts, each as "key: ours vs theirs" (the names and primary metric do not)."""
+        return [
+            f"{key}: {getattr(self, key)} vs {getattr(other, key)}"
+            for key in _VALUE_SETTINGS
+            if getattr(self, key) != getattr(other, key)
+        ]
+
+
+# The [metrics] settings that change a metric's value for the same verdicts.
+_VALUE_SETTINGS = (
+    "gain",
+    "unjudged",
+    "undefined_ap",
+    "relevance_threshold",
+    "grade_cuts",
+    "authority",
+)
+
 
 # Per record class, the fields sets shared so far (a class sees a handful of distinct ones).
 _SHARED: dict[type[BaseModel], list[set[str]]] = {}

@@ -801,3 +801,24 @@ def test_runs_of_different_judges_or_unfinished_are_said_beside_the_comparison(
     assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
     err = capsys.readouterr().err
     assert "the runs were judged by different judges (openai judge-a, openai judge-b)" in err
+    assert "[metrics] settings" not in err
+
+
+def test_runs_scored_under_other_metric_settings_are_said_beside_the_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same verdicts give another NDCG under exponential gain: compared without a word,
+    the settings' difference read as the engines'."""
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+
+    a, b = _runs(tmp_path, 0.05)
+    for run, gain in ((a, "linear"), (b, "exponential")):
+        options = {"metrics.gain": gain, "judge.scale": "graded", "run.history": str(tmp_path)}
+        finish_run(load_config(None, options), run, None)
+    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "judge: the runs were scored under different [metrics] settings (gain: linear vs "
+        "exponential, the first run's first): their numbers differ for the same rankings"
+    ) in err

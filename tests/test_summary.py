@@ -160,6 +160,29 @@ def test_a_night_that_finds_nothing_relevant_where_the_baseline_did_is_a_drop(
     assert drop.note.startswith("5 queries")
 
 
+def test_a_baseline_scored_under_other_metric_settings_skips_the_drop_checks(
+    tmp_path: Path,
+) -> None:
+    """AP undefined when nothing relevant was retrieved, in the baseline; 0 tonight: the
+    same rankings score lower, a drop that is the settings'. Skipped, and said."""
+    rows = [_on(f"q{i}", f"query {i}", [0, 1, 0] if i else [0, 0, 0]) for i in range(4)]
+    baseline = tmp_path / "baseline.json"
+    write_summary(baseline, build_summary(load_config(None), rows, n_boot=10))
+    options = {
+        "metrics.names": ["ap"],
+        "metrics.undefined_ap": "zero",
+        "thresholds.max_drop": {"ap": 0.05},
+        "thresholds.baseline": str(baseline),
+    }
+    summary = build_summary(load_config(None, options), rows, n_boot=10)
+    assert not _drops(summary) and summary.thresholds.breached == 0
+    (note,) = [c for c in summary.thresholds.checks if c.check == "baseline"]
+    assert note.note == (
+        f"{baseline} was scored under other [metrics] settings (undefined_ap: nan vs zero, "
+        "the baseline's first): drop checks skipped"
+    )
+
+
 def test_missing_baseline_is_noted_not_fatal(tmp_path: Path) -> None:
     config = load_config(
         None,

@@ -182,6 +182,15 @@ def _say_unlike_runs(sources: Sequence[str], runs: Sequence[Summary]) -> None:
                 f"query-repeats ran: {run.run.reason}); its means are of the part judged",
                 file=sys.stderr,
             )
+    for run in runs[1:]:
+        if unlike := runs[0].policy.unlike(run.policy):
+            print(
+                f"judge: the runs were scored under different [metrics] settings "
+                f"({'; '.join(unlike)}, the first run's first): their numbers differ for the "
+                "same rankings, so a difference may be the settings'",
+                file=sys.stderr,
+            )
+            break
     judges = {(str(r.config.judge.get("provider")), str(r.config.judge.get("model"))) for r in runs}
     if len(judges) > 1:
         said = ", ".join(f"{p} {m}" for p, m in sorted(judges))

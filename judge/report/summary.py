@@ -471,6 +471,12 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
         if (made := base.config.scale.name) != summary.config.scale.name:  # (--first-night)
             note = f"{th.baseline} was judged on the '{made}' scale: drop checks skipped"
             checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
+        elif unlike := base.policy.unlike(summary.policy):  # other numbers for one ranking
+            note = (
+                f"{th.baseline} was scored under other [metrics] settings "
+                f"({'; '.join(unlike)}, the baseline's first): drop checks skipped"
+            )
+            checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
         else:
             checks += _drop_checks(summary, base, th.max_drop)
             then, now = (_judged_by(x.config) for x in (base, summary))
