@@ -511,8 +511,10 @@ def test_fail_if_worse_exits_1_only_for_a_significant_drop(
 ) -> None:
     old, new = _runs(tmp_path / "worse", -0.05)
     assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "judge: new is significantly worse than old on ndcg: -0.0500" in err
+    # stdout says first what the exit code says, then the verdict.
+    assert out.startswith("significantly worse: new vs old on ndcg: -0.0500")
     assert "p = 0.0078 over 8 paired queries" in err  # 2 / 2^8, exact
     old, new = _runs(tmp_path / "better", +0.05)
     assert run_cli(["compare", str(old), str(new), "--fail-if-worse", "ndcg"]) == 0

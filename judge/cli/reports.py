@@ -305,9 +305,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         seed=args.seed if args.seed is not None else (first.seed if first else 0),
         policy=policy,
     )
-    from judge.report.compared import headline_lines
+    from judge.report.compared import headline_lines, worse_lines
 
-    for line in headline_lines(cmp, policy.primary):
+    # What the exit code says first (--fail-if-worse), then the verdicts.
+    for line in [*worse_lines(cmp, args.fail_if_worse or ()), *headline_lines(cmp, policy.primary)]:
         print(line)
     print()
     print(format_table(cmp))
@@ -316,7 +317,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.html:
         from judge.report.compared import compare_page
 
-        page = compare_page(cmp, args.sources, args.fail_if_worse or ())
+        page = compare_page(cmp, args.sources, args.fail_if_worse or (), chosen=policy.primary)
         Path(args.html).write_text(page, encoding="utf-8")
         print(args.html)
     return _check_worse(cmp, args.fail_if_worse or ())

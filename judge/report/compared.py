@@ -306,13 +306,23 @@ def _bars(cmp: Comparison) -> Chart:
     return Chart(lazy_chart("metric_bars", means, list(cmp.engines)), caption)
 
 
-def compare_header(
-    cmp: Comparison, sources: Sequence[str], fail_if_worse: Sequence[str] = ()
-) -> Header:
-    """The first screen of ``judge compare --html``: worse or not, and the headline diffs."""
+def worse_lines(cmp: Comparison, fail_if_worse: Sequence[str]) -> list[str]:
+    """What ``--fail-if-worse`` fails on, said before anything else (console and page)."""
     worse = [d for d in cmp.diffs if d.metric in fail_if_worse and d.worse()]
-    lines = [f"significantly worse: {one_line(d)}" for d in worse]
-    lines += headline_lines(cmp)  # the verdicts the console gives, whatever failed
+    return [f"significantly worse: {one_line(d)}" for d in worse]
+
+
+def compare_header(
+    cmp: Comparison,
+    sources: Sequence[str],
+    fail_if_worse: Sequence[str] = (),
+    chosen: str | None = None,
+) -> Header:
+    """The first screen of ``judge compare --html``: worse or not, and the headline diffs
+    (``chosen``: the primary metric the runs name)."""
+    lines = worse_lines(cmp, fail_if_worse)
+    worse = bool(lines)
+    lines += headline_lines(cmp, chosen)  # the verdicts the console gives, whatever failed
     if fail_if_worse:
         word, css = ("WORSE", "failed") if worse else ("NOT WORSE", "passed")
     else:
@@ -335,8 +345,10 @@ def compare_page(
     fail_if_worse: Sequence[str] = (),
     *,
     charts: bool = True,
+    chosen: str | None = None,
 ) -> str:
-    """``judge compare --html``: one offline page like report.html."""
+    """``judge compare --html``: one offline page like report.html (``chosen``: the primary
+    metric the runs name)."""
     means = Section(
         "means",
         "Mean per engine (unpaired, 95% CI)",
@@ -349,7 +361,8 @@ def compare_page(
     )
     scatter = Section("scatter", "Per query, paired", [*scatter_charts(cmp, cmp.metrics)])
     sections = [means, paired] + ([scatter] if scatter.blocks else [])
-    return render_html(compare_header(cmp, sources, fail_if_worse), sections, charts=charts)
+    header = compare_header(cmp, sources, fail_if_worse, chosen)
+    return render_html(header, sections, charts=charts)
 
 
 # Queries listed under "tonight vs baseline": those that fell most on the primary metric.

@@ -462,6 +462,28 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
                 note=None if mean is not None else f"{metric} is undefined for every query",
             )
             checks.append(check)
+    checks += _baseline_checks(config, summary)
+    if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
+        health = summary.health
+        problems = " ".join(health.problems or health.notes[:1]) or "not degenerate"
+        ok = health.known and not health.degenerate
+        checks.append(
+            Check(
+                check="degenerate judge",
+                value=None,
+                limit=None,
+                ok=ok,
+                note=problems,
+                evaluated=health.known,
+            )
+        )
+    return ThresholdResult.of(checks)
+
+
+def _baseline_checks(config: RunConfig, summary: Summary) -> list[Check]:
+    """The drop checks against ``[thresholds] baseline``, or the one note that says why they
+    were not made (no baseline yet, another scale, other [metrics] settings)."""
+    th, checks = config.thresholds, []
     if th.baseline and th.max_drop and not Path(th.baseline).exists():
         # The first night has no baseline yet: say so in the report instead of failing.
         note = f"{th.baseline} not found: drop checks skipped"
@@ -486,21 +508,7 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
                     "the judge's"
                 )
                 checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
-    if th.fail_on_degenerate_judge:  # no value or limit: the note says why (analysis.health)
-        health = summary.health
-        problems = " ".join(health.problems or health.notes[:1]) or "not degenerate"
-        ok = health.known and not health.degenerate
-        checks.append(
-            Check(
-                check="degenerate judge",
-                value=None,
-                limit=None,
-                ok=ok,
-                note=problems,
-                evaluated=health.known,
-            )
-        )
-    return ThresholdResult.of(checks)
+    return checks
 
 
 _NOTHING = "not evaluated: no verdict was answered"
