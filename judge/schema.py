@@ -23,7 +23,7 @@ import itertools
 import math
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -513,25 +513,30 @@ class MetricPolicy(Record):
                 f"grades, so {len(scale.labels) - 1} cut points, not {len(cuts)}"
             )
 
-    def unlike(self, other: MetricPolicy) -> list[str]:
-        """The settings that make this policy's values differ from ``other``'s for the same
-        verdicts, each as "key: ours vs theirs" (the names and primary metric do not)."""
+    def unlike(self, other: MetricPolicy, metrics: Iterable[str]) -> list[str]:
+        """The settings that make this policy's values of ``metrics`` differ from ``other``'s
+        for the same verdicts, each as "key: ours vs theirs"."""
+        bases = {name.split("@")[0] for name in metrics}
         return [
             f"{key}: {getattr(self, key)} vs {getattr(other, key)}"
-            for key in _VALUE_SETTINGS
-            if getattr(self, key) != getattr(other, key)
+            for key, moves in _VALUE_SETTINGS.items()
+            if getattr(self, key) != getattr(other, key) and any(map(moves, bases))
         ]
 
 
-# The [metrics] settings that change a metric's value for the same verdicts.
-_VALUE_SETTINGS = (
-    "gain",
-    "unjudged",
-    "undefined_ap",
-    "relevance_threshold",
-    "grade_cuts",
-    "authority",
-)
+# The [metrics] settings that change a metric's value for the same verdicts, each with the
+# metric bases it moves: gain the NDCGs, undefined_ap the APs, the tiers the source
+# metrics, and how verdicts become grades every metric read from verdicts (all but a few
+# source ones and counts).
+_FROM_VERDICTS: Callable[[str], bool] = lambda base: base not in {"near_dup", "sites"}  # noqa: E731
+_VALUE_SETTINGS: dict[str, Callable[[str], bool]] = {
+    "gain": lambda base: "ndcg" in base,
+    "undefined_ap": lambda base: base.endswith("ap"),
+    "authority": lambda base: base in {"authority", "low_quality"},
+    "unjudged": _FROM_VERDICTS,
+    "relevance_threshold": _FROM_VERDICTS,
+    "grade_cuts": _FROM_VERDICTS,
+}
 
 
 # Per record class, the fields sets shared so far (a class sees a handful of distinct ones).

@@ -239,10 +239,12 @@ def test_a_version_1_summary_loads_as_a_baseline(tmp_path: Path) -> None:
     assert base.run is None and base.engines["e"].mean("ap") == 1.0
     assert base.engines["e"].metrics["ap"].ci_low == 0.9
     assert not base.health.known and not base.health.degenerate  # unknown, never "healthy"
+    # Scored as the baseline was (unjudged = skip moves AP; gain does not).
     config = load_config(
         None,
         {
             "metrics.names": ["ap"],
+            "metrics.unjudged": "skip",
             "thresholds.max_drop": {"ap": 0.05},
             "thresholds.baseline": str(old),
         },

@@ -171,7 +171,9 @@ def _summaries(sources: Sequence[str]) -> list[Summary]:
     return found
 
 
-def _say_unlike_runs(sources: Sequence[str], runs: Sequence[Summary]) -> None:
+def _say_unlike_runs(
+    sources: Sequence[str], runs: Sequence[Summary], metrics: Sequence[str]
+) -> None:
     """Say what makes runs' numbers unlike beside their engines: a run that did not finish
     (its means are of a part), and runs judged by different judges (a difference may be the
     judges', not the engines')."""
@@ -183,7 +185,7 @@ def _say_unlike_runs(sources: Sequence[str], runs: Sequence[Summary]) -> None:
                 file=sys.stderr,
             )
     for run in runs[1:]:
-        if unlike := runs[0].policy.unlike(run.policy):
+        if unlike := runs[0].policy.unlike(run.policy, metrics):
             print(
                 f"judge: the runs were scored under different [metrics] settings "
                 f"({'; '.join(unlike)}, the first run's first): their numbers differ for the "
@@ -280,9 +282,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     config, results, scale = judged_input(args, read, no_rows)
     runs = _summaries(args.sources)
-    _say_unlike_runs(args.sources, runs)
     policy = _policy(config, runs)
     metrics = _without_pooled(args, _metrics(args, config, runs, results))
+    _say_unlike_runs(args.sources, runs, metrics)
     if args.trec_run:
         if not (args.passage_store and args.queries):
             raise ConfigError("--trec-run needs --passage-store and --queries")

@@ -493,7 +493,7 @@ def _baseline_checks(config: RunConfig, summary: Summary) -> list[Check]:
         if (made := base.config.scale.name) != summary.config.scale.name:  # (--first-night)
             note = f"{th.baseline} was judged on the '{made}' scale: drop checks skipped"
             checks.append(Check(check="baseline", value=None, limit=None, ok=True, note=note))
-        elif unlike := base.policy.unlike(summary.policy):  # other numbers for one ranking
+        elif unlike := base.policy.unlike(summary.policy, th.max_drop):  # other numbers
             note = (
                 f"{th.baseline} was scored under other [metrics] settings "
                 f"({'; '.join(unlike)}, the baseline's first): drop checks skipped"
