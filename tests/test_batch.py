@@ -233,6 +233,25 @@ def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
     assert _summary(out)["run"]["cost_usd"] == pytest.approx(20 * EACH / 2)
 
 
+def test_answers_a_changed_run_no_longer_needs_are_kept_not_thrown_away(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    """The batch of 20 was paid for; the run collecting it now judges 2 of the 4 queries
+    (its dataset cut meanwhile). The 10 answers it does not need are kept in the cache: the
+    full dataset judged later pays nothing (it paid all 10 again in real time)."""
+    server = make_batch_server(polls_in_progress=10**9)
+    config = _config(tmp_path, server, run={"batch_poll_s": 0.02})
+    out = tmp_path / "out"
+    _killed_while_polling(config, out, server, 2)
+    write_dataset(tmp_path / "data.jsonl", 2, 5)  # the dataset cut to its first 2 queries
+    server.polls_in_progress = 0
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(server.executed) == 20 and len(verdict_labels(out)) == 10
+    write_dataset(tmp_path / "data.jsonl", 4, 5)
+    assert main(["run", str(config), "--out", str(tmp_path / "whole")]) == 0
+    assert _chats(server) == [] and len(verdict_labels(tmp_path / "whole")) == 20
+
+
 def _killed_during_create(server: BatchServer, config: Path, out: Path) -> None:
     """Run ``judge run --batch`` in a process and kill it while its create is held."""
     proc = subprocess.Popen(

@@ -271,7 +271,7 @@ class Phase:
         leftovers: dict[str, Leftover] = {}
         usage, answered = Usage(), 0
         seen: set[str] = set()
-        twice = unknown = 0
+        twice = unknown = kept = 0
         for line in lines:
             if line.custom_id in seen:  # the first line of a custom id is its answer
                 twice += 1
@@ -287,7 +287,13 @@ class Phase:
                 unknown += 1
                 usage = usage + _share(record)
             item = self.plan.get(first)
-            if item is None:  # answered meanwhile (another run); nothing to store
+            if item is None:  # not this run's to read (its dataset or settings changed since,
+                # or another run answered it): paid all the same, so kept under its request's
+                # address, where a run asking it again finds it
+                if not self.cache.contains(line.custom_id):
+                    model = self.state.model
+                    self.cache.put(line.custom_id, line.completion, kind="chat", model=model)
+                    kept += 1
                 continue
             parse = parser(self.scale, item.ids)
             model = self.config.judge.model
@@ -299,20 +305,7 @@ class Phase:
             else:
                 text = line.completion.text
                 leftovers[first] = Leftover(reason="unparsed", detail=str(error), answer=text)
-        if twice:
-            log.warning(
-                "batch %s: %d output lines repeat a custom_id already answered; the first "
-                "answer of each is kept and counted once",
-                record.batch_id,
-                twice,
-            )
-        if unknown:
-            log.warning(
-                "batch %s: %d answers gave token usage that is not a count; each is counted "
-                "at its share of the batch's worst case",
-                record.batch_id,
-                unknown,
-            )
+        _say_odd_lines(record, twice=twice, unknown=unknown, kept=kept)
         return leftovers, usage, answered
 
     def _left(self, round_: int) -> list[tuple[Item, Leftover]]:
@@ -397,3 +390,30 @@ def _share(record: BatchRecord) -> Usage:
         prompt_tokens=-(-record.reserved.prompt_tokens // n),
         completion_tokens=-(-record.reserved.completion_tokens // n),
     )
+
+
+def _say_odd_lines(record: BatchRecord, *, twice: int, unknown: int, kept: int) -> None:
+    """One warning for each kind of output line a batch's collection met and did not just
+    store: repeated custom ids, usage that is not a count, answers the run no longer needs."""
+    if twice:
+        log.warning(
+            "batch %s: %d output lines repeat a custom_id already answered; the first "
+            "answer of each is kept and counted once",
+            record.batch_id,
+            twice,
+        )
+    if unknown:
+        log.warning(
+            "batch %s: %d answers gave token usage that is not a count; each is counted "
+            "at its share of the batch's worst case",
+            record.batch_id,
+            unknown,
+        )
+    if kept:
+        log.warning(
+            "batch %s: %d answers were asked for what this run no longer judges (its "
+            "dataset or settings changed since): kept in the cache, where a run that asks "
+            "them again finds them",
+            record.batch_id,
+            kept,
+        )
