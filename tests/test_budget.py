@@ -7,8 +7,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,6 +162,38 @@ def test_the_budget_caps_the_run_not_each_invocation_of_it(
     assert (metered.billed) * (PROMPT + COMPLETION) <= int(argv[-1])
     summary = json.loads((tmp_path / "o" / "summary.json").read_text(encoding="utf-8"))
     assert summary["run"]["prompt_tokens"] == (metered.billed - first) * PROMPT  # this one's
+
+
+def test_a_run_killed_outright_resumes_under_what_it_may_have_paid(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """kill -9 gives a run no chance to say what it spent: the budget keeps in run.json what
+    it may have spent (settled answers and the worst case of those in flight) before each
+    request that takes it a step further, so the resumed run stays under the cap. It had
+    kept its ledger every 5 s only, and a run killed sooner resumed as if it had paid
+    nothing: the two paid the cap twice over."""
+    metered = Metered()
+    server = make_server(responder=metered, latency=0.02)
+    config = _config(tmp_path, server, concurrency=4)
+    cap = 20_000  # about 180 of the 240 answers
+    argv = ["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", str(cap)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while metered.billed < 20:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the run never got going"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert metered.billed < 120  # killed well before its cap
+    assert main(argv) == EXIT_BUDGET
+    assert metered.billed * (PROMPT + COMPLETION) <= cap
 
 
 def test_the_budget_stop_states_what_was_spent_in_the_end(

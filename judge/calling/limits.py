@@ -631,6 +631,11 @@ def billed_on_failure(exc: BaseException, kind: str, reserved: Usage) -> Usage:
     return Usage() if kind in NOT_BILLED or never_sent(exc) else reserved
 
 
+# A budget's bound is kept (Budget.on_bound) each time it grows by this fraction of a cap: a
+# run killed outright may pass its cap by at most one such step.
+BOUND_STEPS = 50
+
+
 class Budget:
     """A hard cap on cost and tokens: reserve each request's worst case, settle it after.
 
@@ -649,7 +654,13 @@ class Budget:
         self.earlier = Usage()
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
+        self._reserved_prompt = 0  # of _reserved_tokens, the prompts'
         self._in_flight = 0
+        # Told what may have been spent (:meth:`bound`) before a request that takes it past
+        # the last bound told by a step of a cap (a run keeps it in its run directory: a run
+        # killed outright then resumes under what it may have paid, not what it had settled).
+        self.on_bound: Callable[[Usage], None] | None = None
+        self._bound_told = (0.0, 0)  # the cost and tokens of the bound last told
         self._settled = asyncio.Event()
         # Which cap refused a request first ("cost" or "tokens"), once one has.
         self.reached_by: str | None = None
@@ -676,8 +687,30 @@ class Budget:
     def _hold(self, worst: Reservation) -> Reservation:
         self._reserved_tokens += worst.usage.total
         self._reserved_cost += worst.cost
+        self._reserved_prompt += worst.usage.prompt_tokens
         self._in_flight += 1
+        if self.on_bound is not None and self.capped:
+            self._tell_bound()
         return worst
+
+    def bound(self) -> Usage:
+        """What may have been spent: what was, and the worst case of the requests in flight."""
+        return self.usage + Usage(
+            prompt_tokens=self._reserved_prompt,
+            completion_tokens=self._reserved_tokens - self._reserved_prompt,
+        )
+
+    def _tell_bound(self) -> None:
+        """Tell ``on_bound`` the bound when it passed the last one told by a step of a cap."""
+        assert self.on_bound is not None
+        lim, (cost, tokens) = self.limits, self._bound_told
+        spent_cost, spent_tokens = self.cost + self._reserved_cost, self.usage.total
+        spent_tokens += self._reserved_tokens
+        if (lim.max_cost > 0 and spent_cost - cost >= lim.max_cost / BOUND_STEPS) or (
+            lim.max_tokens > 0 and spent_tokens - tokens >= lim.max_tokens / BOUND_STEPS
+        ):
+            self._bound_told = (spent_cost, spent_tokens)
+            self.on_bound(self.bound())
 
     async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
         """Hold a request's worst case, waiting while requests in flight may free room."""
@@ -700,6 +733,7 @@ class Budget:
         also runs while a cancelled task unwinds)."""
         self._reserved_tokens -= reservation.usage.total
         self._reserved_cost -= reservation.cost
+        self._reserved_prompt -= reservation.usage.prompt_tokens
         self._in_flight -= 1
         self.spend(spent)
         self._settled.set()

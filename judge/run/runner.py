@@ -48,6 +48,7 @@ from judge.judging.units import Judged, judge_units, refusal
 from judge.run.progress import Progress
 from judge.run.resume import (
     PARTIAL_FILE,
+    RUN_FILE,
     Redo,
     add_elapsed,
     check_fingerprint,
@@ -63,7 +64,7 @@ from judge.run.resume import (
     recorded as recorded_units,
 )
 from judge.run.writer import ResultsWriter
-from judge.schema import JudgedQuery, Query, Record, Verdict
+from judge.schema import JudgedQuery, Query, Record, Usage, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,7 @@ class _Batch:
             self.judge.dimensions.load(self.queries, self.results_path.parent)
         if self.ledger:  # the cap is the run's (a Ray shard's, a batch run's: the driver's)
             self.caller.budget.count_earlier(spent_before(self.results_path.parent))
+            self.caller.budget.on_bound = self._keep_bound
         self.progress = Progress(
             total_units=len(self.units),
             total_passages=sum(len(q.passages) for q, _ in self.units),
@@ -380,14 +382,21 @@ class _Batch:
         return True
 
     def keep_ledger(self) -> None:
-        """What the run spent so far, in run.json (with ``ledger``); a failure is said, not
-        raised: the run goes on (or ends as it was ending), and a rerun counts less."""
-        if not self.ledger:
-            return
+        """What the run may have spent so far (what it did, and the worst case of the requests
+        in flight: all of it once they settle), in run.json (with ``ledger``); a failure is
+        said, not raised: the run goes on (or ends as it was ending), and a rerun counts
+        less."""
+        if self.ledger:
+            self._keep_bound(self.caller.budget.bound())
+
+    def _keep_bound(self, bound: Usage) -> None:
+        """Keep ``bound`` as what the run spent (the budget tells it before a request that
+        takes it a step past the last it told: a run killed outright resumes under it)."""
+        out_dir = self.results_path.parent
         try:
-            record_spent(self.results_path.parent, self.caller.budget.usage)
+            record_spent(out_dir, bound)
         except OSError as exc:
-            log.warning("%s: cannot keep what the run spent: %s", self.results_path, exc.strerror)
+            log.warning("%s: cannot keep what the run spent: %s", out_dir / RUN_FILE, exc.strerror)
 
     @property
     def caller(self) -> Caller:
