@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -435,7 +436,8 @@ def test_after_sigterm_no_new_request_leaves_and_a_rerun_pays_nothing_twice(
 def test_a_cache_that_cannot_be_written_stops_the_run_as_incomplete(tmp_path: Path) -> None:
     """A full disk (here: a file-size limit) failing the cache's writes mid-run: exit 2, "bad
     input", after paying. Now the run stops as a signal stops it: exit 3, one line naming the
-    file, resumable."""
+    file and what to do, resumable; the answers paid before and as the writes failed keep
+    their verdicts (they had been lost, and paid again on resume)."""
     import resource
 
     data = write_dataset(tmp_path / "d.jsonl", n_queries=40, n_passages=5)
@@ -456,10 +458,17 @@ def test_a_cache_that_cannot_be_written_stops_the_run_as_incomplete(tmp_path: Pa
             text=True,
             timeout=120,
         )
-    assert done.returncode == EXIT_INCOMPLETE, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert f"{tmp_path / 'cache.sqlite'}: cannot write cache" in last and "full disk?" in last
-    assert "Traceback" not in done.stderr
+        assert done.returncode == EXIT_INCOMPLETE, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"{tmp_path / 'cache.sqlite'}: cannot write cache" in last, last
+        assert "then rerun" in last and "a full disk?" not in last, last
+        assert "Traceback" not in done.stderr
+        paid = len(srv.requests)
+        assert 0 < paid < 200
+        # The disk freed: the rerun pays for no passage twice.
+        assert main(["run", str(config), str(data), "--out", str(tmp_path / "out")]) == 0
+        prompts = Counter(r.prompt for r in srv.requests)
+        assert len(prompts) == 200 and set(prompts.values()) == {1}, paid
 
 
 CAP = 300_000

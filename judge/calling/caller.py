@@ -38,17 +38,15 @@ from judge.calling.limits import (
     Limits,
     RateLimiter,
     Tail,
-    billed_on_failure,
     worst_case_prompt_tokens,
 )
-from judge.calling.retries import CallStats, RetryPolicy
+from judge.calling.retries import CallStats, RetryPolicy, root_cause, spent_failing, url_of
 from judge.calling.telemetry import spans
-from judge.errors import NOT_SENT, BudgetExceeded, ParseError, ProviderError
+from judge.errors import NOT_SENT, BudgetExceeded, CacheError, ParseError, ProviderError
 from judge.providers.base import (
     ChatProvider,
     ChatRequest,
     Completion,
-    ProviderStatusError,
     RerankProvider,
     RerankRequest,
     RerankResult,
@@ -153,30 +151,6 @@ SILENT_RETRIES = 3
 DARK_TIMEOUTS = 16
 
 
-def _url_of(exc: BaseException) -> str | None:
-    """The URL a failed request went to, where the SDK's exception (or its cause) says."""
-    current: BaseException | None = exc
-    for _ in range(8):
-        if current is None:
-            return None
-        request = getattr(current, "request", None)
-        url = getattr(request, "url", None)
-        if url is not None:
-            return str(url)
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The innermost exception's message (an SDK wraps "connection refused" in its own)."""
-    current, seen = exc, {id(exc)}
-    while (inner := current.__cause__ or current.__context__) is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        current = inner
-    text = str(current).strip() or type(current).__name__
-    return " ".join(text.split())[:200]
-
-
 def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
     """Resolve ``waiter`` unless it already is (a done callback, a timer)."""
     if not waiter.done():
@@ -186,15 +160,6 @@ def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
 def _local(provider: ChatProvider | RerankProvider | None) -> bool:
     """Whether ``provider`` is a model on this machine (the embedded judge or reranker)."""
     return provider is not None and provider.identity.startswith("embedded")
-
-
-def _spent_failing(exc: BaseException, kind: str, reserved: Usage, prompt: Usage) -> Usage:
-    """What a failed request may have cost: an answer that came with a success status but
-    could not be used (too large, an error object) may have been billed whole, as the worst
-    case ``reserved``; else :func:`billed_on_failure` (its worst-case ``prompt``, or nothing)."""
-    if isinstance(exc, ProviderStatusError) and exc.status == 200:
-        return reserved
-    return billed_on_failure(exc, kind, prompt)
 
 
 class Caller:
@@ -216,6 +181,9 @@ class Caller:
         self.stats = CallStats()
         # Why no new request may leave (a signal stopped the run); None while they may.
         self.stopping: str | None = None
+        # Why a paid answer could not be stored (a full disk, a file another process holds):
+        # its verdict still stands, and nothing more is sent (see _keep).
+        self.cache_failure: str | None = None
         self.budget = Budget(self.limits)
         # One limit per provider: its calls in flight (adaptive under the configured ceiling).
         lim = self.limits
@@ -449,8 +417,16 @@ class Caller:
         if result.error is None:
             reading = _reading_of(parse, result)
             answer = result.call.answer
-            self.cache.put(
-                key, answer, kind="chat", model=request.model, reading=reading, alias=alias
+            self._keep(
+                functools.partial(
+                    self.cache.put,
+                    key,
+                    answer,
+                    kind="chat",
+                    model=request.model,
+                    reading=reading,
+                    alias=alias,
+                )
             )
             self._missed.discard(key)
             if alias is not None:
@@ -495,8 +471,24 @@ class Caller:
 
         result = await self._call(once, provider.classify)
         if len(result.answer.scores) == len(request.documents):
-            self.cache.put(key, result.answer, kind="rerank", model=request.model)
+            self._keep(
+                functools.partial(
+                    self.cache.put, key, result.answer, kind="rerank", model=request.model
+                )
+            )
         return result
+
+    def _keep(self, put: Callable[[], None]) -> None:
+        """``put()`` a paid answer in the cache. A cache that cannot take it (a full disk, a
+        file another process holds) is no reason to lose the answer: its verdict stands (a
+        run writes it to its run directory), and nothing more is sent; ``cache_failure``
+        says why."""
+        try:
+            put()
+        except CacheError as exc:
+            if self.cache_failure is None:
+                self.cache_failure = str(exc)
+                self.stopping = self.stopping or f"the cache cannot be written: {exc}"
 
     async def _attempt(
         self,
@@ -662,7 +654,7 @@ class Caller:
             spent = answer.usage
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            spent = _spent_failing(exc, kind, reservation.usage, spent)
+            spent = spent_failing(exc, kind, reservation.usage, spent)
             self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge, sent, tail.cut(timeout))
             raise
@@ -720,8 +712,8 @@ class Caller:
             stats.silent,
             SILENT_RETRIES,
             lambda: (
-                f"no answer from {_url_of(exc) or 'the provider'}: {stats.silent} requests timed "
-                f"out on a retry and none was answered ({_root_cause(exc)}): it takes "
+                f"no answer from {url_of(exc) or 'the provider'}: {stats.silent} requests timed "
+                f"out on a retry and none was answered ({root_cause(exc)}): it takes "
                 "connections and says nothing; check that base_url is the API and that it is up"
             ),
         )
@@ -735,7 +727,7 @@ class Caller:
         stats.dark += 1
         if stats.dark >= DARK_TIMEOUTS and stats.unreachable is None:
             stats.unreachable = (
-                f"{_url_of(exc) or 'the provider'} stopped answering: {stats.dark} requests in "
+                f"{url_of(exc) or 'the provider'} stopped answering: {stats.dark} requests in "
                 f"a row timed out after {self.limits.timeout_s:g} s with no answer between them"
             )
 
@@ -768,7 +760,7 @@ class Caller:
             stats.unconnected,
             UNREACHABLE_ATTEMPTS,
             lambda: (
-                f"cannot reach {_url_of(exc) or 'the provider'} ({_root_cause(exc)}; "
+                f"cannot reach {url_of(exc) or 'the provider'} ({root_cause(exc)}; "
                 f"{stats.unconnected} attempts, none connected)"
             ),
         )

@@ -18,9 +18,10 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from judge.calling.limits import Limits
+from judge.calling.limits import Limits, billed_on_failure
 from judge.errors import BudgetExceeded, ProviderError
-from judge.providers.base import RetryDecision
+from judge.providers.base import ProviderStatusError, RetryDecision
+from judge.schema import Usage
 
 __all__ = ["CallStats", "RetryPolicy"]
 
@@ -179,3 +180,36 @@ class RetryPolicy:
             f" (the server asks to wait {wait:.0f} s, more than run.max_backoff_s "
             f"{self.limits.max_backoff_s:g} s allows)"
         )
+
+
+def url_of(exc: BaseException) -> str | None:
+    """The URL a failed request went to, where the SDK's exception (or its cause) says."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return None
+        request = getattr(current, "request", None)
+        url = getattr(request, "url", None)
+        if url is not None:
+            return str(url)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost exception's message (an SDK wraps "connection refused" in its own)."""
+    current, seen = exc, {id(exc)}
+    while (inner := current.__cause__ or current.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        current = inner
+    text = str(current).strip() or type(current).__name__
+    return " ".join(text.split())[:200]
+
+
+def spent_failing(exc: BaseException, kind: str, reserved: Usage, prompt: Usage) -> Usage:
+    """What a failed request may have cost: an answer that came with a success status but
+    could not be used (too large, an error object) may have been billed whole, as the worst
+    case ``reserved``; else :func:`billed_on_failure` (its worst-case ``prompt``, or nothing)."""
+    if isinstance(exc, ProviderStatusError) and exc.status == 200:
+        return reserved
+    return billed_on_failure(exc, kind, prompt)

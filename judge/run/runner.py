@@ -259,6 +259,19 @@ def _signals_stop(batch: _Batch) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
+def cache_advice(failure: str) -> str:
+    """Why the run stopped on a cache it could not write, and what to do about it."""
+    text = failure.lower()
+    if "locked" in text or "busy" in text:
+        return (
+            f"{failure}: another process holds the cache file (another run?); let it finish, "
+            "or give this run a cache of its own (--cache), then rerun"
+        )
+    if "full" in text or "space" in text:
+        return f"{failure}: the disk is full; free some space, then rerun"
+    return f"{failure}: fix the cache or give this run another (--cache), then rerun"
+
+
 @dataclass
 class _Batch:
     """The units of one invocation, judged by workers that stop together on the first reason."""
@@ -424,7 +437,7 @@ class _Batch:
                 self.stop(str(exc), "budget")
                 return None
             except CacheError as exc:  # a full disk, say: stop as a signal does, keep the rest
-                self.stop(f"{exc} (a full disk?); free the space (or fix the cache)", "errors")
+                self.stop(cache_advice(str(exc)), "errors")
                 return None
             except (TemplateError, InputError) as exc:
                 # Found only on this query's data (a field a template reads is missing, no
@@ -440,6 +453,8 @@ class _Batch:
                 what = f"query '{query.query_id}' ({query.engine})"
                 self.stop(f"the reranker failed on {what}: {exc}", "errors")
                 return None
+            if (failure := self.caller.cache_failure) is not None:  # its paid answers stand
+                self.stop(cache_advice(failure), "errors")
             span.judged(judged[2])
             return judged
 
