@@ -157,6 +157,32 @@ def test_baseline_set_makes_a_finished_run_the_baseline_of_the_next_night(
     assert "that run was judged on the 'graded' scale" in capsys.readouterr().err
 
 
+def test_baseline_set_refuses_a_summary_older_than_the_run_s_results(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run into the directory started since its summary was made, and did not finish (a
+    kill): the summary is not of the results the directory holds, as judge report says; it
+    had been taken as the baseline without a word."""
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    baseline = tmp_path / "nightly" / "baseline.json"
+    tables = {"thresholds": {"baseline": str(baseline)}, "thresholds.max_drop": {"ap": 0.05}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    night = tmp_path / "night"
+    argv = ["run", str(config), str(_dataset(tmp_path)), "--out", str(night), "--first-night"]
+    assert main(argv) == 0
+    results = night / "verdicts.jsonl"
+    first = results.read_text(encoding="utf-8").splitlines(keepends=True)[0]
+    with results.open("a", encoding="utf-8") as fh:  # what a later run appended before dying
+        fh.write(first)
+    capsys.readouterr()
+    assert main(["baseline", "set", str(night), "--config", str(config)]) == 2
+    assert "made from other results than the run directory now holds" in capsys.readouterr().err
+    assert not baseline.exists()
+    assert main(["baseline", "set", str(night), "--config", str(config), "--force"]) == 0
+
+
 def test_baseline_set_refuses_a_run_with_no_metric_value(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

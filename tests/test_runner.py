@@ -339,6 +339,30 @@ def test_resuming_with_another_model_is_refused_and_fresh_starts_over(
     assert len(jqs) == 2 and not any(v.cached for jq in jqs for v in jq.verdicts)
 
 
+def test_fresh_removes_the_old_run_s_summary_and_reports_before_judging(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--fresh starts a directory over: the old run's summary, reports, qrels and record of
+    them go with its results, so a fresh run killed before its end leaves no summary that
+    judge compare, baseline set or read_run would take for its own."""
+    from judge.config import load_config
+    from judge.run.resume import FINISH_FILES, check_fingerprint
+
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=2, n_passages=2)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) == 0
+    assert all((out / name).is_file() for name in FINISH_FILES)
+    check_fingerprint(out, load_config(config), fresh=True)  # what --fresh does first
+    assert not any((out / name).exists() for name in FINISH_FILES)
+    # A folder no run was started in keeps its files: refused before, never removed.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "qrels.txt").write_text("q0 0 p 1\n", encoding="utf-8")
+    check_fingerprint(mine, load_config(config), fresh=True)
+    assert (mine / "qrels.txt").is_file()
+
+
 def test_units_with_errors_are_judged_again_on_resume(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "d.jsonl", n_queries=2, n_passages=2)
     with ScriptedServer(responder=hashed_responder()) as srv:

@@ -12,6 +12,7 @@ from judge.errors import ConfigError
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
+    from judge.report.finish import summary_state
     from judge.report.summary import SUMMARY_FILE, load_summary
 
     config = load_config(args.config)
@@ -19,6 +20,12 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: [thresholds] baseline is not set: where should it go?")
     source = Path(args.run_dir) / SUMMARY_FILE
     summary = load_summary(source)  # a readable summary, or one line naming the problem
+    if summary_state(Path(args.run_dir)) == "stale" and not args.force:
+        raise ConfigError(
+            f"{source}: made from other results than the run directory now holds (a run into "
+            "it started since and has not finished): finish it first (--force to use the "
+            "summary anyway)"
+        )
     if summary.run is not None and summary.run.status != "complete" and not args.force:
         raise ConfigError(
             f"{source}: that run is incomplete ({summary.run.reason}); a baseline should be a "

@@ -17,7 +17,7 @@ from pathlib import Path
 from judge.config import RunConfig
 from judge.errors import InputError
 from judge.report.history import history_problem
-from judge.run.resume import RUN_FILE
+from judge.run.resume import FINISH_FILES, RUN_FILE
 from judge.schema import Query
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def report_problems(
 # What finishing a run writes into its directory (report/summary.py, report/document.py,
 # report/finish.py own these names; tests/test_finished_dir.py holds them to it). Named here,
 # not imported: this module stays light.
-WRITTEN = ("summary.json", "report.md", "report.html", "qrels.txt", "finished.json")
+WRITTEN = FINISH_FILES
 
 
 def _output_problems(out_dir: Path) -> list[str]:

@@ -319,12 +319,21 @@ def _pending_batch(out_dir: Path) -> str | None:
     )
 
 
+# What a finished run writes from its results: --fresh removes a run directory's old ones, so
+# none is read (judge compare, baseline set, read_run) as the new run's before it finishes.
+FINISH_FILES = ("summary.json", "report.md", "report.html", "qrels.txt", "finished.json")
+
+
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
     if fresh:
+        ours = run_file.is_file()  # a run directory: its finish files are the run's own
         for name in (RESULTS_FILE, RUN_FILE, PARTIAL_FILE, NUGGETS_FILE):
             (out_dir / name).unlink(missing_ok=True)
+        for name in FINISH_FILES if ours else ():
+            if (out_dir / name).is_file():
+                (out_dir / name).unlink()
     elif (problem := resume_problem(out_dir, config)) is not None:
         raise ConfigError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
