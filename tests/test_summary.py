@@ -150,14 +150,44 @@ def test_a_night_that_finds_nothing_relevant_where_the_baseline_did_is_a_drop(
     assert summary.engines["e"].mean("ap") == 1.0  # each query's own: nothing relevant, no AP
     (drop,) = _drops(summary)
     assert (drop.ok, drop.baseline, drop.current) == (False, 0.5, pytest.approx(0.4))
+    # A fall of 0.1 over 10 queries, 4 up and 6 down: the paired test does not find it
+    # significant, and the note says so beside the breach.
     assert drop.note == (
-        "6 queries where one night found nothing relevant and the other found something counted 0"
+        "6 queries where one night found nothing relevant and the other found something "
+        "counted 0; not significant (p = 0.75, paired over 10 queries): it may be the "
+        "judge's noise"
     )
     # One of the six was not judged fully tonight (an error verdict): it stays undefined.
     failed = judged([0, 0, None], 0).model_copy(update={"query": tonight[9].query})
     (drop,) = _drops(build_summary(config, [*tonight[:9], failed], n_boot=10))
     assert drop.current == pytest.approx(4 / 9) and drop.note is not None
     assert drop.note.startswith("5 queries")
+
+
+def test_a_breaching_fall_the_paired_test_does_not_find_is_said_to_be_maybe_noise(
+    tmp_path: Path,
+) -> None:
+    """A point threshold fires on a judge's noise too (3 of 11 nights of a coin-flip judge
+    failed): a breach the paired test over the queries does not find significant says so;
+    one it finds does not."""
+    base_rows = [_on(f"q{i}", f"query {i}", [1, 0, 0]) for i in range(12)]
+    baseline = tmp_path / "baseline.json"
+    write_summary(baseline, build_summary(load_config(None), base_rows, n_boot=10))
+    options = {
+        "metrics.names": ["ap"],
+        "thresholds.max_drop": {"ap": 0.05},
+        "thresholds.baseline": str(baseline),
+    }
+    config = load_config(None, options)
+    # Two queries of 12 fell from 1 to 0.5: a fall of 0.083, past 0.05, on two queries.
+    noisy = [_on(f"q{i}", f"query {i}", [0, 1, 0] if i < 2 else [1, 0, 0]) for i in range(12)]
+    (drop,) = _drops(build_summary(config, noisy, n_boot=10))
+    assert not drop.ok and drop.note == (
+        "not significant (p = 0.5, paired over 12 queries): it may be the judge's noise"
+    )
+    fell = [_on(f"q{i}", f"query {i}", [0, 1, 0]) for i in range(12)]
+    (drop,) = _drops(build_summary(config, fell, n_boot=10))
+    assert not drop.ok and drop.note is None
 
 
 def test_a_baseline_scored_under_other_metric_settings_skips_the_drop_checks(

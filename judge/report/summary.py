@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from judge.analysis.cascade import CascadeSummary, cascade_summary
-from judge.analysis.compare import N_BOOT
+from judge.analysis.compare import N_BOOT, paired_diff
 from judge.analysis.coverage import CoverageSummary, coverage_summary
 from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
@@ -574,6 +574,8 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
                 checks.append(_unmade(f"{'rise' if rise else 'drop'} {metric}", engine, why))
                 continue
             drop = (now - before if rise else before - now) if now is not None else None
+            if drop is not None and drop > limit and (noise := _noise(metric, values)):
+                note = f"{note}; {noise}" if note else noise
             checks.append(
                 Check(
                     check=f"{'rise' if rise else 'drop'} {metric}",
@@ -588,6 +590,19 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
                 )
             )
     return checks
+
+
+def _noise(metric: str, values: dict[str, dict[str, float]]) -> str | None:
+    """A breaching fall the paired test over the queries both nights define does not find
+    significant, said as such (a point threshold also fires on the judge's noise); None when
+    it is significant, or there are no per-query values to test."""
+    if not values:
+        return None
+    d = paired_diff(metric, ("tonight", values["tonight"]), ("baseline", values["baseline"]))
+    if d.n == 0 or d.worse():
+        return None
+    p = "no query differs" if d.p_value is None else f"p = {d.p_value:.2g}"
+    return f"not significant ({p}, paired over {d.n} queries): it may be the judge's noise"
 
 
 def _shared_rows(
