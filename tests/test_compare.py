@@ -767,6 +767,11 @@ def test_compare_guards_its_inputs_and_its_arguments(
     said = capsys.readouterr()
     assert f"judge: judge compare --html {missing}: its folder does not exist" in said.err
     assert "Traceback" not in said.err and said.out == ""  # refused before the comparison
+    for flag in ("--html", "--json"):  # a folder: it failed after the comparison was printed
+        assert main(["compare", str(old), str(new), flag, str(tmp_path)]) == 2
+        said = capsys.readouterr()
+        assert f"judge compare {flag} {tmp_path}: is a folder; name a file in it" in said.err
+        assert said.out == ""
 
 
 def test_a_query_id_that_asks_another_question_in_another_run_is_said(

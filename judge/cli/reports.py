@@ -327,8 +327,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]) -> None:
     """Refuse an output path that is one of the inputs, or a file a run directory given as
-    one is read from (``--json RUN/summary.json`` replaced the run's own summary), or one in
-    a folder that does not exist (found after the whole comparison had been printed)."""
+    one is read from (``--json RUN/summary.json`` replaced the run's own summary), one in a
+    folder that does not exist, or a folder (both found after the whole comparison had been
+    printed)."""
     read: set[Path] = set()
     for source in sources:
         path = Path(split_source(source)[1]).resolve()
@@ -338,6 +339,8 @@ def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]
             raise ConfigError(f"judge compare {flag} {out}: that is an input; write elsewhere")
         if out is not None and not Path(out).resolve().parent.is_dir():  # before the work
             raise ConfigError(f"judge compare {flag} {out}: its folder does not exist")
+        if out is not None and Path(out).is_dir():
+            raise ConfigError(f"judge compare {flag} {out}: is a folder; name a file in it")
 
 
 def _without_pooled(args: argparse.Namespace, metrics: list[str]) -> list[str]:
