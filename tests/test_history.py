@@ -162,31 +162,6 @@ def test_runs_of_one_config_can_be_told_apart(tmp_path: Path) -> None:
     assert len(list_runs(path)) == 3
 
 
-def test_runs_on_other_datasets_are_neither_a_regression_nor_one_trend(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """One config judged on two datasets in turn (a smoke set and the full set): their means
-    differ with their queries. A drop from one dataset's run to the other's is no
-    regression, the report's trend is the run's dataset's, and judge history draws a trend
-    per dataset (they had been one trend, flagged at every switch)."""
-    path = tmp_path / "h.sqlite"
-    config = tmp_path / "nightly.toml"
-    config.write_text(f'[run]\nhistory = "{path}"\n[thresholds]\nmax_drop = {{"ndcg@5" = 0.05}}\n')
-    ids = []
-    for i, (dataset, value) in enumerate([("smoke", 0.9), ("full", 0.5), ("smoke", 0.9)]):
-        means = {"bm25": {"ndcg@5": value}}
-        when = f"2026-01-{i + 1:02d}T02:00:00+00:00"
-        made = summary(when, means, source=str(config), dataset=dataset)
-        ids.append(record_run(path, made, f"runs/{i}"))
-    assert regressions(list_runs(path, 0), {"ndcg@5": 0.05}) == []
-    rows = history_rows_for_report(path, ["bm25"], ["ndcg@5"], dataset="smoke")
-    assert [r.run_id for r in rows] == [ids[0], ids[2]]
-    assert run_cli(["history", "--config", str(config)]) == 0
-    out = capsys.readouterr().out
-    assert "trend on smoke, oldest to newest:" in out and "trend on full" in out
-    assert "REGRESSION" not in out
-
-
 def test_a_file_that_is_not_a_history_is_a_clear_error(tmp_path: Path) -> None:
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database" * 100)

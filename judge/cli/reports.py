@@ -453,7 +453,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             args.last,
             max_drop=config.thresholds.max_drop if config else None,
             source=source_key(named),
-            dataset=summary.dataset or None,
         )
     for path in write_reports(out_dir, summary, results, history=rows, worst=args.worst):
         print(path)
@@ -521,26 +520,21 @@ def cmd_history(args: argparse.Namespace) -> int:
     names = args.metric or list(
         dict.fromkeys(m for r in runs for v in r.metrics.values() for m in v)
     )
-    datasets = list(dict.fromkeys(r.dataset for r in runs))
-    for dataset in datasets:  # a trend over another dataset's queries is not the engine's
-        these = [r for r in runs if r.dataset == dataset]
-        rows = []
-        for engine in sorted({e for r in these for e in r.metrics}):
-            for metric in names:
-                values = [r.metrics.get(engine, {}).get(metric) for r in these]
-                known = [v for v in values if v is not None]
-                if known:
-                    bad = [
-                        f"run {g.run_id} -{g.drop:.4f}"
-                        for g in flags
-                        if (g.engine, g.metric) == (engine, metric)
-                        and g.run_id in {r.run_id for r in these}
-                    ]
-                    trend = [engine, metric, sparkline(values), _num(known[0]), _num(known[-1])]
-                    rows.append([*trend, "REGRESSION " + ", ".join(bad) if bad else ""])
-        on = f" on {dataset or 'an unnamed dataset'}" if len(datasets) > 1 else ""
-        print(f"\ntrend{on}, oldest to newest:")
-        print(columns(["engine", "metric", "trend", "first", "last", "flags"], rows, "<<<>><"))
+    rows = []
+    for engine in sorted({e for r in runs for e in r.metrics}):
+        for metric in names:
+            values = [r.metrics.get(engine, {}).get(metric) for r in runs]
+            known = [v for v in values if v is not None]
+            if known:
+                bad = [
+                    f"run {g.run_id} -{g.drop:.4f}"
+                    for g in flags
+                    if (g.engine, g.metric) == (engine, metric)
+                ]
+                rows.append([engine, metric, sparkline(values), _num(known[0]), _num(known[-1])])
+                rows[-1].append("REGRESSION " + ", ".join(bad) if bad else "")
+    print("\ntrend, oldest to newest:")
+    print(columns(["engine", "metric", "trend", "first", "last", "flags"], rows, "<<<>><"))
     return 0
 
 

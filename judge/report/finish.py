@@ -161,7 +161,6 @@ def _in_history(
             HISTORY_SHOWN,
             max_drop=config.thresholds.max_drop,
             source=source_key(config.source),
-            dataset=summary.dataset or None,
         )
     except CacheError as exc:
         log.warning("%s; this run is not in the history, and the reports show no trend", exc)

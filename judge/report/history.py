@@ -210,22 +210,15 @@ def record_run(path: str | Path, summary: Summary, out_dir: str | Path) -> int:
     return run_id
 
 
-def _where(source: str | None, dataset: str | None = None) -> tuple[str, tuple[Any, ...]]:
-    terms = (("config_source", source), ("dataset", dataset))
-    given = [(term, value) for term, value in terms if value is not None]
-    if not given:
-        return "", ()
-    return "WHERE " + " AND ".join(f"{term} = ?" for term, _ in given), tuple(v for _, v in given)
+def _where(source: str | None) -> tuple[str, tuple[Any, ...]]:
+    return ("WHERE config_source = ?", (source,)) if source is not None else ("", ())
 
 
-def list_runs(
-    path: str | Path, limit: int = 20, *, source: str | None = None, dataset: str | None = None
-) -> list[HistoryRun]:
-    """The last ``limit`` runs (all when ``limit <= 0``), oldest first; optionally one config's,
-    and one dataset's."""
+def list_runs(path: str | Path, limit: int = 20, *, source: str | None = None) -> list[HistoryRun]:
+    """The last ``limit`` runs (all when ``limit <= 0``), oldest first; optionally one config's."""
     if not Path(path).exists():
         return []
-    where, args = _where(source, dataset)
+    where, args = _where(source)
     with _connect(path, create=False) as conn:
         try:
             rows = conn.execute(
@@ -267,17 +260,16 @@ def metric_trend(
 
 def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> list[Regression]:
     """Runs whose mean fell more than ``max_drop[metric]`` below the previous defined value
-    of a run on the same dataset (rose above it, for a lower-is-better metric): means over
-    another dataset's queries move with the queries, not the engine."""
+    (rose above it, for a lower-is-better metric)."""
     flagged: list[Regression] = []
-    previous: dict[tuple[str | None, str, str], tuple[int, float]] = {}
+    previous: dict[tuple[str, str], tuple[int, float]] = {}
     for run in runs:
         for engine, values in sorted(run.metrics.items()):
             for metric, limit in max_drop.items():
                 current = values.get(metric)
                 if current is None:
                     continue
-                before = previous.get((run.dataset, engine, metric))
+                before = previous.get((engine, metric))
                 sign = -1.0 if lower_is_better(metric) else 1.0  # a drop is how much worse
                 if before is not None and sign * (before[1] - current) > limit:
                     flagged.append(
@@ -292,7 +284,7 @@ def regressions(runs: Sequence[HistoryRun], max_drop: Mapping[str, float]) -> li
                             max_drop=limit,
                         )
                     )
-                previous[(run.dataset, engine, metric)] = (run.run_id, current)
+                previous[(engine, metric)] = (run.run_id, current)
     return flagged
 
 
@@ -304,16 +296,13 @@ def history_rows_for_report(
     *,
     max_drop: Mapping[str, float] | None = None,
     source: str | None = None,
-    dataset: str | None = None,
 ) -> list[HistoryRow]:
-    """The last ``last_n`` runs (oldest first) restricted to ``engines`` x ``metrics``, and
-    to runs on ``dataset`` when one is given (a trend over other queries is not the
-    engine's).
+    """The last ``last_n`` runs (oldest first) restricted to ``engines`` x ``metrics``.
 
     One run more than shown is read, so the oldest run shown is checked against its own
     predecessor too.
     """
-    runs = list_runs(path, last_n + 1 if last_n > 0 else 0, source=source, dataset=dataset)
+    runs = list_runs(path, last_n + 1 if last_n > 0 else 0, source=source)
     flags: dict[int, list[Regression]] = {}
     for reg in regressions(runs, max_drop or {}):
         if reg.engine in engines:
