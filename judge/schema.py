@@ -62,7 +62,7 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _visible(text: str) -> bool:
+def visible(text: str) -> bool:
     """Whether ``text`` holds a character a reader sees."""
     return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
 
@@ -100,7 +100,7 @@ class Passage(Record):
     def blank(self) -> bool:
         """Nothing to read: no text or title but white space and invisible format characters
         (zero-width spaces, a BOM). Judged not relevant without asking (judging/verdicts.py)."""
-        return not (_visible(self.text) or (self.title is not None and _visible(self.title)))
+        return not (visible(self.text) or (self.title is not None and visible(self.title)))
 
 
 class Query(Record):

@@ -137,27 +137,39 @@ def test_blank_passages_are_not_relevant_and_never_sent_or_paid(
     assert rerun_summary["run"]["cache_hits"] == expected  # answers found, not blanks
 
 
-def test_a_cascade_sends_no_blank_passage_to_the_llm_whatever_its_score(
+def test_a_cascade_sends_no_blank_passage_to_the_llm_or_the_reranker(
     make_server: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
+    """A blank passage is neither asked of the LLM nor sent to the reranker (some rerank
+    servers refuse an empty document, failing the whole query's scores): it scores 0. Nor is
+    a passage whose text is blank beside a title (a reranker scores the text alone), nor one
+    whose every word the sanitiser flagged as aimed at the judge (the LLM reads that one)."""
+
     def scorer(query: str, document: str) -> float:
         return 0.9 if not document.strip() else 0.5  # blank: above the band; the rest in it
 
     server = make_server(scorer=scorer, responder=says_yes)
     config = cascade_config(tmp_path, server, {"low": 0.3, "high": 0.7, "echo_floor": 0})
     write_dataset(tmp_path / "data.jsonl")  # over the cascade helper's dataset
+    rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()]
+    for row in rows[:2]:  # one passage to read, besides the one the sanitiser takes whole
+        row["passages"].append({"id": f"{row['query_id']}-k", "text": "kettles boil water"})
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 0
-    # The answers of q0 and q1 (a reranker scores text alone: the titled passage's blank text
-    # scores 0.9, above the band, and it is the reranker's).
-    assert calls(server, CHAT) == 2
-    assert calls(server, RERANK) == 3  # every query is scored, q9 too
+    # q9's passages are all blank: no request. q0 and q1 send the one passage with text left.
+    sent = [r.body["documents"] for r in server.requests if r.path == RERANK]
+    assert sent == [["kettles boil water"], ["kettles boil water"]]
+    # The LLM reads the passage the sanitiser flagged whole, and the one in the band.
+    assert calls(server, CHAT) == 4
     for jq in read_results(out / RESULTS_FILE):
         for v in jq.verdicts:
             if _is_blank(v.passage_id):
                 assert (v.label, v.source, v.usage.total) == ("no", "empty", 0)
+            elif v.passage_id.endswith("-t"):  # its text is blank: scored 0, below the band
+                assert (v.label, v.source) == ("no", "reranker")
             else:
-                assert v.source == ("reranker" if v.passage_id.endswith("-t") else "judge")
+                assert v.source == "judge"
 
 
 def test_the_python_api_judges_a_blank_passage_without_asking(server: ScriptedServer) -> None:

@@ -442,7 +442,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _render_scored(judge: Judge, query: Query, index: int) -> int:
     """``judge render`` for a judge by score: the one rerank request, documents as scored."""
-    from judge.judging.cascade import rerank_request, scored_documents
+    from judge.judging.cascade import rerank_request, scored_documents, scored_passages
     from judge.judging.echo import RESTATED_WEIGHT
 
     assert judge.rerank_model is not None
@@ -461,9 +461,10 @@ def _render_scored(judge: Judge, query: Query, index: int) -> int:
         f"request to {judge.settings.provider} (no LLM){echo}"
     )
     print(f"\n--- query ---\n{request.query}")
-    for passage, (text, _) in zip(fitted.passages, documents, strict=True):
+    read = scored_passages(fitted)  # a blank passage is scored 0 without being sent
+    for passage, (text, _) in zip(read, documents, strict=True):
         print(f"\n--- document {passage.id} ---\n{text}")
-    for passage, (_, bare) in zip(fitted.passages, documents, strict=True):
+    for passage, (_, bare) in zip(read, documents, strict=True):
         if bare is not None:
             print(
                 f"\n--- document {passage.id} without its restatement of the query (the two "

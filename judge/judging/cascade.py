@@ -68,7 +68,7 @@ from judge.judging.echo import ECHO, RESTATED_WEIGHT, mask_query, without_restat
 from judge.judging.sanitise import strip_aimed
 from judge.judging.verdicts import empty_verdict, ok_verdict
 from judge.providers.base import RerankRequest
-from judge.schema import Passage, Query, Record, Scale, Verdict
+from judge.schema import Passage, Query, Record, Scale, Verdict, visible
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,44 @@ def scored_text(passage: Passage, query: str) -> str:
     return strip_aimed(passage.text, query)[0] if passage.aimed else passage.text
 
 
+def scored_passages(query: Query) -> list[Passage]:
+    """``query``'s passages a reranker scores: those with text to read once what the
+    sanitiser flagged is out of it (:func:`scored_text`). The others score 0 without asking
+    (some rerank servers refuse an empty document): a blank passage is not relevant, and one
+    that was all text aimed at the judge goes to the LLM."""
+    return [p for p in query.passages if visible(scored_text(p, query.query))]
+
+
 def scored_documents(query: Query) -> list[tuple[str, str | None]]:
-    """Per passage of ``query``: its text as a reranker scores it (:func:`scored_text`), and
-    the same without its restatements of the query (judging/echo.py; None: it has none)."""
-    scored = [scored_text(p, query.query) for p in query.passages]
+    """Per passage of :func:`scored_passages`: its text as a reranker scores it
+    (:func:`scored_text`), and the same without its restatements of the query
+    (judging/echo.py; None: it has none)."""
+    scored = [scored_text(p, query.query) for p in scored_passages(query)]
     return [(text, without_restatements(text, query.query)) for text in scored]
+
+
+def read_scores(query: Query, scores: Mapping[str, float]) -> dict[str, float]:
+    """``scores`` of the passages a reranker read (a blank one's 0 says nothing of the
+    reranker: left out of a band fitted to the scores)."""
+    return {p.id: scores[p.id] for p in scored_passages(query)}
+
+
+def passage_scores(
+    query: Query, documents: Sequence[tuple[str, str | None]], scores: Sequence[float]
+) -> tuple[dict[str, float], set[str]]:
+    """The scores of :func:`rerank_request`'s ``documents`` per passage id of ``query`` (a
+    blank passage's 0), a passage that restates the query scoring ``without +
+    RESTATED_WEIGHT * (with - without)``; and the ids of those that restate it."""
+    read = scored_passages(query)
+    extra = iter(scores[len(read) :])
+    out, restated = dict.fromkeys((p.id for p in query.passages), 0.0), set()
+    for p, (_, bare), score in zip(read, documents, scores[: len(read)], strict=True):
+        if bare is not None:
+            without = next(extra)
+            score = without + RESTATED_WEIGHT * (score - without)
+            restated.add(p.id)
+        out[p.id] = score
+    return out, restated
 
 
 def rerank_request(
@@ -151,18 +184,10 @@ async def _weighed_scores(
 ) -> tuple[dict[str, float], bool, set[str]]:
     """:func:`rerank_scores`, and the ids of the passages that restate the query."""
     documents = scored_documents(query)
+    if not documents:  # every passage blank: nothing to ask
+        return dict.fromkeys((p.id for p in query.passages), 0.0), True, set()
     result = await caller.rerank(rerank_request(model, query, documents), repeat)
-    n = len(query.passages)
-    extra = iter(result.answer.scores[n:])
-    scores, restated = {}, set()
-    for p, (_, bare), score in zip(
-        query.passages, documents, result.answer.scores[:n], strict=True
-    ):
-        if bare is not None:
-            without = next(extra)
-            score = without + RESTATED_WEIGHT * (score - without)
-            restated.add(p.id)
-        scores[p.id] = score
+    scores, restated = passage_scores(query, documents, result.answer.scores)
     return scores, result.cached, restated
 
 
@@ -361,7 +386,7 @@ class Cascade:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        scored = [(q, scores) for q, (scores, _) in zip(todo, got, strict=True)]
+        scored = [(q, read_scores(q, scores)) for q, (scores, _) in zip(todo, got, strict=True)]
         self.band = fit_band(self.section, scored, label_scale)
         log.info("cascade band [%.3f, %.3f): %s", self.band.low, self.band.high, self.band.how)
         return self.band
@@ -432,7 +457,7 @@ class Cascade:
         rerank request, for those passages only, through the Caller."""
         floor, band = self.section.echo_floor, self.band
         assert band is not None
-        above = [p for p in query.passages if band.side(scores[p.id]) == "above"]
+        above = [p for p in scored_passages(query) if band.side(scores[p.id]) == "above"]
         if not floor or not above:  # 0 or None: no echo check
             return {}
         result = await self.caller.rerank(echo_request(self.model, query, above), 0)

@@ -42,7 +42,15 @@ from judge.calling.cache import Cache
 from judge.calling.caller import Prompt
 from judge.config import Price, RunConfig
 from judge.data.results import RESULTS_FILE
-from judge.judging.cascade import echo_request, fit_band, rerank_request
+from judge.judging.cascade import (
+    echo_request,
+    fit_band,
+    passage_scores,
+    read_scores,
+    rerank_request,
+    scored_documents,
+    scored_passages,
+)
 from judge.judging.context import count_tokens
 from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
@@ -209,6 +217,24 @@ def _batch_costs(
     }
 
 
+def _cached_scores(
+    identity: str, model: str, queries: Sequence[Query], cache: Cache
+) -> dict[int, dict[str, float]]:
+    """By index in ``queries``: the reranker's scores per passage where the cache holds them
+    (a query with nothing to score: its zeros, no call)."""
+    scores: dict[int, dict[str, float]] = {}
+    for i, q in enumerate(queries):
+        documents = scored_documents(q)
+        if not documents:
+            scores[i] = dict.fromkeys((p.id for p in q.passages), 0.0)
+            continue
+        request = rerank_request(model, q, documents)
+        got = cache.get(request_key(identity, request, 0), RerankResult)
+        if got is not None and len(got.scores) == len(request.documents):
+            scores[i] = passage_scores(q, documents, got.scores)[0]
+    return scores
+
+
 def _plan(
     judge: Judge, config: RunConfig, queries: Sequence[Query], cache: Cache
 ) -> tuple[Plan, dict[str, int | bool]]:
@@ -218,32 +244,29 @@ def _plan(
     model = judge.cascade.model if judge.cascade is not None else judge.rerank_model
     scores: dict[int, dict[str, float]] = {}
     if reranker is not None and model is not None:  # one scoring a query, cascade or side
-        for i, q in enumerate(with_passages):
-            got = cache.get(
-                request_key(reranker.identity, rerank_request(model, q), 0), RerankResult
-            )
-            if got is not None and len(got.scores) == len(q.passages):
-                scores[i] = dict(zip((p.id for p in q.passages), got.scores, strict=True))
+        scores = _cached_scores(reranker.identity, model, with_passages, cache)
+    calls = sum(1 for q in with_passages if scored_passages(q))  # an all-blank query: none
+    cached = len(scores) - (len(with_passages) - calls)
     if judge.cascade is None or reranker is None or model is None:
         asked = [
             (q, judge.asker.first_prompts(q), sum(not p.blank for p in q.passages))
             for q in with_passages
         ]
-        side = {"rerank_calls": len(with_passages), "rerank_cached": len(scores)}
+        side = {"rerank_calls": calls, "rerank_cached": cached}
         return asked, {**side, "side_rerank": True} if reranker is not None else {}
     identity = reranker.identity
     band = judge.cascade.band
     if band is None and len(scores) == len(with_passages):
-        scored = [(q, scores[i]) for i, q in enumerate(with_passages)]
+        scored = [(q, read_scores(q, scores[i])) for i, q in enumerate(with_passages)]
         band = fit_band(judge.cascade.section, scored, config.label_scale())
     plan: Plan = []
     floor, unknown_echo = judge.cascade.section.echo_floor, False
     if judge.by_score:  # no LLM to ask: every passage is the reranker's
-        counts = {"rerank_calls": len(with_passages), "rerank_cached": len(scores)}
+        counts = {"rerank_calls": calls, "rerank_cached": cached}
         return [(q, [], 0) for q in with_passages], {**counts, "upper_bound": False}
     for i, q in enumerate(with_passages):
         if band is not None and i in scores:
-            above = [p for p in q.passages if band.side(scores[i][p.id]) == "above"]
+            above = [p for p in scored_passages(q) if band.side(scores[i][p.id]) == "above"]
             echoed: set[str] = set()
             if floor and above:
                 # The echo check's answer when cached; else every passage above may echo.
@@ -263,8 +286,8 @@ def _plan(
         prompts = judge.asker.first_prompts(q_llm) if q_llm.passages else []
         plan.append((q, prompts, len(q_llm.passages)))
     counts = {
-        "rerank_calls": len(with_passages),
-        "rerank_cached": len(scores),
+        "rerank_calls": calls,
+        "rerank_cached": cached,
         "upper_bound": band is None or len(scores) < len(with_passages) or unknown_echo,
     }
     return plan, counts
