@@ -842,3 +842,43 @@ def test_a_judge_that_could_not_reach_its_server_asks_again_once_it_is_up() -> N
             assert [v.status for v in got.verdicts] == ["ok"] and len(srv.requests) == 1
     finally:
         judge.close()
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from judge.judging.judge import Judge
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails (EFBIG)
+base_url, cache = sys.argv[1], sys.argv[2]
+with Judge("local", "judge-test", base_url=base_url, cache=cache) as j:
+    j.judge("warm up", ["the cache file made"])  # before the cap: its pages exist
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # the disk full
+    first = j.judge("which kettle?", [f"kettle {i} " + "x" * 4000 for i in range(3)])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space freed
+    second = j.judge("which pot?", ["a pot", "a pan"])
+print([v.status for v in first.verdicts], [v.status for v in second.verdicts])
+"""
+
+
+def test_a_cache_that_cannot_be_written_keeps_the_verdicts_and_the_judge_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A Judge whose cache fails a write (a full disk) still gives the answers it paid for, is
+    warned once, and answers later calls once there is room again: it had refused every
+    later call ("not sent: the cache cannot be written")."""
+    import subprocess
+
+    with ScriptedServer(responder=keyword_responder({"kettle": "yes"})) as server:
+        done = subprocess.run(
+            [sys.executable, "-c", _FULL_DISK, server.openai_base_url, str(tmp_path / "c.db")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        asked = len(server.requests)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['ok', 'ok', 'ok'] ['ok', 'ok']", done.stderr
+    assert done.stderr.count("the answers are kept, not cached") == 1, done.stderr
+    assert asked == 6  # each passage asked once

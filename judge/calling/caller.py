@@ -182,7 +182,7 @@ class Caller:
         # Why no new request may leave (a signal stopped the run); None while they may.
         self.stopping: str | None = None
         # Why a paid answer could not be stored (a full disk, a file another process holds):
-        # its verdict still stands, and nothing more is sent (see _keep).
+        # its verdict still stands (see keep).
         self.cache_failure: str | None = None
         self.budget = Budget(self.limits)
         # One limit per provider: its calls in flight (adaptive under the configured ceiling).
@@ -417,7 +417,7 @@ class Caller:
         if result.error is None:
             reading = _reading_of(parse, result)
             answer = result.call.answer
-            self._keep(
+            self.keep(
                 functools.partial(
                     self.cache.put,
                     key,
@@ -471,24 +471,25 @@ class Caller:
 
         result = await self._call(once, provider.classify)
         if len(result.answer.scores) == len(request.documents):
-            self._keep(
+            self.keep(
                 functools.partial(
                     self.cache.put, key, result.answer, kind="rerank", model=request.model
                 )
             )
         return result
 
-    def _keep(self, put: Callable[[], None]) -> None:
-        """``put()`` a paid answer in the cache. A cache that cannot take it (a full disk, a
-        file another process holds) is no reason to lose the answer: its verdict stands (a
-        run writes it to its run directory), and nothing more is sent; ``cache_failure``
-        says why."""
+    def keep(self, put: Callable[[], None]) -> None:
+        """``put()`` a paid answer (or its name) in the cache. A cache that cannot take it (a
+        full disk, a file another process holds) is no reason to lose the answer: its
+        verdict stands, and ``cache_failure`` says why (a run then stops sending and keeps
+        the verdicts in its run directory; a Python caller is warned once, and its later
+        answers are stored again once the cache takes them)."""
         try:
             put()
         except CacheError as exc:
             if self.cache_failure is None:
-                self.cache_failure = str(exc)
-                self.stopping = self.stopping or f"the cache cannot be written: {exc}"
+                log.warning("%s: the answers are kept, not cached, until it can be", exc)
+            self.cache_failure = str(exc)
 
     async def _attempt(
         self,

@@ -12,6 +12,7 @@ params, language, re-ask policy, context window and reason length every asker re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +119,9 @@ async def ask(
         if got.value is not None:
             asked.value, asked.error = got.value, None
             if round_ == 1 and reasked is not None:  # cached by the caller: it parsed
-                caller.cache.add_alias(reasked, caller.key(current, repeat))
+                caller.keep(
+                    functools.partial(caller.cache.add_alias, reasked, caller.key(current, repeat))
+                )
             return asked
         asked.error = str(got.error)
         if round_ == 0:

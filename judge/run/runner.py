@@ -369,6 +369,8 @@ class _Batch:
         query, repeat = self.units[index]
         key = (query.query_id, query.engine, repeat)
         self.progress.told(key, verdict)
+        if (failure := self.caller.cache_failure) is not None and not self.stopped.is_set():
+            self.stop(cache_advice(failure), "errors")  # nothing more is sent; this one stands
         if not verdict.cached and verdict.status != "error":
             self.partial_writer.add_line(partial_line(key, verdict))
             self.partial.add(key)
@@ -453,8 +455,6 @@ class _Batch:
                 what = f"query '{query.query_id}' ({query.engine})"
                 self.stop(f"the reranker failed on {what}: {exc}", "errors")
                 return None
-            if (failure := self.caller.cache_failure) is not None:  # its paid answers stand
-                self.stop(cache_advice(failure), "errors")
             span.judged(judged[2])
             return judged
 
