@@ -315,3 +315,28 @@ def test_a_budget_of_zero_is_refused_not_taken_for_none(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "0 caps nothing" in err[0]
     assert not server.requests
+
+
+def test_the_bound_is_kept_a_step_after_the_last_one_kept_even_when_that_was_lower() -> None:
+    """A ledger kept on a timer tells the bound after requests settled far below their worst
+    case: the next step counts from that lower bound. It had counted from the highest bound
+    told, and 22 requests of 2,000 tokens left with the ledger 44,000 tokens behind."""
+    import asyncio
+
+    from judge.calling.limits import Budget, Limits
+    from judge.schema import Usage
+
+    async def scenario() -> list[int]:
+        budget = Budget(Limits(max_tokens=100_000))  # a step: 2,000 tokens
+        told: list[int] = []
+        budget.on_bound = lambda bound: told.append(bound.total)
+        held = [await budget.reserve(1_000, 1_000) for _ in range(32)]  # 64,000 worst case
+        for reservation in held:
+            budget.settle(reservation, Usage(prompt_tokens=500, completion_tokens=100))
+        budget.tell_bound()  # the timer's ledger: 19,200 spent, nothing in flight
+        told.clear()
+        for _ in range(3):
+            await budget.reserve(1_000, 1_000)
+        return told
+
+    assert asyncio.run(scenario()) == [21_200, 23_200, 25_200]  # each step told, from 19,200

@@ -702,14 +702,23 @@ class Budget:
 
     def _tell_bound(self) -> None:
         """Tell ``on_bound`` the bound when it passed the last one told by a step of a cap."""
-        assert self.on_bound is not None
         lim, (cost, tokens) = self.limits, self._bound_told
         spent_cost, spent_tokens = self.cost + self._reserved_cost, self.usage.total
         spent_tokens += self._reserved_tokens
         if (lim.max_cost > 0 and spent_cost - cost >= lim.max_cost / BOUND_STEPS) or (
             lim.max_tokens > 0 and spent_tokens - tokens >= lim.max_tokens / BOUND_STEPS
         ):
-            self._bound_told = (spent_cost, spent_tokens)
+            self.tell_bound()
+
+    def tell_bound(self) -> None:
+        """Tell ``on_bound`` the bound now (a run's ledger on its timer, and at its end): the
+        next step is counted from it, so a bound told lower (requests settled below their
+        worst case) is told again a step later, not once the higher one is passed."""
+        if self.on_bound is not None:
+            self._bound_told = (
+                self.cost + self._reserved_cost,
+                self.usage.total + self._reserved_tokens,
+            )
             self.on_bound(self.bound())
 
     async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:

@@ -402,7 +402,7 @@ class _Batch:
         said, not raised: the run goes on (or ends as it was ending), and a rerun counts
         less."""
         if self.ledger:
-            self._keep_bound(self.caller.budget.bound())
+            self.caller.budget.tell_bound()  # to _keep_bound, the budget's on_bound
 
     def _keep_bound(self, bound: Usage) -> None:
         """Keep ``bound`` as what the run spent (the budget tells it before a request that
