@@ -209,8 +209,18 @@ def test_a_baseline_scored_under_other_metric_settings_skips_the_drop_checks(
     (note,) = [c for c in summary.thresholds.checks if c.check == "baseline"]
     assert note.note == (
         f"{baseline} was scored under other [metrics] settings (undefined_ap: nan vs zero, "
-        "the baseline's first): drop checks skipped"
+        "the baseline's first): drop checks skipped for ap"
     )
+    # Exponential gain moves NDCG, not AP: AP's drop is still checked beside it.
+    options |= {"metrics.undefined_ap": "nan", "metrics.gain": "exponential"}
+    options["thresholds.max_drop"] = {"ap": 0.05, "ndcg": 0.05}
+    options["metrics.names"] = ["ap", "ndcg"]
+    fell = [_on(f"q{i}", f"query {i}", [0, 0, 1] if i else [0, 0, 0]) for i in range(4)]
+    summary = build_summary(load_config(None, options), fell, n_boot=10)
+    (drop,) = _drops(summary)
+    assert (drop.check, drop.ok) == ("drop ap", False)
+    (note,) = [c for c in summary.thresholds.checks if c.check == "baseline"]
+    assert note.note is not None and note.note.endswith("drop checks skipped for ndcg")
 
 
 def test_missing_baseline_is_noted_not_fatal(tmp_path: Path) -> None:
