@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from judge.calling.limits import Limits, Tail, worst_case_prompt_tokens
+from judge.calling.limits import Limits, worst_case_prompt_tokens
+from judge.calling.tail import Tail
 from judge.judging.judge import Judge
 from tests.servers import Answer, Fault, Item, Recorded, ScriptedServer, hashed_responder
 

@@ -33,14 +33,13 @@ from judge.calling.cache import Cache, Reading, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
-    Deadline,
     Gate,
     Limits,
     RateLimiter,
-    Tail,
     worst_case_prompt_tokens,
 )
 from judge.calling.retries import CallStats, RetryPolicy, root_cause, spent_failing, url_of
+from judge.calling.tail import Deadline, Tail
 from judge.calling.telemetry import spans
 from judge.errors import NOT_SENT, BudgetExceeded, CacheError, ParseError, ProviderError
 from judge.providers.base import (
