@@ -591,7 +591,21 @@ def test_an_engine_that_finds_nothing_relevant_loses_the_query_not_leaves_it() -
     line = headline_lines(cmp)[0]
     assert line.startswith("a beats b on ndcg: ")
     assert line.endswith("better on 14, tied 0, worse 6 of 20 queries")
-    assert cmp.means["ndcg"]["b"].mean == pytest.approx(6 / 20)
+    # Unpaired, each engine's mean stays over its own defined queries (the table's footnote).
+    assert (cmp.means["ndcg"]["b"].mean, cmp.means["ndcg"]["b"].n) == (1.0, 6)
+
+
+def test_a_third_engine_does_not_change_how_two_others_compare() -> None:
+    """a and b find nothing relevant on the same 10 of 20 queries, where c finds something:
+    a against b is the same with c in the run as without it (those 10 are left out, not
+    ties that c made)."""
+    rows = [_found_at(f"q{i:02d}", "a", 1 if i < 10 else None) for i in range(20)]
+    rows += [_found_at(f"q{i:02d}", "b", 2 if i < 10 else None) for i in range(20)]
+    pair = compare(rows, ["ndcg"], GRADED, n_boot=200).diffs
+    rows += [_found_at(f"q{i:02d}", "c", 3) for i in range(20)]
+    three = compare(rows, ["ndcg"], GRADED, baselines={"b": "a"}, n_boot=200).diffs
+    assert [d.model_dump() for d in three] == [d.model_dump() for d in pair]
+    assert (pair[0].n, pair[0].left_out) == (10, 10)
 
 
 def test_queries_left_out_of_the_pairs_are_said_beside_the_verdict() -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "check_metric",
     "compare",
     "engine_mean",
+    "fully_judged",
     "paired_diff",
     "parse_pooled",
     "per_query_values",
@@ -226,26 +227,12 @@ def per_query_values(
     names: Sequence[str],
     scale: Scale,
     policy: MetricPolicy = MetricPolicy(),
-    *,
-    score_missed: bool = True,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``[metric][engine][query_id]`` = mean over the repeats where the value is defined; a
-    query an engine judged fully and found nothing relevant in, where another engine did,
-    is 0 for it (:func:`score_misses`) unless not ``score_missed`` (each engine's own
-    values, as the run's per-query table shows them)."""
+    """``[metric][engine][query_id]`` = mean over the repeats where the value is defined."""
     rows = _metric_rows(results, names, scale, policy)
     repeats: dict[tuple[str, str], list[dict[str, float | None]]] = defaultdict(list)
-    judged: dict[str, set[str]] = defaultdict(set)
-    unjudged: set[tuple[str, str]] = set()
     for jq, row in zip(results, rows, strict=True):
-        key = (jq.query.engine, jq.query.query_id)
-        repeats[key].append(row)
-        if all(v.status == "ok" for v in jq.verdicts):
-            judged[key[0]].add(key[1])
-        else:
-            unjudged.add(key)
-    for engine, qid in unjudged:  # every repeat answered, or not judged fully
-        judged[engine].discard(qid)
+        repeats[(jq.query.engine, jq.query.query_id)].append(row)
     engines = sorted({engine for engine, _ in repeats})
     out: dict[str, dict[str, dict[str, float]]] = {n: {e: {} for e in engines} for n in names}
     for (engine, qid), group in sorted(repeats.items()):  # query ids in order, per engine
@@ -253,9 +240,22 @@ def per_query_values(
             values = [v for row in group if (v := row.get(name)) is not None]
             if values:
                 out[name][engine][qid] = sum(values) / len(values)
-    for name in names if score_missed else ():
-        score_misses(name, out[name], judged)
     return out
+
+
+def fully_judged(results: Sequence[JudgedQuery]) -> dict[str, set[str]]:
+    """Per engine, the query ids whose every verdict, in every repeat, was answered."""
+    judged: dict[str, set[str]] = defaultdict(set)
+    unjudged: set[tuple[str, str]] = set()
+    for jq in results:
+        key = (jq.query.engine, jq.query.query_id)
+        if all(v.status == "ok" for v in jq.verdicts):
+            judged[key[0]].add(key[1])
+        else:
+            unjudged.add(key)
+    for engine, qid in unjudged:
+        judged[engine].discard(qid)
+    return judged
 
 
 def _blocks(total: int, width: int) -> Iterator[int]:
@@ -325,10 +325,16 @@ def paired_diff(
     n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
     held: tuple[Collection[str], Collection[str]] | None = None,
+    judged: tuple[Collection[str], Collection[str]] | None = None,
 ) -> PairedDiff:
     """``engine - baseline`` over the query ids where both have a value; ``held``: the query
-    ids each side holds, defined or not, to count those left out."""
+    ids each side holds, defined or not, to count those left out; ``judged``: those each
+    side judged fully, a query one of them found nothing relevant in, and the other did,
+    then counting 0 for it (:func:`score_misses`: the two sides alone decide)."""
     (name, values), (base, base_values) = engine, baseline
+    if judged is not None:
+        values, base_values = dict(values), dict(base_values)
+        score_misses(metric, {"a": values, "b": base_values}, {"a": judged[0], "b": judged[1]})
     common = sorted(values.keys() & base_values.keys())
     held_ids = set(held[0]) | set(held[1]) if held is not None else set(common)
     a = np.array([values[q] for q in common], dtype=np.float64)
@@ -409,6 +415,7 @@ def compare(
     held: dict[str, set[str]] = defaultdict(set)
     for jq in results:
         held[jq.query.engine].add(jq.query.query_id)
+    judged = fully_judged(results)
     means = {
         m: {e: engine_mean(per_query[m][e], n_boot=n_boot, seed=seed) for e in order}
         for m in metrics
@@ -422,6 +429,7 @@ def compare(
             n_permutations=n_permutations,
             seed=seed,
             held=(held[e], held[pairs[e]]),
+            judged=(judged[e], judged[pairs[e]]),
         )
         for m in metrics
         for e in order

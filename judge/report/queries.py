@@ -185,7 +185,7 @@ def query_rows(
 ) -> tuple[QueryRow, ...]:
     """One row per (query id, engine), sorted by both; ``results`` hold human labels on the
     judge's scale unless ``label_scale`` says what scale they are on."""
-    values = per_query_values(results, names, scale, policy, score_missed=False)
+    values = per_query_values(results, names, scale, policy)
     out = []
     for (qid, engine), rows in grouped(results).items():
         if rows[0].query.labels:
