@@ -24,9 +24,16 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from judge.aspects import Coverage, Credibility
 from judge.errors import ConfigError
@@ -60,6 +67,21 @@ class Record(BaseModel):
     """Base for every record: immutable, no unknown fields."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def whole_text(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (half an emoji a JSON escape gave, say) as
+    U+FFFD: such a string cannot be written as UTF-8, to a file or the cache."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+# Text from outside that is stored and written: lone surrogates replaced (whole_text).
+WholeText = Annotated[str, AfterValidator(whole_text)]
 
 
 def visible(text: str) -> bool:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from judge.schema import whole_text
+
 __all__ = ["Malformed", "Node", "scan", "values"]
 
 
@@ -70,8 +72,8 @@ def scan(text: str, i: int) -> Node:
                 partial = json.loads(f'"{rest}"', strict=False).rstrip(_HIGH_SURROGATES)
             except json.JSONDecodeError:
                 partial = rest
-            return Node(partial, i, n, False)
-        return Node(value, i, end)
+            return Node(whole_text(partial), i, n, False)
+        return Node(whole_text(value), i, end)  # a lone surrogate escape: no UTF-8 string
     number = _NUMBER.match(text, i)
     if number:
         if number.end() == n:

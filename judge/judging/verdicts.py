@@ -343,9 +343,11 @@ def _expected(completion: Completion, scale: Scale, offset: int) -> float | None
     alternatives.setdefault(token.token, token.logprob)
     for text, logprob in alternatives.items():
         label = _token_label(text, prefix, scale)
-        if label is not None:
+        if label is not None and math.isfinite(logprob):  # NaN, -inf: no probability
             mass[label.grade] = mass.get(label.grade, 0.0) + math.exp(logprob)
     total = sum(mass.values())
+    if not total > 0:  # every label's logprob under exp's range (vLLM's -9999): none known
+        return None
     expected = sum(grade * p for grade, p in mass.items()) / total
     return min(float(scale.max_grade), max(0.0, expected))
 

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 from pydantic_core import from_json
 
 from judge.errors import NotTheApiError, ProviderConfigError, ProviderError, ResponseError
-from judge.schema import ProviderKind, Record, SamplingParams, Usage
+from judge.schema import ProviderKind, Record, SamplingParams, Usage, WholeText
 
 Role = Literal["system", "user", "assistant"]
 
@@ -40,12 +40,12 @@ class ChatRequest(Record):
 
 
 class TopLogprob(Record):
-    token: str
+    token: WholeText
     logprob: float
 
 
 class TokenLogprob(Record):
-    token: str
+    token: WholeText
     logprob: float
     top: tuple[TopLogprob, ...] = ()
 
@@ -55,7 +55,7 @@ class Completion(Record):
     the answer's token counts were not counts (negative, fractional, text): the Caller then
     counts the request's worst case, which the budget reserved, as its usage."""
 
-    text: str
+    text: WholeText
     model: str = ""
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
@@ -354,6 +354,9 @@ def read_json_answer(raw: bytes, where: str, what: str, hint: str = "") -> Any:
     try:
         return from_json(raw)  # pydantic's JSON parser: half json.loads' CPU on logprobs
     except ValueError as exc:
+        if b"\\ud" in raw.lower():  # a lone surrogate escape (half an emoji), which JSON
+            with contextlib.suppress(ValueError):  # allows and pydantic's parser refuses
+                return json.loads(raw)
         head = raw.lstrip()[:1]
         if raw.lstrip().startswith((b"data:", b"event:")):  # an event stream, not asked for
             raise NotTheApiError(

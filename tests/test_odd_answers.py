@@ -1,0 +1,60 @@
+"""Answers a real model gives that had crashed ``judge run`` with a traceback, and every
+rerun paid for them again: half an emoji (a lone UTF-16 surrogate) in the answer or its
+reason, and logprobs at vLLM's clamp (-9999) on every label. Through the real openai SDK
+against the loopback server; each answer is paid once and read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from judge.cli.main import main
+from judge.data.datasets import read_results
+from judge.data.results import RESULTS_FILE
+from tests.servers import Answer, Item, Recorded, ScriptedServer
+from tests.test_runner import write_config, write_dataset
+from tests.wire import Tok
+
+ESCAPED = '{"reason": "renewal explained \\ud83d", "verdict": "yes"}'  # the escape, in JSON
+RAW = '{"reason": "renewal explained \ud83d", "verdict": "yes"}'  # the character itself
+CLAMPED = Answer(
+    text='{"verdict": "yes"}',
+    tokens=(
+        Tok('{"verdict": "', -0.01),
+        Tok("yes", -9999.0, {"yes": -9999.0, "no": -9999.0}),
+        Tok('"}', -0.01),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    # The raw character goes on the wire as JSON's \ud83d escape; no logprobs for its tokens
+    # (the loopback server spells a token's UTF-8 bytes, which half an emoji has not).
+    [Answer(ESCAPED), Answer(RAW, tokens=()), CLAMPED],
+    ids=["escaped", "raw", "clamped"],
+)
+def test_an_odd_answer_is_read_and_written_not_a_traceback(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, answer: Answer
+) -> None:
+    def respond(_request: Recorded) -> Item:
+        return answer
+
+    server = make_server(responder=respond)
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=2, n_passages=2)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) == 0
+    verdicts = [v for jq in read_results(out / RESULTS_FILE) for v in jq.verdicts]
+    assert [(v.status, v.label) for v in verdicts] == [("ok", "yes")] * 4
+    if answer is not CLAMPED:  # the half emoji is the replacement character, written as UTF-8
+        assert {v.reason for v in verdicts} == {"renewal explained \ufffd"}
+    else:  # no label's probability is known: none is claimed
+        assert {v.probability for v in verdicts} == {None}
+    assert len(server.requests) == 4  # each passage paid once
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "again")]) == 0
+    assert len(server.requests) == 4  # and read from the cache after
+    json.loads((out / "summary.json").read_text(encoding="utf-8"))
