@@ -23,7 +23,7 @@ import itertools
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -202,6 +202,12 @@ class Scale(Record):
                     )
                 seen[norm] = label.name
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Scale:
+        """A copy, its label forms made anew (a copy with other labels has other forms)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("forms", None)
+        return copy
 
     @functools.cached_property
     def forms(self) -> tuple[tuple[str, ScaleLabel], ...]:

@@ -297,3 +297,18 @@ def test_a_reason_far_longer_than_asked_is_cut_and_said_so() -> None:
     assert verdict.reason is not None and len(verdict.reason) < MAX_REASON_CHARS + 40
     assert verdict.reason.endswith("[cut: the reason was longer]")
     assert ok_verdict(Scale.binary(), "p1", 1, "yes", 1, reason="short").reason == "short"
+
+
+def test_a_copied_scale_reads_its_own_labels_not_the_original_s() -> None:
+    """A scale's label forms are made once; a copy with other labels (a Python caller's
+    alias added) makes its own: it had kept the original's and refused its new alias."""
+    scale = Scale.named("binary")
+    assert scale.snap("ja") is None  # its forms made
+    labels = tuple(
+        label.model_copy(update={"aliases": ("ja",)}) if label.grade == 1 else label
+        for label in scale.labels
+    )
+    copy = scale.model_copy(update={"labels": labels})
+    found = copy.snap("ja")
+    assert found is not None and found.grade == 1
+    assert scale.snap("ja") is None
