@@ -620,8 +620,8 @@ def test_queries_left_out_of_the_pairs_are_said_beside_the_verdict() -> None:
     assert (d.n, d.left_out) == (6, 6)
     line = headline_lines(compare(rows, ["ndcg"], GRADED, n_boot=200))[0]
     assert line.endswith(
-        "of 6 queries; 6 more left out, undefined for b or a (not judged fully, or nothing "
-        "relevant found by either)"
+        "of 6 queries; 6 more left out, undefined for b or a (not judged fully, not held by "
+        "both, or nothing relevant found by either)"
     )
 
 

@@ -113,7 +113,7 @@ def _left(d: PairedDiff) -> str:
         return ""
     return (
         f"; {d.left_out} more left out, undefined for {d.engine} or {d.baseline} (not "
-        "judged fully, or nothing relevant found by either)"
+        "judged fully, not held by both, or nothing relevant found by either)"
     )
 
 
@@ -199,9 +199,11 @@ def headline_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
     moved: list[tuple[PairedDiff, float, int]] = []
     for engine, baseline in {(d.engine, d.baseline) for d in cmp.diffs}:
         pair = [d for d in cmp.diffs if (d.engine, d.baseline) == (engine, baseline)]
-        for d, p in zip(pair, holm(pair), strict=True):
+        adjusted = holm(pair)
+        tested = sum(p is not None for p in adjusted)  # the metrics Holm adjusts over
+        for d, p in zip(pair, adjusted, strict=True):
             if d.metric != primary and p is not None and decided(d, p):
-                moved.append((d, p, len(pair)))
+                moved.append((d, p, tested))
     if moved:
         top, p, n = max(moved, key=lambda m: (abs(m[0].diff or 0.0), m[0].metric, m[0].engine))
         lines.append(
