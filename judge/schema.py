@@ -249,6 +249,10 @@ class Scale(Record):
                 return label
         if norm.isdigit():
             return self.snap(int(norm))
+        head, paren, gloss = norm.partition("(")
+        if paren and head.strip():  # a label with its gloss, as the prompt shows: "yes（是）"
+            said, glossed = self.snap(head), self.snap(gloss)
+            return said if glossed is None or glossed == said else None
         return None
 
     def relevant(self, grade: int) -> bool:

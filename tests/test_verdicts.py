@@ -312,3 +312,44 @@ def test_a_copied_scale_reads_its_own_labels_not_the_original_s() -> None:
     found = copy.snap("ja")
     assert found is not None and found.grade == 1
     assert scale.snap("ja") is None
+
+
+@pytest.mark.parametrize(
+    "preamble",
+    [
+        "Here are my judgments for passages [1], [2] and [3]:\n```json\n",
+        "Ranking: [1] > [3] > [2]\n",
+        'I answer in the format {"id": "<id>", "verdict": "<label>"}:\n',
+        'Allowed labels: ["yes", "no"]\n',
+    ],
+)
+def test_a_list_written_before_the_verdicts_is_not_taken_for_them(preamble: str) -> None:
+    """A model without JSON mode writes a preamble holding a JSON-looking list; the verdicts
+    come after it. The first list had been taken as the answer, found to judge nothing, and
+    every passage asked again alone."""
+    verdicts = [{"id": str(n), "verdict": v} for n, v in ((1, "yes"), (2, "no"), (3, "yes"))]
+    text = preamble + json.dumps({"verdicts": verdicts})
+    got = parse_listwise(Completion(text=text), BINARY, ["a", "b", "c"])
+    assert {pid: p.label for pid, p in got.verdicts.items()} == {"a": "yes", "b": "no", "c": "yes"}
+    assert (got.missing, got.extra) == ((), ())
+
+
+@pytest.mark.parametrize(
+    ("said", "scale", "label"),
+    [
+        ("yes（是）", BINARY, "yes"),
+        ("no（否）", BINARY, "no"),
+        ("partial（部分回答）", GRADED, "partial"),
+        ("yes (no)", BINARY, None),  # a gloss that names another label: neither
+    ],
+)
+def test_a_label_with_the_gloss_the_prompt_shows_is_read(
+    said: str, scale: Scale, label: str | None
+) -> None:
+    """The Chinese prompts show each label with its gloss, "yes"（是）; a model that copies
+    both had been off the scale, re-asked, then unparsed."""
+    found = scale.snap(said)
+    assert (found.name if found else None) == label
+    if label is not None:
+        answer = json.dumps({"verdict": said}, ensure_ascii=False)
+        assert parse_pointwise(Completion(text=answer), scale).label == label

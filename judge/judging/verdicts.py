@@ -42,6 +42,7 @@ text, or the verdict token does not map to a label.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Sequence
@@ -213,6 +214,34 @@ def _items(node: Node) -> list[Node] | None:
     return None
 
 
+def _verdict_list(completion: Completion, shown: int) -> list[Node] | None:
+    """The answer's list of verdict entries: the first that names a passage among the
+    ``shown`` (a list the answer writes before its verdicts, "passages [1], [2] and [3]" or
+    the format line echoed, names none), else the first list at all (None: none)."""
+    first: list[Node] | None = None
+    for node in values(completion.text, _start(completion), "{["):
+        found = _items(node)
+        if found is None:
+            continue
+        if _names_a_passage(found, shown, completion):
+            return found
+        first = first if first is not None else found
+    return first
+
+
+def _names_a_passage(items: list[Node], shown: int, completion: Completion) -> bool:
+    """Whether ``items`` hold an entry with a verdict for a passage among the ``shown``."""
+    for item in items:
+        if not isinstance(item.value, dict) or _field(item.value, VERDICT_KEYS) is None:
+            continue
+        said = _item_id(item.value)
+        with contextlib.suppress(ParseError):
+            n = _position(said, shown, completion) if said is not None else ""
+            if n.isdigit() and 1 <= int(n) <= shown:
+                return True
+    return False
+
+
 def _item_id(pairs: dict[str, Node]) -> str | None:
     found = _field(pairs, ID_KEYS)
     if found is None or not found[1].complete:
@@ -237,12 +266,7 @@ def parse_listwise(
     The prompt named the passages by position (:func:`judge.judging.prompts.numbered`), so an
     answer's id ``"n"`` is ``passage_ids[n - 1]``; the results are keyed by the real ids, and
     messages meant for the judge (a re-ask) name positions, as it saw them."""
-    start = _start(completion)
-    items: list[Node] | None = None
-    for node in values(completion.text, start, "{["):
-        items = _items(node)
-        if items is not None:
-            break
+    items = _verdict_list(completion, len(passage_ids))
     if items is None:
         raise ParseError(
             'the answer has no JSON object {"verdicts": [{"id": ..., "verdict": ...}, ...]}'
