@@ -58,3 +58,31 @@ def test_an_odd_answer_is_read_and_written_not_a_traceback(
     assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "again")]) == 0
     assert len(server.requests) == 4  # and read from the cache after
     json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+
+THINKING = Answer("<think>\nThe passage is about kettles. Maybe relevant, maybe", "length")
+
+
+@pytest.mark.parametrize(("mode", "requests"), [("pointwise", 4), ("listwise", 2)])
+def test_an_answer_cut_off_inside_its_thinking_is_not_asked_again(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, mode: str, requests: int
+) -> None:
+    """A reasoning model whose <think> block fills max_tokens: asked again with the same
+    limit, it is cut off again. Each passage (or list) is asked once and left unparsed,
+    saying what to change; it had been re-asked, and a list's passages then asked one by one
+    and re-asked too (8 requests for a list of 3, and no verdict)."""
+
+    def respond(_request: Recorded) -> Item:
+        return THINKING
+
+    server = make_server(responder=respond)
+    dataset = write_dataset(tmp_path / "data.jsonl", n_queries=2, n_passages=2)
+    config = write_config(
+        tmp_path / "run.toml", server, tmp_path / "cache.sqlite", {"judge": {"mode": mode}}
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
+    verdicts = [v for jq in read_results(out / RESULTS_FILE) for v in jq.verdicts]
+    assert [v.status for v in verdicts] == ["unparsed"] * 4
+    assert all("raise [judge.params] max_tokens" in (v.error or "") for v in verdicts)
+    assert len(server.requests) == requests

@@ -78,6 +78,24 @@ class Asked(Generic[P]):
     attempts: int = 0
     latency_s: float = 0.0
     raw: str | None = None  # the last answer's text
+    # The answer did not parse for a cause that asking again would meet again (cut off by
+    # max_tokens inside its thinking, stopped by the provider's content filter): not re-asked.
+    futile: bool = False
+
+
+def futile(answer: Completion, error: str) -> str | None:
+    """Why asking again for an ``answer`` that did not parse (``error``) would meet the same
+    end, or None: one cut off by max_tokens inside its thinking (a reasoning model's
+    <think> block takes the whole limit again), or stopped by the provider's content
+    filter (it reads the same passage again)."""
+    if answer.finish_reason == "length" and "inside its <think> block" in error:
+        return (
+            "asked again, it would be cut off again: raise [judge.params] max_tokens, or turn "
+            "the model's thinking off"
+        )
+    if answer.finish_reason == "content_filter":
+        return "the provider's content filter stopped it: asked again, it would stop it again"
+    return None
 
 
 async def ask(
@@ -124,6 +142,9 @@ async def ask(
                 )
             return asked
         asked.error = str(got.error)
+        if (again := futile(call.answer, asked.error)) is not None:
+            asked.error, asked.futile = f"{asked.error}; {again}", True
+            return asked
         if round_ == 0:
             first = request.request if isinstance(request, Prompt) else request
             messages = reask_messages(

@@ -350,6 +350,25 @@ class Asker:
         asked = await self._ask(prompt, repeat, reader)
         if asked.failed:
             return None
+        if asked.value is None and asked.futile and "<think>" in (asked.error or ""):
+            # Each passage asked alone thinks as long again: unparsed, not asked one by one.
+            tally = {"raw": asked.raw, "attempts": asked.attempts, "cached": asked.cached}
+            shares = _split_usage(asked.usage, len(passages))
+            out = {
+                p.id: Verdict(
+                    passage_id=p.id,
+                    rank=ranks[p.id],
+                    status="unparsed",
+                    error=asked.error,
+                    usage=share,
+                    latency_s=asked.latency_s,
+                    **tally,
+                )
+                for p, share in zip(passages, shares, strict=True)
+            }
+            for verdict in out.values():
+                told(verdict)
+            return out
         if asked.value is None:
             return {}
         by_id = {p.id: p for p in passages}
