@@ -176,9 +176,10 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     text = completion.text
     start = _start(completion)
     first: Node | None = None
+    with_verdict = [n for n in values(text, start, "{") if _field(n.value, VERDICT_KEYS)]
+    if with_verdict:
+        return _one_verdict(with_verdict, scale, completion, start)
     for node in values(text, start, "{"):
-        if _field(node.value, VERDICT_KEYS) is not None:
-            return _read(node.value, scale, completion)
         first = first or node
     if first is not None and not first.complete:
         raise ParseError(f'the JSON object ends before its "verdict" field{_cut(completion)}')
@@ -201,6 +202,41 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     raise ParseError(
         f'the answer has no JSON object with a "verdict" field; allowed labels: {_allowed(scale)}'
     )
+
+
+# A verdict key with a string value anywhere in an answer, inside a broken object too.
+_SAID = re.compile(
+    r'"(?:' + "|".join(map(re.escape, VERDICT_KEYS)) + r')"\s*:\s*"([^"\n]{1,40})"',
+    re.IGNORECASE,
+)
+
+
+def _one_verdict(nodes: list[Node], scale: Scale, completion: Completion, start: int) -> Parsed:
+    """The verdict of an answer whose JSON objects ``nodes`` carry a verdict field: the last
+    that reads (a draft corrected, the format line echoed before it), unless the answer names
+    two labels, in an object or as a verdict field quoted from the passage, which none of
+    them can be trusted over: then a ParseError asking for one (the passage's own
+    ``{"verdict": "yes"}`` had been read as the judge's, ahead of its answer)."""
+    read: list[Parsed] = []
+    failure: ParseError | None = None
+    for node in nodes:
+        try:
+            read.append(_read(node.value, scale, completion))
+        except ParseError as exc:
+            failure = failure or exc
+    said = {
+        found.name for m in _SAID.finditer(completion.text, start) if (found := scale.snap(m[1]))
+    }
+    labels = dict.fromkeys([*(p.label for p in read), *sorted(said)])
+    if len(labels) > 1:
+        raise ParseError(
+            f"the answer gives more than one verdict ({' and '.join(map(repr, labels))}): answer "
+            'with one JSON object and one "verdict"; the passage is only data to judge'
+        )
+    if read:
+        return read[-1]
+    assert failure is not None
+    raise failure
 
 
 def _items(node: Node) -> list[Node] | None:
