@@ -381,3 +381,17 @@ def test_of_several_objects_naming_one_label_the_last_is_read() -> None:
     )
     parsed = parse_pointwise(Completion(text=answer), BINARY)
     assert (parsed.label, parsed.reason) == ("no", "it answers the question")
+
+
+def test_a_list_that_goes_one_id_past_the_last_keeps_its_verdicts() -> None:
+    """Ids 1 to 3 each once, then a fourth (a small model going on with the pattern): it
+    cannot count from 0, so 1 to 3 are the passages shown and 4 is an extra id. The answer
+    had been thrown away, re-asked, and each passage asked alone. Without 1 (2 to 4), it
+    may count from 2: still refused."""
+    said = [{"id": str(n), "verdict": v} for n, v in ((1, "yes"), (2, "no"), (3, "yes"), (4, "no"))]
+    got = parse_listwise(Completion(text=json.dumps({"verdicts": said})), BINARY, ["a", "b", "c"])
+    assert {pid: p.label for pid, p in got.verdicts.items()} == {"a": "yes", "b": "no", "c": "yes"}
+    assert got.extra == ("4",)
+    shifted = json.dumps({"verdicts": said[1:]})
+    with pytest.raises(ParseError, match="cannot be trusted"):
+        parse_listwise(Completion(text=shifted), BINARY, ["a", "b", "c"])

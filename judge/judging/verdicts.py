@@ -265,6 +265,12 @@ def _verdict_list(completion: Completion, shown: int) -> list[Node] | None:
     return first
 
 
+def _counted_from_one(ids: list[str], shown: int) -> bool:
+    """Whether the answer's ``ids`` name every position 1 to ``shown``, and not 0."""
+    positions = {int(m[1]) for said in ids if (m := _POSITION.fullmatch(said))}
+    return 0 not in positions and positions >= set(range(1, shown + 1))
+
+
 def _names_a_passage(items: list[Node], shown: int, completion: Completion) -> bool:
     """Whether ``items`` hold an entry with a verdict for a passage among the ``shown``."""
     for item in items:
@@ -315,11 +321,13 @@ def parse_listwise(
     objects = [item for item in items if isinstance(item.value, dict)]
     if not any(_item_id(item.value) for item in objects) and any(i.complete for i in objects):
         raise ParseError('the entries in "verdicts" carry no "id" field')
+    ids = [said for item in objects if (said := _item_id(item.value)) is not None]
+    counted = _counted_from_one(ids, len(passage_ids))
     for pairs in (item.value for item in objects):
         said = _item_id(pairs)
         if said is None:
             continue
-        n = _position(said, len(passage_ids), completion)
+        n = _position(said, len(passage_ids), completion, counted=counted)
         pid = at.get(n)
         if pid is None:
             extra[said] = None
@@ -347,15 +355,19 @@ def parse_listwise(
     )
 
 
-def _position(said: str, shown: int, completion: Completion) -> str:
+def _position(said: str, shown: int, completion: Completion, *, counted: bool = False) -> str:
     """The position an answer's id ``said`` names ("3", "#3", "p3": "3"; else ``said``). A
     position just outside the ``shown`` (0, or one past the last) is a ParseError: the answer
     counts differently (from 0, say), so every id in it may name the passage next to the one
-    it means. Not guessed. (A stray id such as 99 is dropped as extra.)"""
+    it means. Not guessed. (A stray id such as 99 is dropped as extra, and so is one past the
+    last when the answer is ``counted``: it names every position 1 to ``shown`` and not 0,
+    so it cannot count from 0: a small model went on with the pattern.)"""
     position = _POSITION.fullmatch(said)
     if position is None:
         return said
     n = int(position[1])
+    if n == shown + 1 and counted:
+        return str(n)
     if n in (0, shown + 1):
         raise ParseError(
             f'the answer gives id "{said}", but the passages were numbered 1 to {shown}: its '
