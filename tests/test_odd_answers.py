@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from judge.cli.main import main
 from judge.data.datasets import read_results
 from judge.data.results import RESULTS_FILE
-from tests.servers import Answer, Item, Recorded, ScriptedServer
+from tests.servers import Answer, AnswerServer, Item, Recorded, ScriptedServer
 from tests.test_runner import write_config, write_dataset
 from tests.wire import Tok
 
@@ -86,3 +87,87 @@ def test_an_answer_cut_off_inside_its_thinking_is_not_asked_again(
     assert [v.status for v in verdicts] == ["unparsed"] * 4
     assert all("raise [judge.params] max_tokens" in (v.error or "") for v in verdicts)
     assert len(server.requests) == requests
+
+
+def _inspecting(calls: list[Any]) -> Callable[[bytes], tuple[int, Any]]:
+    """A DashScope server (native or OpenAI-compatible) whose content inspection refuses a
+    request holding "敏感", with each API's own error body; it answers "yes" otherwise."""
+
+    def answer(raw: bytes) -> tuple[int, Any]:
+        body = json.loads(raw)
+        calls.append(body)
+        native = "input" in body
+        messages = body["input"]["messages"] if native else body["messages"]
+        text = '{"reason": "it answers", "verdict": "yes"}'
+        if "敏感" in messages[-1]["content"]:
+            said = "Input data may contain inappropriate content."
+            if native:
+                return 400, {"code": "DataInspectionFailed", "message": said, "request_id": "r"}
+            return 400, {"error": {"message": said, "code": "data_inspection_failed"}}
+        if native:
+            choice = {"finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+            usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+            return 200, {"output": {"choices": [choice]}, "usage": usage, "request_id": "r"}
+        choice = {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text},
+        }
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        return 200, {
+            "id": "x",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    return answer
+
+
+@pytest.mark.parametrize("provider", ["dashscope", "dashscope-compatible"])
+def test_a_passage_the_provider_s_inspection_refuses_gets_no_verdict_and_the_run_ends(
+    tmp_path: Path, fake_key: str, provider: str
+) -> None:
+    """Content inspection refuses the same passage every time: it had been an error, so the
+    run was incomplete, and every rerun sent it again, never to complete (a Chinese web
+    corpus in CI). Now it is unparsed, saying why, the rest is judged, and a rerun sends
+    nothing."""
+    calls: list[Any] = []
+    rows = [
+        {
+            "query_id": f"q{q}",
+            "query": "护照怎么续签？",
+            "engine": "bm25",
+            "passages": [
+                {"id": "p1", "text": "填写续签表格并邮寄旧护照。"},
+                {"id": "p2", "text": "这是一段敏感内容。" if q == 0 else "护照费用为75元。"},
+            ],
+        }
+        for q in range(3)
+    ]
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    with AnswerServer(_inspecting(calls)) as server:
+        root = server.openai_base_url.removesuffix("/v1")
+        base = root + ("/api/v1" if provider == "dashscope" else "/compatible-mode/v1")
+        config = tmp_path / "run.toml"
+        config.write_text(
+            f'[judge]\nprovider = "{provider}"\nmodel = "qwen-plus"\nlanguage = "zh"\n'
+            f'[provider]\nbase_url = "{base}"\n'
+            f'[run]\ncache = "{tmp_path / "c.sqlite"}"\nbackoff_base_s = 0.01\n',
+            encoding="utf-8",
+        )
+        out = tmp_path / "out"
+        assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
+        assert len(calls) == 3  # each text once (two repeat): the refusal is not retried
+        assert main(["run", str(config), str(dataset), "--out", str(out)]) in (0, 1)
+        assert len(calls) == 3  # and not sent again
+    verdicts = {
+        v.passage_id + jq.query.query_id: v
+        for jq in read_results(out / RESULTS_FILE)
+        for v in jq.verdicts
+    }
+    refused = verdicts.pop("p2q0")
+    assert refused.status == "unparsed" and "the provider refused it" in (refused.error or "")
+    assert {v.status for v in verdicts.values()} == {"ok"}

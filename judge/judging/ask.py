@@ -83,6 +83,15 @@ class Asked(Generic[P]):
     futile: bool = False
 
 
+def _failed(asked: Asked[P], exc: ProviderError) -> Asked[P]:
+    """``asked`` ended by the provider's failure ``exc``; one its content inspection refused
+    gets no verdict, as an answer that does not parse gives none (refused again if asked)."""
+    refused = exc.kind == "content"
+    asked.error = f"the provider refused it: {exc}" if refused else str(exc)
+    asked.failed, asked.futile, asked.cached = not refused, refused, False
+    return asked
+
+
 def futile(answer: Completion, error: str) -> str | None:
     """Why asking again for an ``answer`` that did not parse (``error``) would meet the same
     end, or None: one cut off by max_tokens inside its thinking (a reasoning model's
@@ -125,9 +134,8 @@ async def ask(
         try:
             got = await caller.complete(current, repeat, parse)
         except ProviderError as exc:
-            asked.error, asked.failed, asked.cached = str(exc), True, False
             asked.attempts += exc.attempts
-            return asked
+            return _failed(asked, exc)
         call = got.call
         asked.attempts += call.attempts
         asked.usage = asked.usage + call.answer.usage

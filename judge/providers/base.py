@@ -315,6 +315,12 @@ class ProviderStatusError(ProviderError):
 # Error codes that no wait cures, whatever their status (OpenAI's 429 for an account out of
 # credit): final, not retried as a rate limit.
 FINAL_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+# Error codes by which a provider's content inspection refuses a request (DashScope's, in
+# either API; Azure OpenAI's and OpenAI's filters): the passage gets no verdict, as an answer
+# that does not parse gives none, and asking again would be refused again.
+CONTENT_CODES = frozenset(
+    {"DataInspectionFailed", "data_inspection_failed", "content_filter", "content_policy_violation"}
+)
 
 
 def status_decision(
@@ -324,6 +330,8 @@ def status_decision(
     wait cures (:data:`FINAL_CODES`) -> client (final)."""
     if code in FINAL_CODES:
         return RetryDecision(retry=False, kind="client")
+    if code in CONTENT_CODES and status < 500:
+        return RetryDecision(retry=False, kind="content")
     if status == 429:
         return RetryDecision(retry=True, kind="rate_limit", retry_after=retry_after)
     if status in (408, 409) or status >= 500:

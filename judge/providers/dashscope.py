@@ -129,6 +129,7 @@ def _status_error(response: Any, key: str) -> ProviderStatusError:
         status=int(response.status_code),
         retry_after=parse_retry_after(headers.get("retry-after")),
         request_id=response.request_id or None,
+        code=str(response.code) if response.code else None,
     )
 
 
