@@ -464,12 +464,15 @@ class Budget:
     def _cost(self, usage: Usage) -> float:
         return self.limits.price.cost(usage) if self.limits.price is not None else 0.0
 
+    def _committed(self) -> tuple[float, int]:
+        """The cost and tokens spent, and held for the requests in flight."""
+        return self.cost + self._reserved_cost, self.usage.total + self._reserved_tokens
+
     def _fits(self, usage: Usage, cost: float) -> bool:
-        lim = self.limits
-        if lim.max_cost > 0 and self.cost + self._reserved_cost + cost > lim.max_cost:
+        lim, (held_cost, held_tokens) = self.limits, self._committed()
+        if lim.max_cost > 0 and held_cost + cost > lim.max_cost:
             return False
-        tokens = self.usage.total + self._reserved_tokens + usage.total
-        return not (lim.max_tokens > 0 and tokens > lim.max_tokens)
+        return not (lim.max_tokens > 0 and held_tokens + usage.total > lim.max_tokens)
 
     def _worst(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:
         completion = UNBOUNDED_COMPLETION if completion_tokens is None else completion_tokens
@@ -495,8 +498,7 @@ class Budget:
     def _tell_bound(self) -> None:
         """Tell ``on_bound`` the bound when it passed the last one told by a step of a cap."""
         lim, (cost, tokens) = self.limits, self._bound_told
-        spent_cost, spent_tokens = self.cost + self._reserved_cost, self.usage.total
-        spent_tokens += self._reserved_tokens
+        spent_cost, spent_tokens = self._committed()
         if (lim.max_cost > 0 and spent_cost - cost >= lim.max_cost / BOUND_STEPS) or (
             lim.max_tokens > 0 and spent_tokens - tokens >= lim.max_tokens / BOUND_STEPS
         ):
@@ -507,10 +509,7 @@ class Budget:
         next step is counted from it, so a bound told lower (requests settled below their
         worst case) is told again a step later, not once the higher one is passed."""
         if self.on_bound is not None:
-            self._bound_told = (
-                self.cost + self._reserved_cost,
-                self.usage.total + self._reserved_tokens,
-            )
+            self._bound_told = self._committed()
             self.on_bound(self.bound())
 
     async def reserve(self, prompt_tokens: int, completion_tokens: int | None) -> Reservation:

@@ -175,12 +175,11 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     """The verdict in a one-passage answer; ParseError (with the re-ask text) otherwise."""
     text = completion.text
     start = _start(completion)
-    first: Node | None = None
-    with_verdict = [n for n in values(text, start, "{") if _field(n.value, VERDICT_KEYS)]
+    nodes = list(values(text, start, "{"))
+    with_verdict = [n for n in nodes if _field(n.value, VERDICT_KEYS)]
     if with_verdict:
         return _one_verdict(with_verdict, scale, completion, start)
-    for node in values(text, start, "{"):
-        first = first or node
+    first = nodes[0] if nodes else None
     if first is not None and not first.complete:
         raise ParseError(f'the JSON object ends before its "verdict" field{_cut(completion)}')
     if first is not None:
