@@ -172,7 +172,11 @@ def test_clearing_pruning_or_replacing_answers_drops_the_sets(
     with sqlite3.connect(path) as conn:
         key, value = conn.execute("SELECT key, value FROM answers LIMIT 1").fetchone()
     conn.close()
-    cache.put(key, Completion.model_validate_json(value), kind="chat", model="judge-test")
+    answer = Completion.model_validate_json(value)
+    cache.put(f"new-{key}", answer, kind="chat", model="judge-test", alias=f"alias-{key}")
+    assert _sets(path) == 1  # a new answer leaves the sets of the others
+    assert cache.get_stored(f"alias-{key}", Completion, alias=True) is not None
+    cache.put(key, answer, kind="chat", model="judge-test")
     cache.close()
     assert _sets(path) == 0
 

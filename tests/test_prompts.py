@@ -11,6 +11,7 @@ from judge.errors import TemplateError
 from judge.judging.prompts import (
     MARK,
     AnswerShape,
+    PromptTemplate,
     datamark,
     fence,
     json_schema_for,
@@ -379,3 +380,68 @@ def test_a_user_template_sees_the_mark_and_gets_marked_passages(tmp_path: Path) 
     assert plain.render_pointwise(QUERY, PASSAGES[0], Scale.binary())[0].content.startswith("[]")
     with pytest.raises(TemplateError, match="reserved"):
         marked.render_pointwise(QUERY, PASSAGES[0], Scale.binary(), datamark="x")
+
+
+def _rendered(
+    template: PromptTemplate, query: str, shown: object, scale: Scale, **options: object
+) -> tuple[Message, ...]:
+    if template.mode == "pointwise":
+        assert isinstance(shown, Passage)
+        return template.render_pointwise(query, shown, scale, **options)
+    assert isinstance(shown, tuple)
+    return template.render_listwise(query, shown, scale, **options)
+
+
+def test_a_system_block_made_once_per_scale_and_options_says_what_a_fresh_render_says() -> None:
+    """A block reading only the scale and the options is made once per their values; every
+    text equals that of a template that renders it anew each time."""
+    names = [*BUILTINS, *(n for n in ASPECT_TEMPLATES if not n.startswith("support"))]
+    for name in names:
+        kept, fresh = load_template(name, mark=MARK), load_template(name, mark=MARK)
+        assert "system" in kept.static, name
+        fresh.static.clear()
+        extra = {"max_nuggets": 5} if name.startswith("nuggets") else {}
+        shown = PASSAGES[2] if kept.mode == "pointwise" else PASSAGES
+        for scale in (Scale.binary(), Scale.graded()):
+            for options in ({}, {"reasons": False}, {"verdict_first": True}, {"max_nuggets": 3}):
+                for query in ("first query", "second query"):
+                    args = (query, shown, scale)
+                    got = _rendered(kept, *args, **{**extra, **options})
+                    want = _rendered(fresh, *args, **{**extra, **options})
+                    assert got == want, (name, options)
+    # Two scales of the same labels but another wording are two texts.
+    words = Scale.ordered("custom", 1, ("off", "not it", "", ()), ("on", "it", "", ()))
+    kept = load_template("binary.pointwise.en", mark=MARK)
+    one = kept.render_pointwise("q", PASSAGES[2], Scale.binary())[0].content
+    two = kept.render_pointwise("q", PASSAGES[2], words)[0].content
+    assert '"on"' in two and '"on"' not in one
+
+
+def test_a_system_block_that_reads_the_query_or_includes_is_made_every_time(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "asks.pointwise.en.j2").write_text(
+        "{% block system %}About {{ query }}: {{ scale.names | join('/') }}{% endblock %}"
+        "{% block user %}{{ fence(passage) }}{% endblock %}",
+        encoding="utf-8",
+    )
+    (tmp_path / "part.txt.j2").write_text("Query was {{ query }}", encoding="utf-8")
+    (tmp_path / "included.pointwise.en.j2").write_text(
+        "{% block system %}{% include 'part.txt.j2' %} {{ scale.names | join('/') }}"
+        "{% endblock %}{% block user %}{{ query }} {{ fence(passage) }}{% endblock %}",
+        encoding="utf-8",
+    )
+    (tmp_path / "lorem.pointwise.en.j2").write_text(
+        "{% block system %}{{ lipsum(1) }} {{ scale.names | join('/') }}{% endblock %}"
+        "{% block user %}{{ query }} {{ fence(passage) }}{% endblock %}",
+        encoding="utf-8",
+    )
+    asks = load_template("asks.pointwise.en", template_dir=tmp_path)
+    assert "system" not in asks.static and "user" not in asks.static
+    said = [asks.render_pointwise(q, PASSAGES[2], Scale.binary())[0].content for q in "ab"]
+    assert said == ["About a: no/yes", "About b: no/yes"]
+    included = load_template("included.pointwise.en", template_dir=tmp_path)
+    assert included.static == {}
+    said = [included.render_pointwise(q, PASSAGES[2], Scale.binary())[0].content for q in "ab"]
+    assert said == ["Query was a no/yes", "Query was b no/yes"]
+    assert "system" not in load_template("lorem.pointwise.en", template_dir=tmp_path).static

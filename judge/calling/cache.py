@@ -58,6 +58,11 @@ from judge.errors import CacheError
 from judge.schema import Record
 
 T = TypeVar("T", bound=BaseModel)
+
+_ALIAS = "INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)"
+# Before an answer is stored: every verdict set goes when it replaces one (sets are read from
+# the answers; an old one's set is stale).
+_STALE_SETS = "DELETE FROM verdict_sets WHERE EXISTS (SELECT 1 FROM answers WHERE key = ?)"
 log = logging.getLogger(__name__)
 
 
@@ -257,7 +262,7 @@ class Cache:
             return
         try:
             sql = "INSERT OR REPLACE INTO verdict_sets(key, value) VALUES (?,?)"
-            self._write(sql, (key, value))
+            self._write((sql, (key, value)))
         except CacheError as exc:
             log.debug("%s: verdict set not stored: %s", self.path, exc)
 
@@ -285,39 +290,56 @@ class Cache:
             "INSERT OR REPLACE INTO answers(key, kind, model, value, created, reading_tag, reading)"
             " VALUES (?,?,?,?,?,?,?)"
         )
-        replacing = self.contains(key)
-        self._write(sql, row)
+        # Another answer under this key: a set read from the old one is stale. One commit for
+        # the answer, that, and its alias (a put costs about a commit, not three statements').
+        statements = [(_STALE_SETS, (key,)), (sql, row)]
+        if alias is not None:
+            statements.append((_ALIAS, (alias, key)))
+        self._write(*statements)
         if key in self._unreadable:
             self._unreadable.discard(key)
             self._overwritten += 1
-        if replacing:  # another answer under this key: a set read from the old one is stale
-            self._write("DELETE FROM verdict_sets", ())
-        if alias is not None:
-            self.add_alias(alias, key)
 
     def add_alias(self, alias: str, key: str) -> None:
         """Name the answer stored under ``key`` by ``alias`` too."""
         if self._conn is not None:
-            self._write("INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)", (alias, key))
+            self._write((_ALIAS, (alias, key)))
 
     def set_reading(self, key: str, reading: Reading) -> None:
         """Keep ``reading`` beside the answer already stored under ``key``."""
         if self._conn is None:
             return
         sql = "UPDATE answers SET reading_tag = ?, reading = ? WHERE key = ?"
-        self._write(sql, (reading.tag, reading.value, key))
+        self._write((sql, (reading.tag, reading.value, key)))
 
-    def _write(self, sql: str, row: tuple[object, ...]) -> None:
+    def _write(self, *statements: tuple[str, tuple[object, ...]]) -> None:
+        """Run ``statements`` as one transaction: committed together, at once."""
         assert self._conn is not None
         with self._lock:
             try:
-                self._conn.execute(sql, row)
+                self._commit(statements)
             except sqlite3.DatabaseError as exc:
                 if type(exc) is not sqlite3.DatabaseError and not damaged(exc):
                     raise CacheError(f"{self.path}: cannot write cache: {exc}") from None
                 self._recover(exc)
-                assert self._conn is not None
-                self._conn.execute(sql, row)
+                self._commit(statements)
+
+    def _commit(self, statements: Sequence[tuple[str, tuple[object, ...]]]) -> None:
+        conn = self._conn
+        assert conn is not None
+        if len(statements) == 1:
+            conn.execute(*statements[0])
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, row in statements:
+                conn.execute(sql, row)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
 
     def stats(self) -> CacheStats:
         if self._conn is None or self.path is None:

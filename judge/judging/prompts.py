@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +56,8 @@ Language = Literal["en", "zh"]
 PACKAGE = "judge._prompts"
 SUFFIX = ".j2"
 DEFAULT_OPTIONS: dict[str, Any] = {"verdict_first": False, "max_reason_words": 30, "reasons": True}
+# Static blocks' texts a template keeps at most (one per scale and options is the usual).
+_MADE_MAX = 64
 _PASSAGE_VAR: dict[Mode, str] = {"pointwise": "passage", "listwise": "passages"}
 _RESERVED = frozenset({"query", "passage", "passages", "scale", "fence", "datamark"})
 # Spotlighting by datamarking (Hines et al. 2024): every run of white space in a passage becomes
@@ -234,7 +236,33 @@ def load_template(name: str, *, template_dir: Path | None = None, mark: str = ""
             )
             raise TemplateError(f"template '{name}' ({mode}) never uses variable '{var}'{hint}")
     origin = template.filename or name
-    return PromptTemplate(name=name, mode=mode, origin=origin, template=template, mark=mark)
+    static = _static_blocks(env, name)
+    return PromptTemplate(
+        name=name, mode=mode, origin=origin, template=template, mark=mark, static=static
+    )
+
+
+def _static_blocks(env: SandboxedEnvironment, name: str) -> dict[str, tuple[str, ...]]:
+    """Per block of ``name`` whose text follows from the values of the context variables it
+    reads (no include, import, macro or global; a file that extends another has none), those
+    variables. A system block reads only the scale and the options, so a run renders it once
+    per scale, not once per passage (Jinja's sandbox made it a tenth of a judgment's CPU)."""
+    assert env.loader is not None
+    ast = env.parse(env.loader.get_source(env, name)[0], name=name)
+    if any(True for _ in ast.find_all((jinja2.nodes.Extends, jinja2.nodes.Include))):
+        return {}
+    static = {}
+    for block in ast.find_all(jinja2.nodes.Block):
+        opaque = (jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Macro)
+        if any(True for _ in block.find_all((*opaque, jinja2.nodes.CallBlock))):
+            continue
+        names = [n for n in block.find_all(jinja2.nodes.Name)]
+        stored = {n.name for n in names if n.ctx in ("store", "param")} | {"loop"}
+        read = sorted({n.name for n in names if n.ctx == "load"} - stored)
+        varies = {"query", "passage", "passages", "self", "super", "varargs", "kwargs"}
+        if not any(n in env.globals or n in varies for n in read):
+            static[block.name] = tuple(read)
+    return static
 
 
 @dataclass(frozen=True)
@@ -264,6 +292,12 @@ class PromptTemplate:
     origin: str  # file path, or "judge._prompts/<name>" for a built-in
     template: jinja2.Template
     mark: str = ""  # the datamark of its passages ("" : fenced only)
+    # Blocks made once per value of the variables they read (:func:`_static_blocks`), and
+    # what they made: the variables' values (a scale by identity, held here) -> the text.
+    static: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _made: dict[tuple[Any, ...], tuple[tuple[Any, ...], str]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def render_pointwise(
         self, query: Query | str, passage: Passage, scale: Scale, **options: Any
@@ -308,13 +342,41 @@ class PromptTemplate:
             block = self.template.blocks.get(role)
             if block is None:
                 continue
-            content = self._run(block, ctx).strip()
+            content = self._block(role, block, ctx, context)
             if content:
                 messages.append(Message(role=role, content=content))
         return tuple(messages)
 
     def _fence(self, passage: Passage) -> str:
         return fence(passage, self.mark)
+
+    def _block(
+        self,
+        role: str,
+        block: Callable[[Any], Iterator[str]],
+        ctx: Any,
+        context: dict[str, Any],
+    ) -> str:
+        """A block's text, stripped; a static one (:attr:`static`) made once per value of what
+        it reads."""
+        names = self.static.get(role)
+        if names is None:
+            return self._run(block, ctx).strip()
+        values = tuple(context.get(n) for n in names)
+        # A scale (not hashable) by its id: the entry holds the scale, so no other takes it.
+        # Each value with its type: 1, 1.0 and True are one key, not one text.
+        key = (role, *((type(v), id(v) if isinstance(v, Scale) else v) for v in values))
+        try:
+            made = self._made.get(key)
+        except TypeError:  # a value that cannot be a key: made each time
+            return self._run(block, ctx).strip()
+        if made is not None:
+            return made[1]
+        text = self._run(block, ctx).strip()
+        if len(self._made) >= _MADE_MAX:
+            self._made.clear()
+        self._made[key] = (values, text)
+        return text
 
     def _run(self, block: Callable[[Any], Iterator[str]], ctx: Any) -> str:
         try:
