@@ -151,8 +151,11 @@ OFF_TOPIC = "The cat sat on the mat."
 @pytest.mark.embedded
 def test_reference_logits(cross: CrossEncoder) -> None:
     logits, tokens = cross.logits(QUERY, [ANSWER, OFF_TOPIC])
-    assert logits[0] == pytest.approx(8.711, abs=0.01)
-    assert logits[1] == pytest.approx(-11.272, abs=0.01)
+    # onnxruntime's INT8 kernels round differently by CPU: 8.711 and -11.272 on the machine
+    # the reference was taken on, 8.486 and -11.078 on one with AVX2 and no AVX-512 (the dev
+    # set's AUC 0.785 on both). A wrong word piece or position moves a logit by several units.
+    assert logits[0] == pytest.approx(8.6, abs=0.3)
+    assert logits[1] == pytest.approx(-11.17, abs=0.3)
     # [CLS] 6 query pieces [SEP] 10 answer pieces [SEP], then [CLS] 6 [SEP] 7 [SEP]
     assert tokens == (1 + 6 + 1 + 10 + 1) + (1 + 6 + 1 + 7 + 1)
 
