@@ -86,6 +86,26 @@ def test_an_explain_the_run_already_asked_is_its_cached_answer(
     assert "reason:    scripted answer" in capsys.readouterr().out
 
 
+def test_explain_applies_the_settings_the_run_was_started_with(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run started with ``--set`` is explained under those settings (run.json keeps them):
+    its answers are in the cache it was given, so nothing is paid again."""
+    data = write_dataset(tmp_path / "d.jsonl", 1, 2)
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"dataset": {"path": str(data)}}
+    )
+    moved = tmp_path / "moved.sqlite"
+    out = tmp_path / "run"
+    argv = ["run", str(config), "--out", str(out), "--no-charts", "--set", f"run.cache={moved}"]
+    assert main(argv) == 0
+    server.reset()
+    assert main(["explain", str(out), "--query", "q0", "--passage", "q0-p0"]) == 0
+    assert server.requests == []
+    assert "reason:    scripted answer" in capsys.readouterr().out
+    assert not (tmp_path / "cache.sqlite").exists()
+
+
 def test_a_disagreeing_explainer_is_said_plainly(
     run_dir: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,7 +17,6 @@ anything is sent; a bad one is one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from judge.errors import ConfigError, InputError
 from judge.judging.context import preset_context
 from judge.judging.judge import Judge
 from judge.providers import judges_by_score, resolve_spec
-from judge.run.resume import RUN_FILE
+from judge.run.resume import RUN_FILE, config_source
 from judge.schema import JudgedQuery, Passage, SamplingParams, Verdict
 
 # The LLM a judge by score is explained by: the embedded one, with the sampling the cascade
@@ -132,18 +131,18 @@ def _passages(row: JudgedQuery, ids: Sequence[str] | None) -> tuple[Passage, ...
 
 
 def _config(path: str | None, sets: dict[str, Any], run_dir: Path) -> RunConfig:
-    """``--config``, else the config the run directory's run.json names; ``--set`` applied."""
-    if path is None:
-        try:
-            path = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8")).get("source")
-        except (OSError, ValueError, AttributeError):
-            path = None
-        if not isinstance(path, str) or not Path(path).is_file():
-            raise ConfigError(
-                f"{run_dir}: cannot tell which config made this run ({RUN_FILE} names none "
-                "that exists); pass --config"
-            )
-    return load_config(path, sets)
+    """``--config``, else the config the run directory's run.json names with the settings the
+    run was started with (``--set``: its cache, provider, model); ``--set`` applied over
+    either."""
+    if path is not None:
+        return load_config(path, sets)
+    source, given = config_source(run_dir)
+    if source is None or not Path(source).is_file():
+        raise ConfigError(
+            f"{run_dir}: cannot tell which config made this run ({RUN_FILE} names none "
+            "that exists); pass --config"
+        )
+    return load_config(source, {**given, **sets})
 
 
 def _explainer_config(
