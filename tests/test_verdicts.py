@@ -57,6 +57,11 @@ def tokens(*pieces: str | tuple[str, dict[str, float]]) -> tuple[TokenLogprob, .
         ("Yes.", "yes", None),
         ("  **no**\n", "no", None),
         ("是", "yes", None),
+        # A short bare answer in pieces that each name the same label.
+        ("Yes, relevant.", "yes", None),
+        ("No - not relevant", "no", None),
+        ("**No.** Irrelevant.", "no", None),
+        ("是，相关。", "yes", None),
     ],
 )
 def test_binary_answers_that_are_read(text: str, label: str, reason: str | None) -> None:
@@ -100,6 +105,10 @@ def test_truncated_after_a_complete_verdict_keeps_verdict_and_partial_reason() -
         ("抱歉，我无法协助完成这个请求。", "declines to judge"),
         ("{'verdict': 'yes'}", "not valid JSON"),
         ("Yes, the passage is relevant because it names Paris.", "no JSON object"),
+        # Pieces naming two labels, or a piece naming none: asked again, never guessed.
+        ("Yes, irrelevant.", "no JSON object"),
+        ("No. Yes.", "no JSON object"),
+        ("Yes, but only in part", "no JSON object"),
         ("<think>The passage says", "inside its <think> block"),
     ],
 )

@@ -186,7 +186,7 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
         keys = ", ".join(f'"{k}"' for k in first.value) or "none"
         raise ParseError(f'the JSON object has no "verdict" field (its keys: {keys})')
     answer = text[start:].strip()
-    label = scale.snap(answer) if len(answer) <= 40 else None
+    label = _bare_label(answer, scale)
     if label is not None:
         lead = _BARE_LEAD.match(text, start)
         offset = lead.end() if lead else start
@@ -201,6 +201,25 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
     raise ParseError(
         f'the answer has no JSON object with a "verdict" field; allowed labels: {_allowed(scale)}'
     )
+
+
+# Where a short bare answer may be cut into pieces: "Yes, relevant.", "No - not relevant".
+_PIECES = re.compile(r"\s*[,;:.!?/\u2013\u2014\uff0c\u3002\uff1b\uff1a\uff01\uff1f\u3001]+\s*|\s+-+\s+")
+
+
+def _bare_label(answer: str, scale: Scale) -> ScaleLabel | None:
+    """The label a short answer with no JSON names: whole ("Yes."), or in pieces that each
+    name it ("Yes, relevant.", "是，相关"); None when it is long, or a piece names another
+    label or none ("Yes, but only in part" is asked again)."""
+    if len(answer) > 40:
+        return None
+    label = scale.snap(answer)
+    if label is not None:
+        return label
+    said = [scale.snap(piece) for piece in _PIECES.split(answer) if piece.strip()]
+    if len(said) < 2 or None in said or len({x.name for x in said if x is not None}) != 1:
+        return None
+    return said[0]
 
 
 # A verdict key with a string value anywhere in an answer, inside a broken object too.
