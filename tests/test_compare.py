@@ -737,6 +737,23 @@ def test_a_baseline_summary_json_compares_like_its_run_directory(
     c = json.loads(by_config.read_text())
     assert list(c["baselines"].values()) == ["baseline"] and c["engines"][0] == "baseline"
     assert [d["diff"] for d in c["diffs"]] == [d["diff"] for d in b["diffs"]]
+    # A metric the summary was made without cannot come from its means (a hit@3 of rows
+    # with no passages would read 0, and a query "found nothing"): refused when asked for,
+    # left out of the defaults, said.
+    made = json.loads(kept.read_text())["metric_names"]
+    assert "hit@3" not in made
+    with pytest.raises(ConfigError, match=r"hit@3: .*summary\.json was made without it"):
+        run_cli(["compare", str(tuesday), str(kept), "--metric", "hit@3"])
+    with pytest.raises(ConfigError, match=r"hit@3: .*summary\.json was made without it"):
+        run_cli(["compare", str(tuesday), str(kept), "--fail-if-worse", "hit@3"])
+    conf.write_text(
+        f'[judge]\nscale = "graded"\n[metrics]\nnames = ["ndcg@5", "hit@3"]\n'
+        f'[thresholds]\nbaseline = "{kept}"\n'
+    )
+    assert run_cli(["compare", str(tuesday), "--config", str(conf), "--vs-baseline"]) == 0
+    said = capsys.readouterr()
+    assert "hit@3: " in said.err and "left out of the comparison" in said.err
+    assert "hit@3" not in said.out and "ndcg@5" in said.out
 
 
 def test_a_run_without_judged_rows_among_several_is_refused_not_dropped(

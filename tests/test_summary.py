@@ -164,6 +164,32 @@ def test_a_night_that_finds_nothing_relevant_where_the_baseline_did_is_a_drop(
     assert drop.note.startswith("5 queries")
 
 
+def test_a_metric_the_baseline_never_computed_is_not_evaluated_not_counted_0(
+    tmp_path: Path,
+) -> None:
+    """A baseline made with other metric names holds no value of hit@5 on any query: that is
+    not a night that found nothing relevant, so its queries are not counted 0 (a drop in the
+    metric could then never breach); the check says it is not in the baseline."""
+    base_rows = [_on(f"q{i}", f"query {i}", [0, 1, 0]) for i in range(6)]
+    baseline = tmp_path / "baseline.json"
+    made = load_config(None, {"metrics.names": ["ap"]})
+    write_summary(baseline, build_summary(made, base_rows, n_boot=10))
+    config = load_config(
+        None,
+        {
+            "metrics.names": ["ap", "hit@5"],
+            "thresholds.max_drop": {"hit@5": 0.01, "ap": 0.05},
+            "thresholds.baseline": str(baseline),
+        },
+    )
+    tonight = [_on(f"q{i}", f"query {i}", [0, 1, 0]) for i in range(6)]
+    checks = {c.check: c for c in _drops(build_summary(config, tonight, n_boot=10))}
+    hit = checks["drop hit@5"]
+    assert (hit.evaluated, hit.baseline, hit.value) == (False, None, None), hit
+    assert hit.note is not None and "not in the baseline" in hit.note
+    assert (checks["drop ap"].ok, checks["drop ap"].value) == (True, 0.0)
+
+
 def test_a_breaching_fall_the_paired_test_does_not_find_is_said_to_be_maybe_noise(
     tmp_path: Path,
 ) -> None:

@@ -283,7 +283,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config, results, scale = judged_input(args, read, no_rows)
     runs = _summaries(args.sources)
     policy = _policy(config, runs)
-    metrics = _without_pooled(args, _metrics(args, config, runs, results))
+    metrics = _held_by_summaries(args, _metrics(args, config, runs, results))
     _say_unlike_runs(args.sources, runs, metrics)
     if args.trec_run:
         if not (args.passage_store and args.queries):
@@ -343,18 +343,40 @@ def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]
             raise ConfigError(f"judge compare {flag} {out}: is a folder; name a file in it")
 
 
-def _without_pooled(args: argparse.Namespace, metrics: list[str]) -> list[str]:
-    """``metrics`` without the pooled ones when a source is a summary.json: it holds per-query
-    means, not the verdicts pooled metrics are made of (asked for by name: a ConfigError)."""
-    if not any(split_source(source)[1].suffix == ".json" for source in args.sources):
+def _held_by_summaries(args: argparse.Namespace, metrics: list[str]) -> list[str]:
+    """``metrics`` every summary.json source holds: its per-query means of the metrics it was
+    made with. A pooled metric needs every source's verdicts, and one made with other metric
+    names cannot be computed from means (its rows have no passages: a hit@5 of nothing would
+    read 0). One asked for by name (``--metric``, ``--fail-if-worse``) is a ConfigError; one
+    of the defaults is left out, said."""
+    from judge.report.summary import load_summary
+
+    held: dict[str, set[str]] = {}
+    for source in args.sources:
+        path = split_source(source)[1]
+        if path.is_file() and path.suffix == ".json":
+            names = load_summary(path).metric_names
+            held[str(path)] = {m for m in names if not m.startswith("pooled_")}
+    if not held:
         return metrics
-    pooled = [m for m in metrics if m.startswith("pooled_")]
-    if any(m in (args.metric or ()) for m in pooled):
-        raise ConfigError(
-            f"{', '.join(pooled)}: pooled metrics need every source's verdicts; a summary.json "
-            "holds only per-query means (give its run directory instead)"
+    lacking = {m: [p for p, names in held.items() if m not in names] for m in metrics}
+    asked = {*(args.metric or ()), *(args.fail_if_worse or ())}
+    for metric, where in lacking.items():
+        if not where:
+            continue
+        why = (
+            "pooled metrics need every source's verdicts"
+            if metric.startswith("pooled_")
+            else f"{', '.join(where)} was made without it"
         )
-    return [m for m in metrics if m not in pooled]
+        if metric in asked:
+            raise ConfigError(
+                f"{metric}: {why}; a summary.json holds only the per-query means it was made "
+                "with (give its run directory instead)"
+            )
+        if not metric.startswith("pooled_"):
+            print(f"judge: {metric}: {why}: left out of the comparison", file=sys.stderr)
+    return [m for m in metrics if not lacking[m]]
 
 
 def _configured_baseline(config_path: str | None) -> str:

@@ -204,7 +204,9 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
 
 
 # Where a short bare answer may be cut into pieces: "Yes, relevant.", "No - not relevant".
-_PIECES = re.compile(r"\s*[,;:.!?/\u2013\u2014\uff0c\u3002\uff1b\uff1a\uff01\uff1f\u3001]+\s*|\s+-+\s+")
+_PIECES = re.compile(
+    r"\s*[,;:.!?/\u2013\u2014\uff0c\u3002\uff1b\uff1a\uff01\uff1f\u3001]+\s*|\s+-+\s+"
+)
 
 
 def _bare_label(answer: str, scale: Scale) -> ScaleLabel | None:

@@ -49,13 +49,19 @@ def night_values(
 ) -> tuple[dict[str, dict[str, float]], dict[str, set[str]], int]:
     """Per side (rows of one engine: a night's, or an engine's of one run): ``metric`` per
     query id where defined, a query one side found nothing relevant in and another did
-    counting 0 for it (:func:`judge.analysis.compare.score_misses`); the query ids each side
-    holds; how many values were so scored."""
+    counting 0 for it (:func:`judge.analysis.compare.score_misses`; a row without the metric
+    at all did not compute it, and is not scored); the query ids each side holds; how many
+    values were so scored."""
     values = {
         side: {r.query_id: v for r in rows if (v := r.metrics.get(metric)) is not None}
         for side, rows in nights.items()
     }
-    judged = {side: {r.query_id for r in rows if not r.failed} for side, rows in nights.items()}
+    # A row that never computed the metric (a summary made with other metric names) is not
+    # a query that found nothing: it is not scored 0.
+    judged = {
+        side: {r.query_id for r in rows if not r.failed and metric in r.metrics}
+        for side, rows in nights.items()
+    }
     scored = score_misses(metric, values, judged)
     return values, {side: {r.query_id for r in rows} for side, rows in nights.items()}, scored
 
