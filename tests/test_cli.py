@@ -314,3 +314,29 @@ def test_a_server_you_run_must_be_told_its_model(
         Judge(provider=provider)
     named = write_config(tmp_path, f'[judge]\nprovider = "{provider}"\nmodel = "qwen2.5:7b"\n')
     assert main(["validate", str(named), SAMPLE]) == 0
+
+
+def test_a_reader_that_leaves_early_does_not_change_the_exit_code(tmp_path: Path) -> None:
+    """`judge validate bad.jsonl | head -1`: the pipe closes while judge still writes; the
+    rest goes nowhere, and the exit code is still the one bad input gets (2), not 0."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(f"not json, line {i}\n" for i in range(20_000)), encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "validate", str(bad)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**__import__("os").environ, "HOME": str(tmp_path)},
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves, as `head -1` does
+        assert proc.wait(timeout=120) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert b"bad.jsonl" in first

@@ -614,14 +614,28 @@ class _Printable(io.TextIOBase):
         self.returns = returns  # carriage returns kept: stderr's progress line rewrites itself
 
     def write(self, text: str) -> int:
-        if self.returns and "\r" in text:
-            self.inner.write("\r".join(printable(part) for part in text.split("\r")))
-        else:
-            self.inner.write(printable(text))
+        try:
+            if self.returns and "\r" in text:
+                self.inner.write("\r".join(printable(part) for part in text.split("\r")))
+            else:
+                self.inner.write(printable(text))
+        except BrokenPipeError:
+            self._reader_left()
         return len(text)
 
     def flush(self) -> None:
-        self.inner.flush()
+        try:
+            self.inner.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> None:
+        """The reader left (``judge validate ... | head``): the rest goes to the null device,
+        and the command goes on to its own exit code (a pipe's end is not a command's)."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.inner.fileno())
+            os.close(devnull)
 
     def isatty(self) -> bool:
         return self.inner.isatty()
@@ -661,6 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("judge: interrupted", file=sys.stderr)
         return EXIT_INCOMPLETE
     args = parser.parse_args(argv)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(stdout), _Printable(stderr, returns=True)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("judge: %(message)s") if args.verbose else _OneLine())
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
@@ -672,8 +688,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP end a command as Ctrl-C does (one line, exit 3), not silently with
     # 143; a run takes all three over while it judges (run/runner.py).
     terminate = _as_interrupt()
-    stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Printable(stdout), _Printable(stderr, returns=True)
     try:
         code: int = args.func(args)
     except JudgeError as exc:
