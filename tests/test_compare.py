@@ -148,6 +148,10 @@ def test_paired_difference_averages_repeats_and_pairs_only_shared_queries() -> N
         ([1.0, 2.0, 3.0], 2 / 8),
         ([3.0, -1.0, 1.0], 6 / 8),  # |sums| 5,3,3,1 and mirrors: 6 of 8 reach 3
         ([0.0, 0.0], 1.0),
+        # Ties flip to themselves: 2 of 20 pairs differing is 4 sign vectors, p exactly 1/2
+        # (it had been sampled over 2^20, and printed below the floor it stated).
+        ([0.5, 0.5] + [0.0] * 18, 2 / 4),
+        ([1.0] * 12 + [0.0] * 30, 2 / 2**12),
     ],
 )
 def test_sign_flip_exact_p_values_by_hand(diffs: list[float], p: float) -> None:

@@ -13,8 +13,9 @@ seed, so the report and ``judge compare`` print the same numbers for the same ru
 
 The p-value is two-sided from the paired randomization (sign-flip) test: under H0 each ``d_q``
 is as likely to be ``-d_q``, so ``p = #{s : |mean_q s_q d_q| >= |mean_q d_q|} / #s`` over all
-``2^n`` sign vectors ``s`` when ``2^n <= n_permutations`` (exact), else
-``(1 + hits) / (1 + n_permutations)`` over random sign vectors. With ``m`` non-zero
+``2^m`` sign vectors ``s`` of the ``m`` pairs that differ (a tie flips to itself) when
+``2^m <= n_permutations`` (exact), else ``(1 + hits) / (1 + n_permutations)`` over random
+sign vectors. With ``m`` non-zero
 differences no p-value can fall below ``2 / 2^m`` (only the observed signs and their mirror
 image are as extreme): ``p_floor``. Below 6 differing pairs the test cannot reach p < 0.05
 whatever the data, and a reader is told so. Every random draw uses
@@ -271,21 +272,25 @@ def _is_exact(n: int, n_permutations: int) -> bool:
 def sign_flip_p(
     diffs: FloatArray, *, n_permutations: int = N_PERMUTATIONS, seed: int = 0
 ) -> tuple[float, bool]:
-    """Two-sided paired randomization p-value of ``mean(diffs) != 0``; (p, exact)."""
-    n = diffs.size
-    observed = abs(float(diffs.mean()))
+    """Two-sided paired randomization p-value of ``mean(diffs) != 0``; (p, exact). A pair that
+    does not differ flips to itself, so only the differing pairs are flipped: exact whenever
+    they are few enough, however many tie (2 of 20 differing: p is 1/2, not a sample of it)."""
+    nonzero = diffs[np.abs(diffs) > _ZERO]
+    n = nonzero.size
+    if n == 0:
+        return 1.0, True
+    observed = abs(float(nonzero.sum()))
     # Sums that equal the observed one up to rounding count as "as extreme".
     tol = 1e-12 * max(1.0, observed)
     if _is_exact(n, n_permutations):
         codes = np.arange(2**n, dtype=np.int64)[:, None] >> np.arange(n, dtype=np.int64)
         signs = 1.0 - 2.0 * (codes & 1)
-        stats = np.abs(signs @ diffs) / n
-        return float(np.mean(stats >= observed - tol)), True
+        return float(np.mean(np.abs(signs @ nonzero) >= observed - tol)), True
     rng = np.random.default_rng(seed)
     hits = 0
     for rows in _blocks(n_permutations, n):
         signs = rng.choice(np.array([-1.0, 1.0]), size=(rows, n))
-        hits += int(np.sum(np.abs(signs @ diffs) / n >= observed - tol))
+        hits += int(np.sum(np.abs(signs @ nonzero) >= observed - tol))
     return (1 + hits) / (1 + n_permutations), False
 
 
@@ -295,7 +300,7 @@ def sign_flip_floor(diffs: FloatArray, *, n_permutations: int = N_PERMUTATIONS) 
     ``1 / (1 + n_permutations)`` when the test is sampled."""
     m = int(np.count_nonzero(np.abs(diffs) > _ZERO))
     floor = min(1.0, math.ldexp(1.0, 1 - m))
-    if not _is_exact(diffs.size, n_permutations):
+    if not _is_exact(m, n_permutations):
         floor = max(floor, 1.0 / (1 + n_permutations))
     return floor
 
