@@ -864,3 +864,25 @@ def test_runs_scored_under_other_metric_settings_are_said_beside_the_comparison(
         "judge: the runs were scored under different [metrics] settings (gain: linear vs "
         "exponential, the first run's first): their numbers differ for the same rankings"
     ) in err
+
+
+def test_runs_sharing_no_engine_name_are_compared_with_none_as_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs whose engines share no name: each of the second run's engines is said to be
+    compared with none, and none is (it had been paired with the baseline's first engine
+    anyway, and --fail-if-worse failed on that pairing)."""
+    rows = sample_results(repeats=1)
+    first = write_run(tmp_path / "first", rows)
+    renamed = [
+        jq.model_copy(update={"query": jq.query.model_copy(update={"engine": f"x{jq.key[1]}"})})
+        for jq in rows
+    ]
+    second = write_run(tmp_path / "second", renamed)
+    out = tmp_path / "cmp.json"
+    argv = ["compare", str(first), str(second), "--metric", "ndcg", "--json", str(out)]
+    assert run_cli([*argv, "--fail-if-worse", "ndcg"]) == 0
+    said = capsys.readouterr()
+    assert said.err.count("compared with none") == 2
+    assert "--fail-if-worse ndcg: no engine was compared with another on it" in said.err
+    assert json.loads(out.read_text())["diffs"] == []

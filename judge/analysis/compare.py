@@ -385,7 +385,7 @@ def _pairs(
     base = baseline if baseline is not None else order[0]
     if base not in found:
         raise InputError(f"baseline engine '{base}' is not one of {sorted(found)}")
-    pairs = dict(baselines) if baselines else {e: base for e in order if e != base}
+    pairs = dict(baselines) if baselines is not None else {e: base for e in order if e != base}
     for engine, against in pairs.items():
         if engine not in found or against not in found:
             raise InputError(f"cannot compare '{engine}' with '{against}': not both in the results")

@@ -229,15 +229,23 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
     from judge.report.compared import ci_text, p_text
 
     code = EXIT_OK
+    for metric in dict.fromkeys(metrics):
+        if not any(d.metric == metric for d in cmp.diffs):
+            print(
+                f"judge: --fail-if-worse {metric}: no engine was compared with another on it, "
+                "so it cannot fail",
+                file=sys.stderr,
+            )
     for d in cmp.diffs:
         if d.metric not in metrics:
             continue
         if d.worse():
             code = EXIT_THRESHOLD
+            p = p_text(d)
             print(
                 f"judge: {d.engine} is significantly worse than {d.baseline} on {d.metric}: "
                 f"{_num(d.diff, True)} {ci_text(d.ci_low, d.ci_high, signed=True)}, "
-                f"p = {p_text(d)} over {d.n} paired queries",
+                f"p {p if p.startswith('<') else f'= {p}'} over {d.n} paired queries",
                 file=sys.stderr,
             )
         elif d.too_few:
