@@ -335,6 +335,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     config.metrics.check_scale(config.scale(), source)  # custom scales, grade_cuts: early
     if problem := aspect_metric_problem(config.metrics.names, config.nuggets, config.credibility):
         raise ConfigError(f"{source}: {problem}")
+    primary, names = config.metrics.primary, config.metrics.names
+    if primary is not None and primary not in names:  # it would be passed over in silence
+        said = [f"--set {k}" for k in overrides or {} if k in ("metrics.primary", "metrics.names")]
+        raise ConfigError(
+            f"{said[0] if said else f'{source}: metrics.primary'}: '{primary}' is not one of "
+            f"[metrics] names ({', '.join(names)}): add it there, or choose one of them"
+        )
     return config
 
 

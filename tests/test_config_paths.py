@@ -93,3 +93,19 @@ def test_a_missing_dataset_of_the_config_names_the_config_and_its_key(
     assert f"{config}: [dataset] path: {tmp_path / 'datasets' / 'sample.jsonl'}: no such file" in (
         err
     ), err
+
+
+def test_a_primary_metric_the_run_does_not_compute_is_refused_not_passed_over(
+    tmp_path: Path,
+) -> None:
+    """``[metrics] primary`` not among the names (a typo, or one the names leave out) had been
+    replaced in silence by another metric, while summary.json named it as the primary."""
+    from judge.errors import ConfigError
+
+    config = tmp_path / "c.toml"
+    config.write_text('[metrics]\nnames = ["ap", "ndcg"]\nprimary = "ndcg@10"\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: metrics\.primary: 'ndcg@10' is not one of"):
+        load_config(config)
+    with pytest.raises(ConfigError, match=r"^--set metrics\.primary: 'ndcgg' is not one of"):
+        load_config(None, {"metrics.primary": "ndcgg"})
+    assert load_config(config, {"metrics.primary": "ap"}).metrics.primary == "ap"
