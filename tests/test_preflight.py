@@ -84,6 +84,37 @@ def test_a_base_url_that_is_not_a_url_is_a_config_error(
     assert server.requests == []
 
 
+@pytest.mark.parametrize(
+    ("provider", "options", "said"),
+    [
+        ("local", {"clinet": "sdk"}, "unknown provider option(s) clinet"),
+        ("local", {"client": "sdkk"}, "client = 'sdkk': use one of lean, sdk"),
+        ("embedded-fused", {"english": "crosss"}, "english must be one of"),
+        ("embedded-fused", {"englsh": "cross"}, "unknown option(s) englsh"),
+        ("embedded-rerank", {"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ("dashscope", {"client": "sdk"}, "kind 'dashscope' takes no options (got client)"),
+    ],
+)
+def test_provider_options_a_run_would_refuse_are_refused_by_validate_too(
+    server: ScriptedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    provider: str,
+    options: dict[str, Any],
+    said: str,
+) -> None:
+    """``judge validate`` had said "ready to run" for options the run then refused, and a
+    local server's misspelt option was ignored by both."""
+    tables: dict[str, Any] = {"judge": {"provider": provider}, "provider.options": options}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    if provider != "local":  # no server to name: the embedded models, or a key it reads
+        text = config.read_text(encoding="utf-8")
+        config.write_text(text.replace(f'base_url = "{server.openai_base_url}"\n', ""))
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
+        assert said in err, err
+    assert server.requests == []
+
+
 def test_an_output_directory_that_cannot_be_made_is_refused(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -256,6 +256,35 @@ def _no_window(spec: ProviderSpec) -> int | None:
     return None
 
 
+def _any_options(spec: ProviderSpec) -> None:
+    """The embedded judge's options go to its llama.cpp server as they are."""
+
+
+def _no_options(spec: ProviderSpec) -> None:
+    if spec.options:
+        raise ProviderConfigError(
+            f"provider kind '{spec.kind}' takes no options (got {', '.join(sorted(spec.options))})"
+        )
+
+
+def _openai_options(spec: ProviderSpec) -> None:
+    from judge.providers.openai_compat import check_options
+
+    check_options(spec)
+
+
+def _embedded_rerank_options(spec: ProviderSpec) -> None:
+    from judge.providers.embedded.rerank import check_options
+
+    check_options(spec)
+
+
+def _embedded_fused_options(spec: ProviderSpec) -> None:
+    from judge.providers.embedded.fused import check_options
+
+    check_options(spec)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Adapter:
     """One provider kind: how its providers are built and what it offers.
@@ -281,6 +310,9 @@ class Adapter:
     threads_option: str | None = None
     # Its context window in tokens for a spec (passages are cut to fit it); None: not known.
     context_window: Callable[[ProviderSpec], int | None] = _no_window
+    # Refuses ``[provider] options`` its factory would refuse (ProviderConfigError), without
+    # building anything: judge validate and the checks before a run's first call ask it.
+    check_options: Callable[[ProviderSpec], None] = _no_options
     # A reranker named as the judge ("judge by score", judging/cascade.py): the score at and
     # above which a passage is relevant, and the echo check's floor (None: no check), in the
     # units of its scores. Used when the config gives no [judge.cascade].
@@ -298,7 +330,7 @@ class Adapter:
 
 # Every provider kind, with what it offers: one entry each (keyed by judge.schema.ProviderKind).
 ADAPTERS: dict[ProviderKind, Adapter] = {
-    "openai": Adapter(chat=_openai_chat, batch_api=True),
+    "openai": Adapter(chat=_openai_chat, batch_api=True, check_options=_openai_options),
     "dashscope": Adapter(
         chat=_dashscope_chat,
         rerank=_dashscope_rerank,
@@ -312,11 +344,13 @@ ADAPTERS: dict[ProviderKind, Adapter] = {
         runs_locally=True,
         threads_option="n_threads",
         context_window=_embedded_window,
+        check_options=_any_options,
     ),
     # MiniLM's clipped cosine: 0.55 and 0.11 are where its calibrated probability (fused.py)
     # crosses 0.5 and 0.15, the fused judge's cut and echo floor.
     "embedded-rerank": Adapter(
         rerank=_embedded_rerank,
+        check_options=_embedded_rerank_options,
         runs_locally=True,
         score_cut=0.55,
         echo_floor=0.11,
@@ -333,6 +367,7 @@ ADAPTERS: dict[ProviderKind, Adapter] = {
     # (docs/JUDGING.md).
     "embedded-fused": Adapter(
         rerank=_embedded_fused,
+        check_options=_embedded_fused_options,
         runs_locally=True,
         score_cut=0.5,
         echo_floor=0.34,

@@ -220,6 +220,23 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 CLIENTS = ("lean", "sdk")
 
 
+def check_options(spec: ProviderSpec) -> str:
+    """The chat client ``[provider] options`` name (``client``, its one option); a
+    ProviderConfigError for another option or client, before anything is sent."""
+    unknown = sorted(set(spec.options) - {"client"})
+    if unknown:
+        raise ProviderConfigError(
+            f"unknown provider option(s) {', '.join(unknown)}: the one option is client "
+            f"({' or '.join(CLIENTS)})"
+        )
+    client = spec.options.get("client", "lean")
+    if client not in CLIENTS:
+        raise ProviderConfigError(
+            f"provider option client = {client!r}: use one of {', '.join(CLIENTS)}"
+        )
+    return str(client)
+
+
 def _lean_fits(base_url: str) -> bool:
     """Whether the lean client sends to ``base_url`` what the SDK would: no proxy variable set
     (the SDK's httpx honours them), and a plain URL (no query, fragment or user in it)."""
@@ -306,11 +323,7 @@ class OpenAICompatProvider:
         self._api_key = read_api_key(spec)
         self._identity = f"openai:{self._base_url}{spec.body_fingerprint()}"  # once: every key
         self._sdk: Any = None  # openai.AsyncOpenAI, made on the first request
-        client = spec.options.get("client", "lean")
-        if client not in CLIENTS:
-            raise ProviderConfigError(
-                f"provider option client = {client!r}: use one of {', '.join(CLIENTS)}"
-            )
+        client = check_options(spec)
         lean = client == "lean" and http_client is None and _lean_fits(self._base_url)
         self._lean = LeanClient(self._base_url, _lean_headers(self._api_key)) if lean else None
 

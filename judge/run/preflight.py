@@ -40,7 +40,7 @@ from judge.judging.context import (
 from judge.judging.judge import Judge
 from judge.judging.relevance import window_size
 from judge.metrics.facts import metric_of, parse_metric_name
-from judge.providers import judges_by_score, planning_only, resolve_spec
+from judge.providers import ADAPTERS, judges_by_score, planning_only, resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
 
@@ -101,7 +101,9 @@ def _config_problems(config: RunConfig) -> list[str]:
         specs.append(("rerank", config.rerank.provider, config.rerank.overrides()))
     for table, name, overrides in specs:
         try:
-            read_api_key(resolve_spec(name, overrides))  # under planning_only: no key needed
+            spec = resolve_spec(name, overrides)
+            ADAPTERS[spec.kind].check_options(spec)  # what building it would refuse
+            read_api_key(spec)  # under planning_only: no key needed
         except JudgeError as exc:
             problems.append(f"{where}: [{table}]: {exc}")
     try:

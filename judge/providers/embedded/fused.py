@@ -358,7 +358,8 @@ class FusedRerankProvider:
         self._loaded.clear()
 
 
-def _options(spec: ProviderSpec) -> dict[str, Any]:
+def check_options(spec: ProviderSpec) -> dict[str, Any]:
+    """The options checked (ProviderConfigError naming what is wrong), defaults filled in."""
     refuse_unknown(spec, "embedded-fused", _OPTIONS)
     threads = spec.options.get("threads", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
@@ -404,7 +405,7 @@ def _folder_loader(
 
 def make_fused_rerank_provider(spec: ProviderSpec) -> RerankProvider:
     """The fused reranker (a registry entry for kind="embedded-fused")."""
-    options = _options(spec)
+    options = check_options(spec)
     identity = (
         f"embedded-fused:{MINILM.sha256[:16]}:{e5_module.WEIGHTS_SHA256[:16]}:"
         f"{CROSS.sha256[:16]}:{fusion_digest()}:{options['language']}:{options['english']}"

@@ -296,7 +296,8 @@ def refuse_unknown(spec: ProviderSpec, kind: str, known: frozenset[str]) -> None
         )
 
 
-def _options(spec: ProviderSpec) -> dict[str, Any]:
+def check_options(spec: ProviderSpec) -> dict[str, Any]:
+    """The options checked (ProviderConfigError naming what is wrong), defaults filled in."""
     refuse_unknown(spec, "embedded-rerank", _OPTIONS)
     checked: dict[str, Any] = {}
     for name, default, low in (("batch_size", BATCH_SIZE, 1), ("threads", 1, 0)):
@@ -318,7 +319,7 @@ def make_embedded_rerank_provider(spec: ProviderSpec) -> RerankProvider:
     Without ``options.model`` it is the pinned all-MiniLM-L6-v2, its identity taken from the
     pins; with one, that folder, its identity from the files' own sha256.
     """
-    options = _options(spec)
+    options = check_options(spec)
     override = spec.options.get("model")
     if not override:
         tokenizer = next(p for p in MINILM.companions if p.name == "tokenizer.json")
