@@ -656,3 +656,47 @@ def test_a_dataset_on_the_command_line_is_judged_over_the_configs_trec_run(
     assert main(["run", str(config), str(SAMPLE), "--out", str(out), "--dry-run"]) == 0
     assert "is judged, not [dataset] trec_run" in caplog.text
     assert "dry run: 14 query-repeats" in capsys.readouterr().out  # the sample's 14 lists
+
+
+def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With a baseline, the console's first lines say whether each engine moved on the
+    primary metric (the report's "Tonight vs baseline", in short), not only a threshold line
+    at the end; one that holds still says so too."""
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    baseline = tmp_path / "baseline.json"
+    tables = {"thresholds": {"baseline": str(baseline)}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    with config.open("a", encoding="utf-8") as fh:
+        fh.write('[metrics]\nnames = ["ndcg", "ap"]\n')
+
+    def night(name: str, answer_first: bool) -> Path:
+        rows = []
+        for i in range(8):
+            found = {"id": f"a{i}", "text": f"A kettle boils water, {i}."}
+            other = {"id": f"b{i}", "text": f"Tea is a drink, {i}."}
+            passages = [found, other] if answer_first else [other, found]
+            row = {"query_id": f"q{i}", "query": f"kettles {i}", "engine": "bm25"}
+            rows.append({**row, "passages": passages})
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        return path
+
+    first = str(tmp_path / "night1")
+    argv = ["run", str(config), str(night("n1", True)), "--out", first, "--first-night"]
+    assert main(argv) == 0
+    assert main(["baseline", "set", first, "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(config), str(night("n2", True)), "--out", str(tmp_path / "n2")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "bm25 vs the baseline: no query moved on ndcg (better on 0, tied 8, worse 0 of 8 queries)"
+    )
+    assert main(["run", str(config), str(night("n3", False)), "--out", str(tmp_path / "n3")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("bm25 vs the baseline: ndcg fell (worse): -0.3691 ")
+    assert out[1].endswith("p = 0.008, better on 0, tied 0, worse 8 of 8 queries")
+    assert out[2].startswith("Trust: ")

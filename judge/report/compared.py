@@ -367,23 +367,17 @@ def compare_page(
     return render_html(header, sections, charts=charts)
 
 
-# Queries listed under "tonight vs baseline": those that fell most on the primary metric.
-FELL_SHOWN = 10
-
-
-def nightly_section(
-    summary: Summary, baseline: Summary, ids: dict[tuple[str, str], str]
-) -> Section | None:
-    """Tonight against the baseline summary, engine by engine, on the primary metric: the
-    paired difference with its CI and p (the same bootstrap and test as ``judge compare``),
-    and the queries that fell most, linked to their passages (``ids``: their anchors)."""
+def night_diffs(
+    summary: Summary, baseline: Summary
+) -> dict[str, tuple[PairedDiff, dict[str, float], dict[str, float]]]:
+    """Per engine both nights hold: tonight against the baseline on the primary metric, paired
+    over the query ids both define (the bootstrap and test of ``judge compare``), and each
+    night's values by query id. Empty when the baseline holds no per-query rows."""
     metric = primary_metric(summary.metric_names, summary.policy.primary)
-    engines = [e for e in summary.engines if e in baseline.engines]
-    if metric is None or not engines or not baseline.queries:
-        return None
-    blocks: list[Text | Table | Chart] = []
-    st, rise = summary.stability, lower_is_better(metric)
-    for engine in engines:
+    if metric is None or not baseline.queries:
+        return {}
+    st, out = summary.stability, {}
+    for engine in (e for e in summary.engines if e in baseline.engines):
         nights = {
             night: [r for r in rows if r.engine == engine]
             for night, rows in (("tonight", summary.queries), ("baseline", baseline.queries))
@@ -398,6 +392,52 @@ def nightly_section(
             seed=st.seed,
             held=(held["tonight"], held["baseline"]),
         )
+        out[engine] = (d, now, before)
+    return out
+
+
+def night_lines(summary: Summary, baseline: Summary) -> list[str]:
+    """What a nightly run says beside which engine is better: whether each engine moved
+    against the baseline on the primary metric, a sentence each (the report's "Tonight vs
+    baseline" section in short)."""
+    lines = []
+    for engine, (d, _, _) in night_diffs(summary, baseline).items():
+        counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries"
+        if d.diff is None or d.n == 0:
+            lines.append(f"{engine} vs the baseline: no query where both nights define {d.metric}")
+            continue
+        if d.wins + d.losses == 0:
+            lines.append(f"{engine} vs the baseline: no query moved on {d.metric} ({counts})")
+            continue
+        figures = f"{_signed(d.diff)} {ci_text(d.ci_low, d.ci_high, signed=True)}, {_p_short(d)}"
+        if not decided(d):
+            few = " (too few queries differ for p < 0.05)" if d.too_few else ""
+            said = f"no significant change on {d.metric}: {figures}, {counts}{few}"
+        else:
+            went = "rose" if d.diff > 0 else "fell"
+            worse = (d.diff > 0) == lower_is_better(d.metric)
+            said = f"{d.metric} {went} ({'worse' if worse else 'better'}): {figures}, {counts}"
+        lines.append(f"{engine} vs the baseline: {said}")
+    return lines
+
+
+# Queries listed under "tonight vs baseline": those that fell most on the primary metric.
+FELL_SHOWN = 10
+
+
+def nightly_section(
+    summary: Summary, baseline: Summary, ids: dict[tuple[str, str], str]
+) -> Section | None:
+    """Tonight against the baseline summary, engine by engine, on the primary metric: the
+    paired difference with its CI and p (the same bootstrap and test as ``judge compare``),
+    and the queries that fell most, linked to their passages (``ids``: their anchors)."""
+    metric = primary_metric(summary.metric_names, summary.policy.primary)
+    nights = night_diffs(summary, baseline)
+    if metric is None or not nights:
+        return None
+    blocks: list[Text | Table | Chart] = []
+    rise = lower_is_better(metric)
+    for engine, (d, now, before) in nights.items():
         blocks.append(Text(f"{engine}: {verdict_line(d)}"))
         change = {q: now[q] - before[q] for q in now.keys() & before.keys()}
         fell = sorted(

@@ -30,8 +30,8 @@ from judge.analysis.compare import Comparison
 from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
-from judge.errors import CacheError
-from judge.report.compared import headline_lines, primary_metric, verdict_lines
+from judge.errors import CacheError, JudgeError
+from judge.report.compared import headline_lines, night_lines, primary_metric, verdict_lines
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
 from judge.report.status import outcome_of, trust_line, uninformative
@@ -213,10 +213,26 @@ def complete_summary(
     if dataset is not None:
         summary = summary.model_copy(update={"dataset": dataset})
     comparison = run_comparison(summary, results)
-    said = _verdict(summary, comparison)
+    said = [*_verdict(summary, comparison), *_moved(config, summary)]
     summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     return summary, comparison
+
+
+def _moved(config: RunConfig, summary: Summary) -> list[str]:
+    """Whether each engine moved against the ``[thresholds] baseline`` on the primary metric
+    (:func:`night_lines`); none without a baseline to read (the first night)."""
+    base = config.thresholds.baseline
+    if not base or not Path(base).is_file():
+        return []
+    try:
+        baseline = load_summary(base)
+    except JudgeError:  # the checks before the run said why; the drop checks say it again
+        return []
+    moved = night_lines(summary, baseline)
+    if summary.health.degenerate:
+        return [f"{line} (by a judge found unreliable: see Trust)" for line in moved]
+    return moved
 
 
 def _digest(path: Path) -> str | None:
