@@ -62,6 +62,31 @@ def test_validate_reports_every_bad_line(
     assert "Traceback" not in err
 
 
+def test_validate_shows_twenty_notes_or_errors_and_counts_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A note per empty passage, or an error per bad line, of a large file had been thousands
+    of lines; a table file of another format is named, not read as JSON line by line."""
+    row = {"query": "x", "passages": [{"id": "a", "text": " "}, {"id": "b", "text": "t"}]}
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("".join(json.dumps({**row, "query_id": f"q{i}"}) + "\n" for i in range(30)))
+    assert main(["validate", str(blank)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    notes = [line for line in out if line.startswith("note: ")]
+    assert len(notes) == 21 and notes[-1] == "note: ... and 10 more"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n" * 50)
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2:] == ["error: ... and 30 more", f"judge: 50 error(s) in {bad}"]
+    table = tmp_path / "table.csv"
+    table.write_text("query,passage\nwhat,that\n")
+    assert main(["validate", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert "a .csv file is not read: give JSONL (one JSON object per line) or Parquet" in err
+    assert "invalid JSON" not in err
+
+
 def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, "[run]\nrepeatz = 3\n")
     assert main(["run", str(config), SAMPLE, "--out", str(tmp_path / "out")]) == 2

@@ -287,6 +287,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     every check ``judge run`` makes before its first call, and nothing is sent."""
     from judge.config import load_config
     from judge.data.datasets import validate
+    from judge.data.lines import capped
     from judge.report.checks import report_problems
     from judge.run.preflight import preflight
     from judge.run.queries import load_queries
@@ -313,9 +314,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{result.n_labelled} rows with human labels, {result.n_truncated} truncated, "
         f"{result.n_empty} rows without passages"
     )
-    for problem in result.problems:
+    for problem in capped(result.problems):
         print(f"note: {problem}")
-    for error in result.errors:
+    for error in capped(result.errors):
         print(f"error: {error}", file=sys.stderr)
     if result.errors:
         print(f"judge: {len(result.errors)} error(s) in {result.path}", file=sys.stderr)

@@ -253,6 +253,10 @@ def _parse_row(obj: Any, row: Row, opt: _Options, unused: dict[str, int]) -> Que
 _HINT = "[dataset] columns (Python: columns=) "
 
 
+# Tables of other formats, refused by name rather than read as JSONL line by failing line.
+_TABLES = frozenset({".csv", ".tsv", ".xls", ".xlsx", ".ods"})
+
+
 def _rows(
     path: Path, columns: Mapping[str, str] | str | None, sink: Sink
 ) -> tuple[Iterable[tuple[int, Any]], dict[str, str]]:
@@ -260,6 +264,12 @@ def _rows(
     Parquet file's rows (numbered from 1; one passage per row grouped into one row per query,
     numbered by its first: data/frames.py)."""
     renames, preset = resolve_columns(columns)
+    if path.suffix.lower() in _TABLES:
+        raise InputError(
+            f"a {path.suffix} file is not read: give JSONL (one JSON object per line) or "
+            "Parquet; a table in pandas goes in through the Python API (docs/INTEGRATIONS.md)",
+            file=str(path),
+        )
     if path.suffix.lower() == ".parquet":
         return read_parquet(path).dataset_rows(renames, preset, hint=_HINT), renames
     if preset.order is None:

@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,16 @@ __all__ = [
 ]
 
 MAX_ERRORS_SHOWN = 20
+
+
+def capped(lines: Sequence[str], limit: int = MAX_ERRORS_SHOWN) -> list[str]:
+    """The first ``limit`` of ``lines``, and how many more there are (one note per empty
+    passage of a large file had been thousands of lines)."""
+    if len(lines) <= limit:
+        return list(lines)
+    return [*lines[:limit], f"... and {len(lines) - limit} more"]
+
+
 MISSING: Any = object()  # a field absent from the line (None would be JSON null)
 _KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
 _KINDS |= {list: "a list", dict: "an object", type(None): "null"}

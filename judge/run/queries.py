@@ -10,6 +10,7 @@ from pathlib import Path
 
 from judge.config import RunConfig
 from judge.data.datasets import read_queries, read_trec_run
+from judge.data.lines import capped
 from judge.errors import ConfigError
 from judge.schema import Query
 
@@ -40,7 +41,7 @@ def load_queries(
         trec = read_trec_run(
             ds.trec_run, ds.passage_store, ds.queries, max_passage_chars=ds.max_passage_chars
         )
-        for problem in trec.problems:  # a passage cut to the limit, a query with no lines
+        for problem in capped(trec.problems):  # a passage cut to the limit, no lines, ...
             log.warning("%s", problem)
         return list(trec.queries)
     path = dataset or ds.path
@@ -59,7 +60,7 @@ def load_queries(
         )
     except ConfigError as exc:  # the config's [dataset] settings: named by the config's path
         raise ConfigError(f"{config.source or '<config>'}: dataset.{exc}") from None
-    for problem in () if said else report.problems:
+    for problem in () if said else capped(report.problems):
         log.warning("%s", problem)
     return list(report.queries)
 
