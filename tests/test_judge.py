@@ -16,6 +16,7 @@ from judge.providers.base import ProviderSpec, SamplingParams
 from judge.schema import MetricPolicy, Passage, Query
 from tests.servers import (
     Answer,
+    AnswerServer,
     Fault,
     Recorded,
     ScriptedServer,
@@ -196,6 +197,28 @@ def test_listwise_missing_id_is_asked_again_and_extra_id_dropped() -> None:
     assert all(v.status == "ok" for v in jq.verdicts)
     # First round: all three passages; second round: only the missing one.
     assert calls == [3, 1]
+
+
+@pytest.mark.parametrize("status", [400, 503])
+def test_a_list_the_provider_fails_is_errors_not_asked_again_one_by_one(status: int) -> None:
+    """A list request the provider refuses (after the Caller's retries) leaves each of its
+    passages an error, asked again on resume: each had been asked alone of the provider that
+    had just failed, a request each that failed too (and the console blamed the judge for
+    answering lists poorly)."""
+    bodies: list[bytes] = []
+
+    def answer(raw: bytes) -> tuple[int, object]:
+        bodies.append(raw)
+        return status, {"error": {"message": "down", "type": "server_error"}}
+
+    with AnswerServer(answer) as srv:
+        with make_judge(srv, mode="listwise") as j:
+            jq = j.judge(PUPPY, PASSAGES)
+    assert [v.status for v in jq.verdicts] == ["error"] * 3
+    assert all("down" in (v.error or "") for v in jq.verdicts)
+    prompts = [json.loads(b)["messages"][-1]["content"] for b in bodies]
+    assert all('<passage id="3">' in p for p in prompts)  # the list, never one passage
+    assert len(bodies) == (FAST.max_attempts if status == 503 else 1)
 
 
 def test_a_listwise_answer_numbering_passages_from_0_is_asked_again_not_shifted() -> None:

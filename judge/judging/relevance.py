@@ -321,8 +321,6 @@ class Asker:
             if not todo:
                 break
             got = await self._listwise_round(query, todo, ranks, repeat)
-            if got is None:  # provider error: every passage in this round is an error
-                break
             done.update(got)
             todo = [p for p in todo if p.id not in got]
             if len(got) == 0:
@@ -338,7 +336,11 @@ class Asker:
 
     async def _listwise_round(
         self, query: Query, passages: list[Passage], ranks: dict[str, int], repeat: int
-    ) -> dict[str, Verdict] | None:
+    ) -> dict[str, Verdict]:
+        """One list's verdicts by passage id: those its answer gives; every passage's, unparsed,
+        when the answer was cut inside its thinking (asking each alone would think as long
+        again); every passage's, an error, when the provider failed after the Caller's retries
+        (asked alone of a provider that just failed, each would fail again, a request each)."""
         prompt = self._listwise_prompt(query, passages)
         ids = [p.id for p in passages]
         reader = Reader(
@@ -348,17 +350,17 @@ class Asker:
             ListwiseParsed.model_validate_json,
         )
         asked = await self._ask(prompt, repeat, reader)
-        if asked.failed:
-            return None
-        if asked.value is None and asked.futile and "<think>" in (asked.error or ""):
-            # Each passage asked alone thinks as long again: unparsed, not asked one by one.
+        if asked.failed or (
+            asked.value is None and asked.futile and "<think>" in (asked.error or "")
+        ):
+            status = "error" if asked.failed else "unparsed"
             tally = {"raw": asked.raw, "attempts": asked.attempts, "cached": asked.cached}
             shares = _split_usage(asked.usage, len(passages))
             out = {
                 p.id: Verdict(
                     passage_id=p.id,
                     rank=ranks[p.id],
-                    status="unparsed",
+                    status=status,
                     error=asked.error,
                     usage=share,
                     latency_s=asked.latency_s,
