@@ -252,3 +252,19 @@ def test_a_listwise_cascade_counts_a_call_a_window(
     assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 0
     assert calls_to(server, CHAT) == 6  # three band passages a query: windows of 2 and 1
     assert "(6 LLM calls, 3 saved" in capsys.readouterr().out  # 15 passages: 9 calls else
+
+
+def test_a_run_of_blank_passages_alone_says_so_in_its_health(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every passage blank: each verdict is an ok "no" given without asking; the judge's
+    health is unknown because nothing had text, not "every one unparsed or an error"."""
+    data = tmp_path / "blank.jsonl"
+    rows = [{"query_id": f"q{i}", "query": "x", "passages": [{"id": "a", "text": " "}]}
+            for i in range(3)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = _config(tmp_path, server, "pointwise")
+    assert main(["run", str(config), str(data), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "judge health: unknown: no verdict was answered (no passage had text to judge)" in out
+    assert not server.requests

@@ -605,7 +605,15 @@ def judge_health(
         for engine in sorted({jq.query.engine for jq in results})
     }
     if not ok:  # nothing answered: nothing to tell the judge's health by
-        note = "unknown: no verdict was answered (every one unparsed or an error)"
+        blank = any(v.source == "empty" for jq in results for v in jq.verdicts)
+        why = (
+            "every passage asked was unparsed or an error"
+            if any(v.source != "empty" for jq in results for v in jq.verdicts)
+            else "no passage had text to judge"
+            if blank
+            else "there was no passage"
+        )
+        note = f"unknown: no verdict was answered ({why})"
         return JudgeHealth(
             known=False,
             degenerate=False,
