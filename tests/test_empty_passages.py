@@ -268,3 +268,33 @@ def test_a_run_of_blank_passages_alone_says_so_in_its_health(
     out = capsys.readouterr().out
     assert "judge health: unknown: no verdict was answered (no passage had text to judge)" in out
     assert not server.requests
+
+
+def test_passages_cut_to_the_length_limit_are_counted_and_said(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A passage cut to ``max_passage_chars`` is marked on the passage; the console, the
+    report and summary.json count it (stderr had said it once, the outputs never)."""
+    data = tmp_path / "long.jsonl"
+    long = "word " * 400
+    row = {"query_id": "q", "query": "x", "passages": [{"id": "a", "text": long}]}
+    row["passages"].append({"id": "b", "text": "short"})
+    data.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    config = _config(tmp_path, server, "pointwise")
+    out = tmp_path / "out"
+    argv = [
+        "run",
+        str(config),
+        str(data),
+        "--out",
+        str(out),
+        "--set",
+        "dataset.max_passage_chars=300",
+    ]
+    assert main(argv) == 0
+    said = "1 passage(s) were cut to a length limit (max_passage_chars or the context window)"
+    assert f"truncated: {said}" in capsys.readouterr().out
+    assert f"Truncated: {said}" in (out / "report.md").read_text(encoding="utf-8")
+    assert (
+        json.loads((out / "summary.json").read_text(encoding="utf-8"))["counts"]["truncated"] == 1
+    )

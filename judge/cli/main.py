@@ -222,6 +222,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         )
     if c.blank:
         print(f"empty: {c.blank_words()}")
+    if c.truncated:
+        print(f"truncated: {c.truncated_words()}")
     if summary.cascade is not None:
         print(summary.cascade.line())
     if c.sanitised:

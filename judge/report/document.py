@@ -158,6 +158,7 @@ def _overview(summary: Summary) -> list[Text | Table | Chart]:
         ),
         *([Text("Flagged passages: " + "; ".join(c.flag_lines()) + ".")] if c.flag_lines() else []),
         *([Text(f"Empty passages: {c.blank_words()}.")] if c.blank else []),
+        *([Text(f"Truncated: {c.truncated_words()}.")] if c.truncated else []),
         Text(
             f"Tokens of the verdicts' answers: {u.prompt_tokens} prompt + "
             f"{u.completion_tokens} completion, {format_value(u.cost_usd)} USD at list price "

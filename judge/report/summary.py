@@ -75,6 +75,9 @@ class Counts(Record):
     not_sent: int = 0
     # Verdicts of blank passages (no text to read): not relevant, given without a call.
     blank: int = 0
+    # Distinct passages cut before judging (max_passage_chars or the context window): the
+    # judge read their start, marked as cut (``truncated_from`` in verdicts.jsonl).
+    truncated: int = 0
     # Per engine: its distinct passages, and how many carried each signal (a verdict's
     # ``signals``: echo, sanitised) in any repeat.
     flagged: dict[str, dict[str, int]] = Field(default_factory=dict)
@@ -91,6 +94,15 @@ class Counts(Record):
         return (
             f"{self.blank} verdict(s) of empty passages (no text): not relevant, without asking "
             "the judge"
+        )
+
+    def truncated_words(self) -> str:
+        """The cut passages in words ("" when none)."""
+        if not self.truncated:
+            return ""
+        return (
+            f"{self.truncated} passage(s) were cut to a length limit (max_passage_chars or the "
+            'context window) and judged by their start ("truncated_from" in verdicts.jsonl)'
         )
 
     def flag_lines(self) -> list[str]:
@@ -272,6 +284,14 @@ def counts(results: Sequence[JudgedQuery]) -> Counts:
         ),
         flagged=_flagged(results),
         blank=sum(1 for jq in results for v in jq.verdicts if v.source == "empty"),
+        truncated=len(
+            {
+                (q.query_id, q.engine, p.id)
+                for q in (jq.query for jq in results)
+                for p in q.passages
+                if p.truncated_from is not None
+            }
+        ),
         not_sent=sum(
             1
             for jq in results
