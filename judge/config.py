@@ -192,7 +192,11 @@ def _did_you_mean(exc: ValidationError, loc: tuple[int | str, ...]) -> str:
             return ""
         table = records[0]
     known = list(getattr(table, "model_fields", {}))
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    given = str(loc[-1])
+    close = difflib.get_close_matches(given, known, n=3, cutoff=0.6)
+    # Two letters swapped ("modle") is one slip, as one letter dropped is: of the close keys,
+    # one that holds the same letters as the key given comes first ("model", not "mode").
+    close.sort(key=lambda k: sorted(k) != sorted(given))
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -109,3 +109,17 @@ def test_a_primary_metric_the_run_does_not_compute_is_refused_not_passed_over(
     with pytest.raises(ConfigError, match=r"^--set metrics\.primary: 'ndcgg' is not one of"):
         load_config(None, {"metrics.primary": "ndcgg"})
     assert load_config(config, {"metrics.primary": "ap"}).metrics.primary == "ap"
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [("judge.modle", "model"), ("judge.mdoe", "mode"), ("run.repeatz", "repeats")],
+)
+def test_a_misspelt_key_is_matched_to_the_key_of_the_same_letters_first(
+    key: str, meant: str
+) -> None:
+    """Two letters swapped is one slip: "modle" meant "model", not "mode"."""
+    from judge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"unknown key \(did you mean '{meant}'\?\)"):
+        load_config(None, {key: "x"})
