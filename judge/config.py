@@ -340,6 +340,12 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if problem := aspect_metric_problem(config.metrics.names, config.nuggets, config.credibility):
         raise ConfigError(f"{source}: {problem}")
     primary, names = config.metrics.primary, config.metrics.names
+    if not names:  # a run of no metric says nothing of its engines
+        said = [f"--set {k}" for k in overrides or {} if k == "metrics.names"]
+        raise ConfigError(
+            f"{said[0] if said else f'{source}: metrics.names'}: empty: name at least one "
+            "metric (leave it out for the defaults)"
+        )
     if primary is not None and primary not in names:  # it would be passed over in silence
         said = [f"--set {k}" for k in overrides or {} if k in ("metrics.primary", "metrics.names")]
         raise ConfigError(

@@ -123,3 +123,14 @@ def test_a_misspelt_key_is_matched_to_the_key_of_the_same_letters_first(
 
     with pytest.raises(ConfigError, match=rf"unknown key \(did you mean '{meant}'\?\)"):
         load_config(None, {key: "x"})
+
+
+def test_an_empty_metric_list_is_refused(tmp_path: Path) -> None:
+    from judge.errors import ConfigError
+
+    config = tmp_path / "c.toml"
+    config.write_text("[metrics]\nnames = []\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: metrics\.names: empty: name at least one"):
+        load_config(config)
+    with pytest.raises(ConfigError, match=r"^--set metrics\.names: empty"):
+        load_config(None, {"metrics.names": []})

@@ -700,3 +700,16 @@ def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
     assert out[1].startswith("bm25 vs the baseline: ndcg fell (worse): -0.3691 ")
     assert out[1].endswith("p = 0.008, better on 0, tied 0, worse 8 of 8 queries")
     assert out[2].startswith("Trust: ")
+
+
+def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    extra = ("--set", f"run.cache={folder}")
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys, *extra):
+        assert f"the command line: run.cache: {folder} is a directory, not a file" in err
+        assert f"{config}: run.cache" not in err
+    assert server.requests == []

@@ -93,6 +93,9 @@ def preflight(
     raise (InputError if rows and not problems else ConfigError)(text + more)
 
 
+_PATH_KEYS = ("run.cache", "run.history")
+
+
 def _config_problems(config: RunConfig) -> list[str]:
     where = config.source or "<config>"
     problems: list[str] = []
@@ -122,14 +125,16 @@ def _config_problems(config: RunConfig) -> list[str]:
         problems.append(
             f"{where}: judge.template_dir: '{config.judge.template_dir}' is not a directory"
         )
+    # A path the command line gave (--cache, --set run.cache=...) is not the file's to blame.
+    said = {k: "the command line" if k in config.overrides else where for k in _PATH_KEYS}
     for key, path in (("run.cache", config.cache_path()), ("run.history", config.history_path())):
-        problems += [f"{where}: {key}: {p}" for p in _writable(path.parent, str(path))]
+        problems += [f"{said[key]}: {key}: {p}" for p in _writable(path.parent, str(path))]
         if path.is_dir():  # what the run would fail on, after paying (judge validate too)
-            problems.append(f"{where}: {key}: {path} is a directory, not a file")
+            problems.append(f"{said[key]}: {key}: {path} is a directory, not a file")
     try:  # a run would refuse it when it opens the cache; validate says so too
         check_sqlite(config.cache_path())
     except NotACache as exc:
-        problems.append(f"{where}: run.cache: {exc}")
+        problems.append(f"{said['run.cache']}: run.cache: {exc}")
     if config.cache_path().resolve() == config.history_path().resolve():
         problems.append(f"{where}: run.cache and run.history are one file: give each its own")
     try:
