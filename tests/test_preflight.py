@@ -14,7 +14,7 @@ import pytest
 from judge.cli.main import main
 from tests.servers import ScriptedServer
 from tests.test_runner import SAMPLE, write_config
-from tests.wire import keyword_responder
+from tests.wire import keyword_responder, verdict_json
 
 ROW: dict[str, Any] = {
     "query_id": "q1",
@@ -713,3 +713,27 @@ def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(
         assert f"the command line: run.cache: {folder} is a directory, not a file" in err
         assert f"{config}: run.cache" not in err
     assert server.requests == []
+
+
+def test_baseline_set_says_when_the_run_it_takes_did_not_pass(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run that FAILED its thresholds may be a new normal, but it is said, not taken in
+    silence."""
+    render = {"yes": verdict_json("yes"), "no": "I would rather not say."}.__getitem__
+    server = make_server(responder=keyword_responder({"boils": "yes"}, render=render))
+    baseline = tmp_path / "baseline.json"
+    tables = {
+        "thresholds": {"baseline": str(baseline), "max_unparsed_rate": 0.0},
+        "metrics": {"unjudged": "skip"},
+    }
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    night = str(tmp_path / "night")
+    argv = ["run", str(config), str(_dataset(tmp_path)), "--out", night, "--first-night"]
+    assert main(argv) == 1
+    capsys.readouterr()
+    assert main(["baseline", "set", night, "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "note: that run FAILED (" in out and "later nights compare with it" in out

@@ -47,6 +47,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     target = Path(config.thresholds.baseline)
     write_atomic(target, source.read_bytes())  # a nightly run sees the old file or the new
     print(f"baseline: {source} -> {target}")
+    outcome = summary.outcome
+    if outcome is not None and outcome.status not in ("PASSED", "INCOMPLETE"):
+        # A new normal may be meant; said, so that it is not taken by mistake.
+        why = "; ".join(outcome.reasons[:2]) or "see its report"
+        print(f"note: that run {outcome.status} ({why}): later nights compare with it")
     return EXIT_OK
 
 
