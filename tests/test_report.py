@@ -74,6 +74,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             update={
                 "created": f"2026-01-0{night + 1}T02:00:00+00:00",
                 "engines": {e: shifted(d, shift) for e, d in summary.engines.items()},
+                "dataset": f"/data/nightly/sample-0{night + 1}.jsonl",
             }
         )
         record_run(history, past, str(out))
@@ -101,6 +102,7 @@ def test_both_reports_are_written_and_say_what_was_judged(report: tuple[Path, Pa
     assert "Undefined for every query: rerank_max." in text  # no P(relevant): said once
     assert "## Engines compared, paired (baseline bm25)" in text and "pooled_ndcg@5" in text
     assert "## History (last 4 runs)" in text and "**1 run(s) flagged as regressions.**" in text
+    assert "| run | created | dataset |" in text and "| sample-03.jsonl |" in text
     assert "## Queries (14; lowest relevancy_mean first)" in text
     # A judge that uses the whole scale: its health is shown, with no warning.
     assert "## Judge health" in text and "Not degenerate." in text

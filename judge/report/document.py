@@ -264,13 +264,15 @@ def _history_section(
     present = {m for row in history for values in row.values.values() for m in values}
     flagged_first = [r.metric for row in history for r in row.regressions]
     metrics = [m for m in dict.fromkeys([*flagged_first, *names]) if m in present][:4]
+    # Runs of one config may judge other files (a nightly sample each night): each says its.
     rows = [
-        [row.run_id, row.created[:16].replace("T", " ")]
+        [row.run_id, row.created[:16].replace("T", " "), Path(row.dataset or "—").name]
         + [row.values.get(e, {}).get(m) for e in engines for m in metrics]
         + ["; ".join(r.describe() for r in row.regressions) or "—"]
         for row in history
     ]
-    head = ["run", "created", *(f"{e} {m}" for e in engines for m in metrics), "regressions"]
+    head = ["run", "created", "dataset"]
+    head += [*(f"{e} {m}" for e in engines for m in metrics), "regressions"]
     flagged = {(r.run_id, r.engine, r.metric) for row in history for r in row.regressions}
     runs = [(row.run_id, row.values) for row in history]
     n_flagged = sum(1 for row in history if row.regressions)
@@ -280,7 +282,7 @@ def _history_section(
         f"History (last {len(history)} runs)",
         [
             status or Text("No regressions.", "ok"),
-            Table(head, rows, frozenset(range(2, len(head) - 1))),
+            Table(head, rows, frozenset(range(3, len(head) - 1))),
             Chart(
                 lazy_chart("history_trend", runs, metrics, engines, flagged),
                 "red crosses: runs flagged as regressions",

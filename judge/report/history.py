@@ -105,6 +105,7 @@ class HistoryRow(Record):
     created: str
     values: dict[str, dict[str, float | None]]
     regressions: tuple[Regression, ...] = ()
+    dataset: str | None = None  # the file it judged (a nightly one is often new each night)
 
 
 @contextmanager
@@ -317,6 +318,7 @@ def history_rows_for_report(
                 e: {m: run.metrics[e].get(m) for m in metrics} for e in engines if e in run.metrics
             },
             regressions=tuple(flags.get(run.run_id, ())),
+            dataset=run.dataset,
         )
         for run in runs
     ]
