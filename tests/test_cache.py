@@ -186,7 +186,9 @@ def test_cache_stats_prune_and_clear_from_the_cli(
     assert "0 answers" in capsys.readouterr().out
 
 
-def _judge_once(server: ScriptedServer, tmp_path: Path, out: str) -> list[str]:
+def _judge_once(
+    server: ScriptedServer, tmp_path: Path, out: str, redo: frozenset[str] = frozenset()
+) -> list[str]:
     """Judge one passage (fresh run directory, shared cache); its verdict statuses."""
     config = load_config(
         None,
@@ -202,33 +204,61 @@ def _judge_once(server: ScriptedServer, tmp_path: Path, out: str) -> list[str]:
     query = Query(
         query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
     )
-    asyncio.run(run_async(config, [query], tmp_path / out))
+    asyncio.run(run_async(config, [query], tmp_path / out, redo=redo))
     return [v.status for jq in read_results(tmp_path / out / RESULTS_FILE) for v in jq.verdicts]
 
 
-@pytest.mark.parametrize(
-    ("failure", "status"),
-    [(["not json at all", "still no verdict"], "unparsed"), ([Fault("status", 500)] * 2, "error")],
-    ids=["unparsed", "error"],
-)
-def test_unparsed_and_failed_answers_are_never_cached(
-    make_server: Callable[..., ScriptedServer],
-    tmp_path: Path,
-    failure: list[Any],
-    status: str,
+def test_a_failed_answer_is_not_cached_and_is_asked_again(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     server = make_server()
-    server.enqueue(*failure)
-    assert _judge_once(server, tmp_path, "first") == [status]
+    server.enqueue(*[Fault("status", 500)] * 2)
+    assert _judge_once(server, tmp_path, "first") == ["error"]
     assert len(server.requests) == 2
     cache = Cache(tmp_path / "cache.sqlite")
     assert cache.stats().entries == 0
     cache.close()
-
     assert _judge_once(server, tmp_path, "second") == ["ok"]
     assert len(server.requests) == 3  # asked again, and this time the answer is kept
     assert _judge_once(server, tmp_path, "third") == ["ok"]
     assert len(server.requests) == 3
+
+
+def test_an_answer_that_does_not_parse_is_kept_paid_once_and_asked_anew_only_by_redo(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """An answer the parser cannot read was paid: it is cached with its error, so a rerun (a
+    resume after a stop before its re-ask, above all) reads it and goes on to the re-ask,
+    paying neither again; --redo unparsed asks anew."""
+    server = make_server()
+    server.enqueue("not json at all", "still no verdict")
+    assert _judge_once(server, tmp_path, "first") == ["unparsed"]
+    assert len(server.requests) == 2  # the answer, and its re-ask
+    cache = Cache(tmp_path / "cache.sqlite")
+    assert cache.stats().entries == 2
+    cache.close()
+    assert _judge_once(server, tmp_path, "second") == ["unparsed"]
+    assert len(server.requests) == 2  # both read from the cache, nothing paid again
+    assert _judge_once(server, tmp_path, "third", frozenset({"unparsed"})) == ["ok"]
+    assert len(server.requests) == 3  # asked anew: this time it reads
+    assert _judge_once(server, tmp_path, "fourth") == ["ok"]
+    assert len(server.requests) == 3
+
+
+def test_a_unit_stopped_between_an_unread_answer_and_its_re_ask_pays_only_the_re_ask(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The first answer does not parse, its re-ask fails (the provider is down): the unit
+    ends in an error and is asked again on the rerun, which reads the paid first answer from
+    the cache and sends only the re-ask (it had paid for the first answer again)."""
+    server = make_server()
+    server.enqueue("not json at all", *[Fault("status", 500)] * 2)
+    assert _judge_once(server, tmp_path, "run") == ["error"]
+    assert len(server.requests) == 3
+    assert _judge_once(server, tmp_path, "run") == ["ok"]
+    assert len(server.requests) == 4
+    said = [m["content"] for m in server.requests[-1].body["messages"]]
+    assert "not json at all" in said  # the re-ask, after the answer it asks about
 
 
 def test_a_database_that_is_not_a_cache_is_refused_not_written_into_nor_moved(

@@ -123,11 +123,22 @@ def _parsed(
         return ChatAnswer(call, None, exc)
 
 
+# A reading's tag when the parser could not read the answer: the parser's own tag after it,
+# the error as the value. Such an answer is paid too, so it is kept: a run stopped before its
+# re-ask, resumed, reads it again instead of paying for it again (--redo unparsed asks anew).
+UNREAD = "unread:"
+
+
 def _reading_of(
     parse: Callable[[Completion], P] | Reader[P], result: ChatAnswer[P]
 ) -> Reading | None:
-    """What the cache keeps of a successful reading (None: a parser without a tag)."""
-    if not isinstance(parse, Reader) or result.error is not None or result.value is None:
+    """What the cache keeps of a reading: the value, or the error of an answer the parser
+    could not read (None: a parser without a tag)."""
+    if not isinstance(parse, Reader):
+        return None
+    if result.error is not None:
+        return Reading(UNREAD + parse.tag, str(result.error))
+    if result.value is None:
         return None
     return Reading(parse.tag, parse.dump(result.value))
 
@@ -183,6 +194,9 @@ class Caller:
         # Why a paid answer could not be stored (a full disk, a file another process holds):
         # its verdict still stands (see keep).
         self.cache_failure: str | None = None
+        # A stored answer the parser could not read is asked again, not read (--redo
+        # unparsed); else it is read, and its error re-asked about, as when it came.
+        self.fresh_unparsed = False
         self.budget = Budget(self.limits)
         # One limit per provider: its calls in flight (adaptive under the configured ceiling).
         lim = self.limits
@@ -242,8 +256,9 @@ class Caller:
         """The answer to ``request`` for repeat ``repeat`` (cache or provider), parsed once.
 
         ``parse`` raises ParseError for an answer it cannot read; such an answer is returned
-        with the error and never cached. Raises ProviderError after the retries are spent,
-        BudgetExceeded before a call that the budget no longer allows.
+        with the error, and cached with it (:data:`UNREAD`): it was paid. Raises ProviderError
+        after the retries are spent, BudgetExceeded before a call that the budget no longer
+        allows.
         """
         provider = self.chat
         if provider is None:
@@ -291,6 +306,9 @@ class Caller:
                 hit = None
             elif stored is not None:
                 hit = self._read(stored, parse)
+                if hit is None or hit.value is None:  # complete() reads it, or asks again
+                    hits.append(None)
+                    continue
             else:  # not under its digest (looked up just now): under its rendered request?
                 hit = self._cached(key, request, repeat, parse, digest_missed=True)
             self.stats.cache_hits += count and hit is not None
@@ -367,19 +385,26 @@ class Caller:
 
     def _read(
         self, found: Stored[Completion], parse: Callable[[Completion], P] | Reader[P]
-    ) -> ChatAnswer[P]:
+    ) -> ChatAnswer[P] | None:
         """A stored answer as read by ``parse``: from its reading when the parser's tag
-        matches, else parsed again (and the new reading stored)."""
+        matches, else parsed again (and the new reading stored). One this parser could not
+        read: its error, as when it came (None under ``fresh_unparsed``: asked again)."""
         call, reading = (
             CallResult(found.value, cached=True, attempts=0, latency_s=0.0),
             found.reading,
         )
+        tag = parse.tag if isinstance(parse, Reader) else None
+        if tag is not None and reading is not None and reading.tag == UNREAD + tag:
+            error = ParseError(reading.value)
+            return None if self.fresh_unparsed else ChatAnswer(call, None, error)
         if isinstance(parse, Reader) and reading is not None and reading.tag == parse.tag:
             try:
                 return ChatAnswer(call, parse.load(reading.value), None)
             except ValueError:  # unreadable as this version's value: read the answer again
                 pass
         result = _parsed(call, parse)
+        if result.error is not None and self.fresh_unparsed:
+            return None
         stored = _reading_of(parse, result)
         if stored is not None:
             self.cache.set_reading(found.key, stored)
@@ -413,7 +438,9 @@ class Caller:
             return answer
 
         result = _parsed(await self._call(once, provider.classify), parse)
-        if result.error is None:
+        # Kept whether it reads or not (paid either way); a parser without a tag (no reading
+        # to keep) takes only the answers it reads, as the cache's acceptor.
+        if result.error is None or isinstance(parse, Reader):
             reading = _reading_of(parse, result)
             answer = result.call.answer
             self.keep(

@@ -147,6 +147,8 @@ async def run_async(
         batch = _Batch(
             config, units, results_path, queries, cache, keeping=keep is not None, ledger=ledger
         )
+        # Unparsed answers are kept in the cache (paid): --redo unparsed asks them anew.
+        batch.caller.fresh_unparsed = "unparsed" in redo
         try:
             with _signals_stop(batch), spans().run(config, batch):
                 await batch.run()
