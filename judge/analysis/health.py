@@ -340,6 +340,14 @@ def _ok(results: Iterable[JudgedQuery]) -> list[Verdict]:
     return [v for jq in results for v in jq.verdicts if v.status == "ok" and v.source != "empty"]
 
 
+def _unanswered(results: Sequence[JudgedQuery]) -> str:
+    """Why no verdict was answered: asked and unparsed or failed, blank, or none at all."""
+    sources = {v.source == "empty" for jq in results for v in jq.verdicts}
+    if False in sources:
+        return "every passage asked was unparsed or an error"
+    return "no passage had text to judge" if sources else "there was no passage"
+
+
 def _asked_llm(verdict: Verdict) -> bool:
     """An LLM verdict that came from a call, paid now or earlier (a cached answer)."""
     return verdict.source == "judge" and (verdict.cached or verdict.usage.total > 0)
@@ -605,15 +613,7 @@ def judge_health(
         for engine in sorted({jq.query.engine for jq in results})
     }
     if not ok:  # nothing answered: nothing to tell the judge's health by
-        blank = any(v.source == "empty" for jq in results for v in jq.verdicts)
-        why = (
-            "every passage asked was unparsed or an error"
-            if any(v.source != "empty" for jq in results for v in jq.verdicts)
-            else "no passage had text to judge"
-            if blank
-            else "there was no passage"
-        )
-        note = f"unknown: no verdict was answered ({why})"
+        note = f"unknown: no verdict was answered ({_unanswered(results)})"
         return JudgeHealth(
             known=False,
             degenerate=False,

@@ -38,7 +38,7 @@ from judge.calling.limits import (
     RateLimiter,
     worst_case_prompt_tokens,
 )
-from judge.calling.retries import CallStats, RetryPolicy, root_cause, spent_failing, url_of
+from judge.calling.retries import CallStats, RetryPolicy, spent_failing
 from judge.calling.tail import Deadline, Tail
 from judge.calling.telemetry import spans
 from judge.errors import NOT_SENT, BudgetExceeded, CacheError, ParseError, ProviderError
@@ -150,15 +150,6 @@ class _NoHedge(Exception):
 # Keys :meth:`Caller.cached` remembers as just missed, at most (a bound, never reached by
 # a run that asks what it looked up).
 MISSED_MAX = 100_000
-# Attempts in a row that make no connection, before any success, after which a provider is
-# unreachable: a closed port or a wrong host fails fast instead of through every retry.
-UNREACHABLE_ATTEMPTS = 8
-# Retries that time out too, before any success, after which a provider is unreachable: a
-# server that never answers fails after a first attempt and a retry, not after all of them.
-SILENT_RETRIES = 3
-# Requests in a row that timed out at the full timeout_s with no answer between them, after
-# the provider had answered: it went dark mid-run (Caller._dark).
-DARK_TIMEOUTS = 16
 
 
 def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
@@ -715,48 +706,18 @@ class Caller:
         if kind == "timeout" and time.perf_counter() - sent < 0.9 * self.limits.timeout_s:
             self.tails[lane].abandoned(early=cut)  # given up at the tail's deadline
         elif kind == "timeout":
-            self._dark(exc)  # at the full timeout_s
+            self.stats.timed_out(exc, self.limits.timeout_s)  # at the full timeout_s
         unsent = never_sent(exc)
         self.stats.requests -= unsent  # no connection: the server never saw it
         self.stats.hedges -= unsent and hedge
         if unsent:
-            self._unconnected(exc)
+            self.stats.no_connection(exc)
         elif kind == "timeout" and attempt >= 2:
-            self._silent(exc)
+            self.stats.silent_retry(exc)
         if kind == "rate_limit":
             self.slots[lane].throttled()
         elif not unsent:
             self.slots[lane].failed()
-
-    def _silent(self, exc: BaseException) -> None:
-        """Count a retry that timed out too; before any success, the ``SILENT_RETRIES``-th
-        makes the provider unreachable, as a closed port does: a server that takes the
-        connection and never answers failed only after every call's every attempt (374 s on
-        the sample at the 60 s timeout), saying only that a read timed out."""
-        stats = self.stats
-        stats.silent += 1
-        stats.unanswered(
-            stats.silent,
-            SILENT_RETRIES,
-            lambda: (
-                f"no answer from {url_of(exc) or 'the provider'}: {stats.silent} requests timed "
-                f"out on a retry and none was answered ({root_cause(exc)}): it takes "
-                "connections and says nothing; check that base_url is the API and that it is up"
-            ),
-        )
-
-    def _dark(self, exc: BaseException) -> None:
-        """Count a request that timed out at the full ``timeout_s``; the ``DARK_TIMEOUTS``-th
-        in a row, with no answer between, makes a provider that did answer unreachable: every
-        call after fails at once and the run stops (one gone dark mid-run was retried for as
-        long as the run lasted: 2,030 hung requests in 280 s for 129 answers)."""
-        stats = self.stats
-        stats.dark += 1
-        if stats.dark >= DARK_TIMEOUTS and stats.unreachable is None:
-            stats.unreachable = (
-                f"{url_of(exc) or 'the provider'} stopped answering: {stats.dark} requests in "
-                f"a row timed out after {self.limits.timeout_s:g} s with no answer between them"
-            )
 
     def _unknown_usage(self, lane: str) -> None:
         """Said once per lane: answers whose token counts are not counts are counted at their
@@ -776,21 +737,6 @@ class Caller:
         for one that does not."""
         deadline = tail.deadline(attempt)
         return deadline if deadline < self.limits.timeout_s else deadline + HARD_MARGIN_S
-
-    def _unconnected(self, exc: BaseException) -> None:
-        """Count an attempt that made no connection; before any success, the
-        ``UNREACHABLE_ATTEMPTS``-th in a row makes the provider unreachable: every call after
-        it fails at once, saying where and why (a run stops on it, resumable)."""
-        stats = self.stats
-        stats.unconnected += 1
-        stats.unanswered(
-            stats.unconnected,
-            UNREACHABLE_ATTEMPTS,
-            lambda: (
-                f"cannot reach {url_of(exc) or 'the provider'} ({root_cause(exc)}; "
-                f"{stats.unconnected} attempts, none connected)"
-            ),
-        )
 
     async def _call(
         self,
