@@ -165,7 +165,9 @@ def test_the_budget_caps_the_run_not_each_invocation_of_it(
 
 
 def test_a_run_killed_outright_resumes_under_what_it_may_have_paid(
-    make_server: Callable[..., ScriptedServer], tmp_path: Path
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """kill -9 gives a run no chance to say what it spent: the budget keeps in run.json what
     it may have spent (settled answers and the worst case of those in flight) before each
@@ -192,8 +194,18 @@ def test_a_run_killed_outright_resumes_under_what_it_may_have_paid(
     finally:
         proc.wait()
     assert metered.billed < 120  # killed well before its cap
+    capsys.readouterr()
     assert main(argv) == EXIT_BUDGET
     assert metered.billed * (PROMPT + COMPLETION) <= cap
+    # What the killed run spent is a bound (its requests in flight at their worst case), and
+    # the line says so rather than "spent".
+    err = capsys.readouterr().err
+    assert "token budget reached: spent at most " in err, err
+    assert "one was stopped outright, its requests in flight counted at their worst case" in err
+    # --fresh starts the judging over, not the budget: it pays nothing past the cap either.
+    billed = metered.billed
+    assert main([*argv, "--fresh"]) == EXIT_BUDGET
+    assert metered.billed == billed
 
 
 def test_the_budget_stop_states_what_was_spent_in_the_end(

@@ -444,6 +444,9 @@ class Budget:
         # Of ``usage``, what earlier invocations into the same run directory spent: the cap
         # is the run's (:meth:`count_earlier`), and a rerun after a budget stop needs more.
         self.earlier = Usage()
+        # Whether ``earlier`` is at most what they spent: one was killed outright with requests
+        # in flight, counted at their worst case.
+        self.earlier_at_most = False
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
         self._reserved_prompt = 0  # of _reserved_tokens, the prompts'
@@ -538,9 +541,10 @@ class Budget:
         self.spend(spent)
         self._settled.set()
 
-    def count_earlier(self, usage: Usage) -> None:
-        """Count ``usage``, spent by earlier invocations of this run, against the caps."""
-        self.earlier = usage
+    def count_earlier(self, usage: Usage, at_most: bool = False) -> None:
+        """Count ``usage``, spent by earlier invocations of this run, against the caps;
+        ``at_most``: an upper bound (requests in flight when one was killed, at worst)."""
+        self.earlier, self.earlier_at_most = usage, at_most
         self.spend(usage)
 
     @property
@@ -583,7 +587,7 @@ class Budget:
 
     def _spent(self, by: str, worst_counted: int = 0) -> str:
         lim = self.limits
-        spent = "spent at most" if worst_counted else "spent"
+        spent = "spent at most" if worst_counted or self.earlier_at_most else "spent"
         why = (
             f" ({worst_counted} request(s) with no usage reported counted at their worst case)"
             if worst_counted
@@ -591,7 +595,13 @@ class Budget:
         )
         if self.earlier.total:
             before = f"${self._cost(self.earlier):.4f}" if by == "cost" else f"{self.earlier.total}"
-            why += f" ({before} of it by earlier invocations of this run)"
+            bound = (
+                ", at most: one was stopped outright, its requests in flight counted at their "
+                "worst case"
+                if self.earlier_at_most
+                else ""
+            )
+            why += f" ({before} of it by earlier invocations of this run{bound})"
         if by == "cost":
             return f"cost budget reached: {spent} ${self.cost:.4f} of ${lim.max_cost:.4f}{why}"
         return f"token budget reached: {spent} {self.usage.total} of {lim.max_tokens} tokens{why}"

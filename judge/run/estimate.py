@@ -190,7 +190,7 @@ def estimate(
         batch=config.run.batch,
         **(_batch_costs(price, batched, usage, worst) if _has_batch(config) else {}),
         **cascade,
-        earlier=None if fresh or not (spent := spent_before(out_dir)).total else spent,
+        earlier=None if not (spent := spent_before(out_dir)[0]).total else spent,
     )
 
 

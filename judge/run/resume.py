@@ -198,21 +198,27 @@ def add_elapsed(out_dir: Path, seconds: float) -> float:
     return total
 
 
-def spent_before(out_dir: Path) -> Usage:
+def spent_before(out_dir: Path) -> tuple[Usage, bool]:
     """What earlier invocations into ``out_dir`` spent (run.json's ledger, which the runner
-    keeps as it goes: a budget caps the run, not one invocation of it)."""
-    found = _run_file(out_dir).get("spent")
-    try:
-        return Usage.model_validate(found) if isinstance(found, dict) else Usage()
-    except ValueError:
-        return Usage()
-
-
-def record_spent(out_dir: Path, total: Usage) -> None:
-    """Keep ``total`` (earlier invocations' spend and this one's so far) as the ledger."""
+    keeps as it goes: a budget caps the run directory, not one invocation, nor one --fresh
+    start), and whether that is at most so (a run killed outright left requests in flight,
+    counted at their worst case)."""
     data = _run_file(out_dir)
-    if data.get("spent") != (ledger := total.model_dump()):
-        data["spent"] = ledger
+    found = data.get("spent")
+    try:
+        usage = Usage.model_validate(found) if isinstance(found, dict) else Usage()
+    except ValueError:
+        usage = Usage()
+    return usage, bool(data.get("spent_at_most")) and usage.total > 0
+
+
+def record_spent(out_dir: Path, total: Usage, *, at_most: bool = False) -> None:
+    """Keep ``total`` (earlier invocations' spend and this one's so far) as the ledger;
+    ``at_most``: it counts requests in flight at their worst case."""
+    data = _run_file(out_dir)
+    ledger = total.model_dump()
+    if data.get("spent") != ledger or bool(data.get("spent_at_most")) != at_most:
+        data["spent"], data["spent_at_most"] = ledger, at_most
         write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -327,6 +333,7 @@ FINISH_FILES = ("summary.json", "report.md", "report.html", "qrels.txt", "finish
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
+    spend = {k: v for k, v in _run_file(out_dir).items() if k in ("spent", "spent_at_most")}
     if fresh:
         ours = run_file.is_file()  # a run directory: its finish files are the run's own
         for name in (RESULTS_FILE, RUN_FILE, PARTIAL_FILE, NUGGETS_FILE):
@@ -338,8 +345,10 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
         raise ConfigError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The judging time of earlier invocations is kept (add_elapsed adds this one's).
-    kept = ("elapsed_s", "spent")  # an invocation's time and spend add to the earlier ones
-    elapsed = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k in kept}
+    # An invocation's time adds to the earlier ones' (--fresh starts it over); its spend does
+    # too, whatever --fresh says: the budget caps what the run directory may cost.
+    kept = {} if fresh else {k: v for k, v in _run_file(out_dir).items() if k == "elapsed_s"}
+    elapsed = {**kept, **spend}
     run_file.write_text(
         json.dumps(
             {

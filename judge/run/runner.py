@@ -302,7 +302,7 @@ class _Batch:
         if self.judge.dimensions is not None:
             self.judge.dimensions.load(self.queries, self.results_path.parent)
         if self.ledger:  # the cap is the run's (a Ray shard's, a batch run's: the driver's)
-            self.caller.budget.count_earlier(spent_before(self.results_path.parent))
+            self.caller.budget.count_earlier(*spent_before(self.results_path.parent))
             self.caller.budget.on_bound = self._keep_bound
         self.progress = Progress(
             total_units=len(self.units),
@@ -410,8 +410,10 @@ class _Batch:
         """Keep ``bound`` as what the run spent (the budget tells it before a request that
         takes it a step past the last it told: a run killed outright resumes under it)."""
         out_dir = self.results_path.parent
+        budget = self.caller.budget
+        at_most = bound != budget.usage or budget.earlier_at_most
         try:
-            record_spent(out_dir, bound)
+            record_spent(out_dir, bound, at_most=at_most)
         except OSError as exc:
             log.warning("%s: cannot keep what the run spent: %s", out_dir / RUN_FILE, exc.strerror)
 
