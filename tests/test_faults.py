@@ -97,6 +97,7 @@ def test_units_left_in_error_are_incomplete_not_a_regression_and_a_rerun_finishe
     err = capsys.readouterr().err
     assert "provider errors (for example: " in err and "threshold" not in err
     assert "503" in err  # in the server's words
+    assert f"(at {server.openai_base_url}/chat/completions)" in err  # and which server
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["run"]["status"] == "incomplete"
     failing["on"] = False

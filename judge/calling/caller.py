@@ -751,8 +751,8 @@ class Caller:
             answer = await policy.run(once)
         except (ProviderError, BudgetExceeded) as exc:
             self.stats.failures += 1
-            if isinstance(exc, ProviderError) and (asked := policy.asked(exc)):
-                raise ProviderError(f"{exc}{asked}", kind=exc.kind) from None
+            if isinstance(exc, ProviderError) and exc.kind not in ("unreachable", "interrupted"):
+                raise policy.final(exc) from None
             raise
         except Exception as exc:
             self.stats.failures += 1

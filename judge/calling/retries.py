@@ -218,10 +218,19 @@ class RetryPolicy:
         kind = self.decide(exc).kind
         return ProviderError(
             f"{what}{kind} after {self.attempts} attempt(s): {type(exc).__name__}: "
-            f"{exc}{self.asked(exc)}",
+            f"{exc}{where(exc)}{self.asked(exc)}",
             kind=kind,
             attempts=self.attempts,
         )
+
+    def final(self, exc: ProviderError) -> ProviderError:
+        """``exc``, a provider's own error that ended a call, said with where it came from
+        and what the server asked for that made it final (the same error, its type and
+        status kept)."""
+        more = f"{where(exc)}{self.asked(exc)}"
+        if more:
+            exc.args = (f"{exc}{more}",)
+        return exc
 
     def asked(self, exc: BaseException) -> str:
         """What the server asked for that made ``exc`` final: a wait longer than a retry may
@@ -235,12 +244,20 @@ class RetryPolicy:
         )
 
 
+def where(exc: BaseException) -> str:
+    """`` (at URL)``: the server a failure came from, when its message does not say it."""
+    url = url_of(exc)
+    return f" (at {url})" if url and url not in str(exc) else ""
+
+
 def url_of(exc: BaseException) -> str | None:
     """The URL a failed request went to, where the SDK's exception (or its cause) says."""
     current: BaseException | None = exc
     for _ in range(8):
         if current is None:
             return None
+        if isinstance(said := getattr(current, "url", None), str):  # ProviderStatusError
+            return said
         request = getattr(current, "request", None)
         url = getattr(request, "url", None)
         if url is not None:

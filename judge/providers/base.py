@@ -301,11 +301,13 @@ class ProviderStatusError(ProviderError):
         retry_after: float | None = None,
         request_id: str | None = None,
         code: str | None = None,
+        url: str | None = None,
     ) -> None:
         self.status = status
         self.retry_after = retry_after
         self.request_id = request_id
         self.code = code  # the error body's own code, where it gives one
+        self.url = url  # where the request went, where the adapter knows it
         suffix = f" (request_id {request_id})" if request_id else ""
         # Its kind is its status's, wherever it surfaces (a span, a hedge race's loser).
         kind = status_decision(status, retry_after, code).kind

@@ -286,6 +286,7 @@ def _status_error(response: Response, where: str = "") -> ProviderStatusError:
         retry_after=retry_after,
         request_id=headers.get("x-request-id"),
         code=code,
+        url=where or None,
     )
 
 
