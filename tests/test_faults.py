@@ -208,6 +208,28 @@ def test_a_provider_that_goes_dark_mid_run_stops_the_run_saying_so(
     assert re.search(r"^  bm25: .* query-repeats that ran before it stopped\)$", printed.out, re.M)
 
 
+def test_a_server_that_answers_every_request_with_no_text_stops_the_run(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every answer empty (a gateway that blanks them, a model name it answers so): each had
+    been counted unparsed, the run went to the end and exited 1 as a threshold breach. Eight
+    empty answers before any with text make the provider unreachable: exit 3, saying so."""
+    server = make_server(responder=lambda request: Answer(text=""))
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=40, n_passages=5)
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {"dataset": {"path": str(dataset), "label_scale": "binary"}, "run": {"concurrency": 4}},
+    )
+    code = main(["run", str(config), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == EXIT_INCOMPLETE, err
+    assert f"{server.openai_base_url} answered 8 requests with no text and none with text" in err
+    assert "threshold" not in err and "Traceback" not in err
+    assert len(server.requests) < 40  # of 200 passages, each asked and re-asked
+
+
 def test_a_server_that_is_down_is_incomplete(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make_server: Callable[..., ScriptedServer]
 ) -> None:

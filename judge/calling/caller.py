@@ -143,6 +143,14 @@ def _reading_of(
     return Reading(parse.tag, parse.dump(result.value))
 
 
+def _named(provider: ChatProvider) -> str:
+    """A chat provider as a message names it: its identity's URL, else the identity."""
+    identity = provider.identity
+    if identity.startswith("openai:"):  # "openai:" + base_url, then "+digest" if shaped
+        return identity.removeprefix("openai:").split("+", 1)[0]
+    return identity
+
+
 class _NoHedge(Exception):
     """A hedge not sent: the budget has no room for it now."""
 
@@ -429,6 +437,7 @@ class Caller:
             return answer
 
         result = _parsed(await self._call(once, provider.classify), parse)
+        self.stats.answered(result.call.answer.text, _named(provider))
         # Kept whether it reads or not (paid either way); a parser without a tag (no reading
         # to keep) takes only the answers it reads, as the cache's acceptor.
         if result.error is None or isinstance(parse, Reader):

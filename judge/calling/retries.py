@@ -38,6 +38,8 @@ UNREACHABLE_ATTEMPTS = 8
 # Retries that time out too, before any success, after which a provider is unreachable: a
 # server that never answers fails after a first attempt and a retry, not after all of them.
 SILENT_RETRIES = 3
+# Answers with no text, before any with text, after which a provider is unreachable.
+EMPTY_ANSWERS = 8
 # Requests in a row that timed out at the full timeout_s with no answer between them, after
 # the provider had answered: it went dark mid-run (CallStats.timed_out).
 DARK_TIMEOUTS = 16
@@ -63,12 +65,15 @@ class CallStats:
     worst_counted: int = 0  # requests whose usage was not reported: counted at the worst case
     # Passages a listwise judge asked one by one: their list's answers did not judge them.
     asked_alone: int = 0
+    # Answers that came with no text at all, and whether one ever came with text.
+    empty: int = 0
+    texts: int = 0
 
     def reachable_again(self) -> None:
         """Forget that the provider was unreachable: a Python API call is asked anew (a Judge
         that once met a closed port had refused every later call at once, the server up)."""
         self.unreachable = None
-        self.unconnected = self.silent = self.dark = 0
+        self.unconnected = self.silent = self.dark = self.empty = 0
         self.errors.pop("not_api", None)
 
     def unanswered(self, count: int, limit: int, why: Callable[[], str]) -> None:
@@ -77,6 +82,22 @@ class CallStats:
         port, a web page where the API should be, a server that never answers)."""
         if not self.successes and self.unreachable is None and count >= limit:
             self.unreachable = why()
+
+    def answered(self, text: str, where: str) -> None:
+        """Count an answer by whether it holds text; the ``EMPTY_ANSWERS``-th with none,
+        before any answer with text, makes the provider unreachable, ``where`` named: a
+        server that answers every request with nothing (a wrong model name some gateways
+        answer so, a filter that blanks everything) had its answers counted unparsed, run to
+        the end and reported as a threshold breach."""
+        if text.strip():
+            self.texts += 1
+        elif not self.texts and self.unreachable is None:
+            self.empty += 1
+            if self.empty >= EMPTY_ANSWERS:
+                self.unreachable = (
+                    f"{where} answered {self.empty} requests with no text and none with text: "
+                    "check the model name and the server's logs (an empty answer is no verdict)"
+                )
 
     def no_connection(self, exc: BaseException) -> None:
         """Count an attempt that made no connection; before any success, the

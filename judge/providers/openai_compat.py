@@ -221,14 +221,20 @@ CLIENTS = ("lean", "sdk")
 
 
 def check_options(spec: ProviderSpec) -> str:
-    """The chat client ``[provider] options`` name (``client``, its one option); a
-    ProviderConfigError for another option or client, before anything is sent."""
+    """The chat client ``[provider] options`` name (``client``, an OpenAI-compatible server's
+    one option); a ProviderConfigError for another option or client, before anything is
+    sent (the embedded judge's spec carries its llama.cpp server's options: not checked
+    here, but by its own kind)."""
     unknown = sorted(set(spec.options) - {"client"})
     if unknown:
         raise ProviderConfigError(
             f"unknown provider option(s) {', '.join(unknown)}: the one option is client "
             f"({' or '.join(CLIENTS)})"
         )
+    return _client(spec)
+
+
+def _client(spec: ProviderSpec) -> str:
     client = spec.options.get("client", "lean")
     if client not in CLIENTS:
         raise ProviderConfigError(
@@ -324,7 +330,7 @@ class OpenAICompatProvider:
         self._api_key = read_api_key(spec)
         self._identity = f"openai:{self._base_url}{spec.body_fingerprint()}"  # once: every key
         self._sdk: Any = None  # openai.AsyncOpenAI, made on the first request
-        client = check_options(spec)
+        client = _client(spec)
         lean = client == "lean" and http_client is None and _lean_fits(self._base_url)
         self._lean = LeanClient(self._base_url, _lean_headers(self._api_key)) if lean else None
 
