@@ -204,7 +204,8 @@ def _judge_once(
     query = Query(
         query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
     )
-    asyncio.run(run_async(config, [query], tmp_path / out, redo=redo))
+    outcome = asyncio.run(run_async(config, [query], tmp_path / out, redo=redo))
+    _judge_once.hits = outcome.cache_hits  # type: ignore[attr-defined]
     return [v.status for jq in read_results(tmp_path / out / RESULTS_FILE) for v in jq.verdicts]
 
 
@@ -239,6 +240,31 @@ def test_an_answer_that_does_not_parse_is_kept_paid_once_and_asked_anew_only_by_
     cache.close()
     assert _judge_once(server, tmp_path, "second") == ["unparsed"]
     assert len(server.requests) == 2  # both read from the cache, nothing paid again
+    assert _judge_once.hits == 2  # type: ignore[attr-defined]
+    # Found by the rendered request's key (no alias names it): read once, counted once.
+    with sqlite3.connect(tmp_path / "cache.sqlite") as conn:
+        conn.execute("DELETE FROM aliases")
+    conn.close()
+    assert _judge_once(server, tmp_path, "again") == ["unparsed"]
+    assert len(server.requests) == 2 and _judge_once.hits == 2  # type: ignore[attr-defined]
+    # What a dry run of --redo unparsed would pay: the answer it asks anew, not cached.
+    from judge.run.estimate import estimate
+
+    config = load_config(
+        None,
+        {
+            "judge.provider": "local",
+            "judge.model": "judge-test",
+            "provider.base_url": server.openai_base_url,
+            "run.cache": str(tmp_path / "cache.sqlite"),
+        },
+    )
+    query = Query(
+        query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
+    )
+    assert estimate(config, [query], tmp_path / "dry").cached_calls == 1
+    redone = estimate(config, [query], tmp_path / "dry", redo=frozenset({"unparsed"}))
+    assert (redone.calls, redone.cached_calls) == (1, 0)
     assert _judge_once(server, tmp_path, "third", frozenset({"unparsed"})) == ["ok"]
     assert len(server.requests) == 3  # asked anew: this time it reads
     assert _judge_once(server, tmp_path, "fourth") == ["ok"]

@@ -445,3 +445,29 @@ def test_a_system_block_that_reads_the_query_or_includes_is_made_every_time(
     said = [included.render_pointwise(q, PASSAGES[2], Scale.binary())[0].content for q in "ab"]
     assert said == ["Query was a no/yes", "Query was b no/yes"]
     assert "system" not in load_template("lorem.pointwise.en", template_dir=tmp_path).static
+
+
+def test_a_block_that_sets_a_name_it_reads_is_keyed_by_it_or_not_static(tmp_path: Path) -> None:
+    """A user's system block that sets the query from itself (``{% set query = query|trim
+    %}``) or an option from itself reads them: not made once for every query."""
+    (tmp_path / "sets.pointwise.en.j2").write_text(
+        "{% block system %}{% set query = query | trim %}About {{ query }}{% endblock %}"
+        "{% block user %}{{ fence(passage) }}{{ scale.names }}{% endblock %}",
+        encoding="utf-8",
+    )
+    (tmp_path / "option.pointwise.en.j2").write_text(
+        "{% block system %}{% set reasons = reasons and scale.names %}{{ reasons }}"
+        "{% endblock %}{% block user %}{{ query }} {{ fence(passage) }}{% endblock %}",
+        encoding="utf-8",
+    )
+    sets = load_template("sets.pointwise.en", template_dir=tmp_path)
+    assert "system" not in sets.static
+    said = [sets.render_pointwise(f" {q} ", PASSAGES[2], Scale.binary())[0].content for q in "ab"]
+    assert said == ["About a", "About b"]
+    option = load_template("option.pointwise.en", template_dir=tmp_path)
+    assert "reasons" in option.static["system"]
+    shown = [
+        option.render_pointwise("q", PASSAGES[2], Scale.binary(), reasons=r)[0].content
+        for r in (True, False)
+    ]
+    assert shown[0] != shown[1]

@@ -1,8 +1,9 @@
 """Content-addressed cache of provider answers in SQLite (WAL mode).
 
 An answer's key is :func:`judge.providers.base.request_key`: provider identity, model, rendered
-messages, sampling params and the repeat index (DESIGN rule 3). Only answers that parsed into
-verdicts are stored; errors and unparsed answers never are. Secrets never enter it.
+messages, sampling params and the repeat index (DESIGN rule 3). Every paid answer is stored,
+one its parser could not read with its error (:data:`UNREAD`); errors never are. Secrets never
+enter it.
 
 An *alias* names an answer by a cheaper key: a first-round prompt's digest, known before the
 prompt is rendered (:meth:`judge.calling.caller.Caller.key`), so a hit renders nothing. An alias
@@ -59,6 +60,10 @@ from judge.schema import Record
 
 T = TypeVar("T", bound=BaseModel)
 
+# A reading's tag when the parser could not read the answer: the parser's own tag after it,
+# the error as the value. Such an answer is paid too, so it is kept: a run stopped before its
+# re-ask, resumed, reads it again instead of paying for it again (--redo unparsed asks anew).
+UNREAD = "unread:"
 _ALIAS = "INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)"
 # Before an answer is stored: every verdict set goes when it replaces one (sets are read from
 # the answers; an old one's set is stale).
@@ -266,9 +271,13 @@ class Cache:
         except CacheError as exc:
             log.debug("%s: verdict set not stored: %s", self.path, exc)
 
-    def contains(self, key: str, *, alias: bool = False) -> bool:
-        """Whether an answer is stored under ``key`` (``alias``: named by it)."""
-        return self._conn is not None and self._answer_row(key, alias) is not None
+    def contains(self, key: str, *, alias: bool = False, unread: bool = True) -> bool:
+        """Whether an answer is stored under ``key`` (``alias``: named by it); ``unread``
+        False: one its parser could not read does not count (--redo unparsed asks it anew)."""
+        if self._conn is None:
+            return False
+        row = self._answer_row(key, alias)
+        return row is not None and (unread or not str(row[2] or "").startswith(UNREAD))
 
     def put(
         self,

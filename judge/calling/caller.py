@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from judge.calling.cache import Cache, Reading, Stored
+from judge.calling.cache import UNREAD, Cache, Reading, Stored
 from judge.calling.limits import (
     AdaptiveLimit,
     Budget,
@@ -121,12 +121,6 @@ def _parsed(
         return ChatAnswer(call, read(call.answer), None)
     except ParseError as exc:
         return ChatAnswer(call, None, exc)
-
-
-# A reading's tag when the parser could not read the answer: the parser's own tag after it,
-# the error as the value. Such an answer is paid too, so it is kept: a run stopped before its
-# re-ask, resumed, reads it again instead of paying for it again (--redo unparsed asks anew).
-UNREAD = "unread:"
 
 
 def _reading_of(
@@ -305,11 +299,11 @@ class Caller:
                 hit = None
             elif stored is not None:
                 hit = self._read(stored, parse)
-                if hit is None or hit.value is None:  # complete() reads it, or asks again
-                    hits.append(None)
-                    continue
             else:  # not under its digest (looked up just now): under its rendered request?
                 hit = self._cached(key, request, repeat, parse, digest_missed=True)
+            if (stored is not None or hit is not None) and (hit is None or hit.value is None):
+                hits.append(None)  # unread, or to ask anew: complete() reads it, or asks
+                continue
             self.stats.cache_hits += count and hit is not None
             if hit is None and key not in self._inflight and len(self._missed) < MISSED_MAX:
                 self._missed.add(key)

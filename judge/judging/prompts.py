@@ -256,11 +256,13 @@ def _static_blocks(env: SandboxedEnvironment, name: str) -> dict[str, tuple[str,
         opaque = (jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Macro)
         if any(True for _ in block.find_all((*opaque, jinja2.nodes.CallBlock))):
             continue
-        names = [n for n in block.find_all(jinja2.nodes.Name)]
-        stored = {n.name for n in names if n.ctx in ("store", "param")} | {"loop"}
-        read = sorted({n.name for n in names if n.ctx == "load"} - stored)
+        names = list(block.find_all(jinja2.nodes.Name))
+        # Every name it reads is keyed, even one it also sets (``{% set x = x | trim %}``
+        # reads the context's x first); one that varies per passage, set or read, is not
+        # static at all, nor a block that reads a global.
+        read = sorted({n.name for n in names if n.ctx == "load"} - {"loop"})
         varies = {"query", "passage", "passages", "self", "super", "varargs", "kwargs"}
-        if not any(n in env.globals or n in varies for n in read):
+        if not any(n.name in varies for n in names) and not any(n in env.globals for n in read):
             static[block.name] = tuple(read)
     return static
 

@@ -132,7 +132,7 @@ async def _prefill(config: RunConfig, queries: Sequence[Query], out_dir: Path, r
     judge = Judge.from_config(config, cache=cache, limits=Limits.from_config(config))
     try:
         done = finished_units(out_dir / RESULTS_FILE, queries, redo)
-        plan = plan_requests(judge, config, queries, cache, done)
+        plan = plan_requests(judge, config, queries, cache, done, "unparsed" not in redo)
         phase = Phase(config, out_dir, judge, cache, plan)
         await phase.run()
         return phase

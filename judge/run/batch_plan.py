@@ -46,10 +46,16 @@ class Line:
 
 
 def plan_requests(
-    judge: Judge, config: RunConfig, queries: Sequence[Query], cache: Cache, done: set[UnitKey]
+    judge: Judge,
+    config: RunConfig,
+    queries: Sequence[Query],
+    cache: Cache,
+    done: set[UnitKey],
+    unread: bool = True,
 ) -> dict[str, Item]:
     """The uncached first-round requests of the units not done, by custom id (a passage two
-    engines returned is one request). A cached prompt is found by its alias, unrendered."""
+    engines returned is one request). A cached prompt is found by its alias, unrendered;
+    ``unread`` False: an answer its parser could not read is asked anew (--redo unparsed)."""
     items: dict[str, Item] = {}
     for repeat in range(config.run.repeats):
         for query in queries:
@@ -58,10 +64,10 @@ def plan_requests(
             fitted = judge.fit(query)
             for prompt, ids in judge.asker.first_asks(fitted):  # ids: a listwise window's
                 alias = judge.caller.key(prompt, repeat)
-                if cache.contains(alias, alias=True):
+                if cache.contains(alias, alias=True, unread=unread):
                     continue
                 key = judge.caller.key(prompt.request, repeat)
-                if key not in items and not cache.contains(key):
+                if key not in items and not cache.contains(key, unread=unread):
                     items[key] = Item(key, alias, repeat, prompt.request, ids)
     return items
 

@@ -116,6 +116,7 @@ def estimate(
     Long because it walks every first-round request once, counting calls, cache hits, tokens
     and the worst case together."""
     done = set() if fresh else finished_units(out_dir / RESULTS_FILE, queries, redo)
+    fresh_ok = "unparsed" not in redo  # an answer that did not parse counts, unless redone
     cache_file = config.cache_path()
     # Read only: a dry run moves nothing aside (a damaged file is said, as a run would find it).
     cache_db = Cache(cache_file if cache_file.exists() else None, recover=False)
@@ -151,8 +152,8 @@ def estimate(
                 seen.add(key)
                 calls += 1
                 # As the run looks it up: by its digest, else by the rendered request.
-                if cache_db.contains(key, alias=True) or cache_db.contains(
-                    judge.caller.key(ask.request, repeat)
+                if cache_db.contains(key, alias=True, unread=fresh_ok) or cache_db.contains(
+                    judge.caller.key(ask.request, repeat), unread=fresh_ok
                 ):
                     cached += 1
                     continue

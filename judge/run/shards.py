@@ -199,10 +199,10 @@ class ShardCache(Cache):
             found = self.base.get_stored(key, model, alias=alias)
         return found
 
-    def contains(self, key: str, *, alias: bool = False) -> bool:
-        if super().contains(key, alias=alias):
+    def contains(self, key: str, *, alias: bool = False, unread: bool = True) -> bool:
+        if super().contains(key, alias=alias, unread=unread):
             return True
-        return self.base is not None and self.base.contains(key, alias=alias)
+        return self.base is not None and self.base.contains(key, alias=alias, unread=unread)
 
     def close(self) -> None:
         super().close()
