@@ -365,3 +365,24 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_code(tmp_path: Path
             proc.kill()
             proc.wait()
     assert b"bad.jsonl" in first
+
+
+def test_a_console_stream_whose_reader_left_sends_the_rest_to_the_null_device() -> None:
+    """The mechanism behind the exit code above, on a real pipe whose reading end is closed:
+    the write that finds it broken raises nothing, and what follows goes to the null device
+    (the command goes on to its own exit code)."""
+    import os
+
+    from judge.cli.main import _Printable
+
+    read, write = os.pipe()
+    os.close(read)  # the reader left
+    with open(write, "w", encoding="utf-8") as stream:
+        console = _Printable(stream)
+        console.write("x" * 200_000 + "\n")  # more than a pipe holds: the write breaks
+        console.flush()
+        console.write("the rest\n")
+        console.flush()
+        null = os.stat(os.devnull)
+        now = os.fstat(stream.fileno())
+        assert (now.st_dev, now.st_ino) == (null.st_dev, null.st_ino)
