@@ -15,7 +15,7 @@ import pytest
 
 from judge.calling.cache import Cache
 from judge.cli.main import main
-from judge.config import load_config
+from judge.config import RunConfig, load_config
 from judge.data.datasets import read_results
 from judge.data.results import RESULTS_FILE
 from judge.providers.base import Completion, RerankResult
@@ -186,11 +186,12 @@ def test_cache_stats_prune_and_clear_from_the_cli(
     assert "0 answers" in capsys.readouterr().out
 
 
-def _judge_once(
-    server: ScriptedServer, tmp_path: Path, out: str, redo: frozenset[str] = frozenset()
-) -> list[str]:
-    """Judge one passage (fresh run directory, shared cache); its verdict statuses."""
-    config = load_config(
+KETTLE = Query(query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),))
+
+
+def _one_passage_config(server: ScriptedServer, tmp_path: Path) -> RunConfig:
+    """A judge of ``server`` whose cache is shared by every run in ``tmp_path``."""
+    return load_config(
         None,
         {
             "judge.provider": "local",
@@ -201,10 +202,14 @@ def _judge_once(
             "run.max_attempts": 2,
         },
     )
-    query = Query(
-        query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
-    )
-    outcome = asyncio.run(run_async(config, [query], tmp_path / out, redo=redo))
+
+
+def _judge_once(
+    server: ScriptedServer, tmp_path: Path, out: str, redo: frozenset[str] = frozenset()
+) -> list[str]:
+    """Judge one passage (fresh run directory, shared cache); its verdict statuses."""
+    config = _one_passage_config(server, tmp_path)
+    outcome = asyncio.run(run_async(config, [KETTLE], tmp_path / out, redo=redo))
     _judge_once.hits = outcome.cache_hits  # type: ignore[attr-defined]
     return [v.status for jq in read_results(tmp_path / out / RESULTS_FILE) for v in jq.verdicts]
 
@@ -250,18 +255,7 @@ def test_an_answer_that_does_not_parse_is_kept_paid_once_and_asked_anew_only_by_
     # What a dry run of --redo unparsed would pay: the answer it asks anew, not cached.
     from judge.run.estimate import estimate
 
-    config = load_config(
-        None,
-        {
-            "judge.provider": "local",
-            "judge.model": "judge-test",
-            "provider.base_url": server.openai_base_url,
-            "run.cache": str(tmp_path / "cache.sqlite"),
-        },
-    )
-    query = Query(
-        query_id="q", query="what is a kettle", passages=(Passage(id="p", text="A pot."),)
-    )
+    config, query = _one_passage_config(server, tmp_path), KETTLE
     assert estimate(config, [query], tmp_path / "dry").cached_calls == 1
     redone = estimate(config, [query], tmp_path / "dry", redo=frozenset({"unparsed"}))
     assert (redone.calls, redone.cached_calls) == (1, 0)
