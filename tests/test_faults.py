@@ -208,13 +208,18 @@ def test_a_provider_that_goes_dark_mid_run_stops_the_run_saying_so(
     assert re.search(r"^  bm25: .* query-repeats that ran before it stopped\)$", printed.out, re.M)
 
 
+@pytest.mark.parametrize("finish", ["stop", "length"])
 def test_a_server_that_answers_every_request_with_no_text_stops_the_run(
-    make_server: Callable[..., ScriptedServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    finish: str,
 ) -> None:
-    """Every answer empty (a gateway that blanks them, a model name it answers so): each had
-    been counted unparsed, the run went to the end and exited 1 as a threshold breach. Eight
-    empty answers before any with text make the provider unreachable: exit 3, saying so."""
-    server = make_server(responder=lambda request: Answer(text=""))
+    """Every answer empty (a gateway that blanks them, a model name it answers so, max_tokens
+    spent thinking): each had been counted unparsed, the run went to the end and exited 1 as
+    a threshold breach. Eight empty answers before any with text make the provider
+    unreachable: exit 3, saying so, and why when each was cut off by max_tokens."""
+    server = make_server(responder=lambda request: Answer(text="", finish_reason=finish))
     dataset = write_dataset(tmp_path / "d.jsonl", n_queries=40, n_passages=5)
     config = write_config(
         tmp_path / "c.toml",
@@ -227,6 +232,7 @@ def test_a_server_that_answers_every_request_with_no_text_stops_the_run(
     assert code == EXIT_INCOMPLETE, err
     assert f"{server.openai_base_url} answered 8 requests with no text and none with text" in err
     assert "threshold" not in err and "Traceback" not in err
+    assert ("raise [judge.params] max_tokens" in err) == (finish == "length")
     assert len(server.requests) < 40  # of 200 passages, each asked and re-asked
 
 

@@ -431,12 +431,12 @@ class Caller:
             return answer
 
         result = _parsed(await self._call(once, provider.classify), parse)
-        self.stats.answered(result.call.answer.text, _named(provider))
+        answer = result.call.answer
+        self.stats.answered(answer.text, _named(provider), answer.finish_reason == "length")
         # Kept whether it reads or not (paid either way); a parser without a tag (no reading
         # to keep) takes only the answers it reads, as the cache's acceptor.
         if result.error is None or isinstance(parse, Reader):
             reading = _reading_of(parse, result)
-            answer = result.call.answer
             self.keep(
                 functools.partial(
                     self.cache.put,

@@ -83,20 +83,27 @@ class CallStats:
         if not self.successes and self.unreachable is None and count >= limit:
             self.unreachable = why()
 
-    def answered(self, text: str, where: str) -> None:
+    def answered(self, text: str, where: str, cut: bool = False) -> None:
         """Count an answer by whether it holds text; the ``EMPTY_ANSWERS``-th with none,
         before any answer with text, makes the provider unreachable, ``where`` named: a
         server that answers every request with nothing (a wrong model name some gateways
-        answer so, a filter that blanks everything) had its answers counted unparsed, run to
-        the end and reported as a threshold breach."""
+        answer so, a filter that blanks everything, ``max_tokens`` spent on a reasoning
+        model's thinking: ``cut``) had its answers counted unparsed, run to the end and
+        reported as a threshold breach."""
         if text.strip():
             self.texts += 1
         elif not self.texts and self.unreachable is None:
             self.empty += 1
             if self.empty >= EMPTY_ANSWERS:
+                why = (
+                    "each cut off by max_tokens: raise [judge.params] max_tokens (a reasoning "
+                    "model may spend it all thinking)"
+                    if cut
+                    else "check the model name and the server's logs (an empty answer is no "
+                    "verdict)"
+                )
                 self.unreachable = (
-                    f"{where} answered {self.empty} requests with no text and none with text: "
-                    "check the model name and the server's logs (an empty answer is no verdict)"
+                    f"{where} answered {self.empty} requests with no text and none with text: {why}"
                 )
 
     def no_connection(self, exc: BaseException) -> None:
