@@ -22,7 +22,7 @@ from judge import InputError, Judge, Limits, read_run
 from judge.cli.main import main
 from judge.data.datasets import read_queries
 from tests.servers import ScriptedServer, keyword_responder
-from tests.test_runner import write_config
+from tests.test_runner import SAMPLE, write_config
 
 CHAT = "/v1/chat/completions"
 FAST = Limits(max_attempts=3, backoff_base_s=0.01, timeout_s=5.0)
@@ -367,3 +367,34 @@ def test_a_row_without_its_position_or_a_column_given_twice_is_refused(
     with make_judge(yes_if_pale) as j, pytest.raises(InputError, match="'text' given more"):
         j.judge_many(twice, progress=False)
     assert not yes_if_pale.requests
+
+
+def test_arrow_sources_with_labels_and_titles_some_rows_lack_are_read(tmp_path: Path) -> None:
+    """Arrow gives every row's struct every key any row has, null where it has none: the
+    bundled sample's labels (each query's own passages) written to Parquet by pandas had been
+    refused as 706 null grades. A map column reads back as key-value pairs: a dict too."""
+    import json
+
+    from judge.judging.rows import as_queries
+
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    rows[0]["passages"][0]["title"] = "A title only the first passage has"
+    path = tmp_path / "sample.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    want = read_queries(SAMPLE).queries
+    for source in (path, pa.Table.from_pylist(rows), datasets.Dataset.from_list(rows)):
+        got = read_queries(path).queries if source is path else as_queries(source)
+        assert [q.labels for q in got] == [q.labels for q in want]
+        titles = [[p.title for p in q.passages] for q in want]
+        titles[0][0] = "A title only the first passage has"
+        assert [[p.title for p in q.passages] for q in got] == titles
+    mapped = pa.table(
+        {
+            "query": ["rust?"],
+            "passages": [[{"id": "a", "text": "Rust is a language."}]],
+            "labels": pa.array([[("a", 1)]], type=pa.map_(pa.string(), pa.int64())),
+        }
+    )
+    pq.write_table(mapped, tmp_path / "mapped.parquet")
+    (query,) = read_queries(tmp_path / "mapped.parquet").queries
+    assert query.labels == {"a": 1}

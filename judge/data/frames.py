@@ -257,16 +257,20 @@ def _same_query(
             )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, structs: bool = False) -> Any:
     """A cell as a dataset value: numpy arrays and scalars as lists and numbers (``tolist``),
-    tuples as lists, inside lists and dicts too."""
+    tuples as lists, inside lists and dicts too. ``structs``: the cell is Arrow's, whose
+    struct values hold every key any row has, null where a row has none (a passage with no
+    title, a query's labels of the other queries' passages): a null there is a key not given."""
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {
+            k: _plain(v, structs) for k, v in value.items() if not (structs and _missing_cell(v))
+        }
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return _plain(value.tolist()) if hasattr(value, "tolist") else value
+        return [_plain(v, structs) for v in value]
+    return _plain(value.tolist(), structs) if hasattr(value, "tolist") else value
 
 
 def _missing_cell(value: Any) -> bool:
@@ -278,12 +282,26 @@ def _missing_cell(value: Any) -> bool:
     return pd is not None and value is pd.NA
 
 
-def _cells(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _cells(records: Iterable[Mapping[str, Any]], structs: bool = False) -> list[dict[str, Any]]:
     out = []
     for record in records:
-        plain = {str(k): _plain(v) for k, v in record.items()}
+        plain = {str(k): _plain(v, structs) for k, v in record.items()}
         out.append({k: v for k, v in plain.items() if not _missing_cell(v)})
     return out
+
+
+def _arrow_cells(table: Any) -> list[dict[str, Any]]:
+    """A pyarrow Table's rows as cells: a map column (read as a list of key-value pairs) as
+    the dict it is, and its structs' nulls as keys not given (:func:`_plain`)."""
+    import pyarrow as pa  # the table is one: pyarrow is imported already
+
+    maps = [f.name for f in table.schema if pa.types.is_map(f.type)]
+    rows = table.to_pylist()
+    for row in rows:
+        for name in maps:
+            if isinstance(pairs := row.get(name), list):
+                row[name] = dict(pairs)
+    return _cells(rows, structs=True)
 
 
 def _of(module: str, attribute: str) -> Any:
@@ -318,9 +336,10 @@ def as_table(rows: Any) -> Table | None:
             f"rows: a DatasetDict of splits ({', '.join(rows)}); pass one split, e.g. ds['train']"
         )
     if dataset is not None and isinstance(rows, dataset):
-        return Table("rows", tuple(rows.column_names), _cells(rows.to_list()))
+        # Its rows through its indices (a selected or shuffled Dataset), structs as Arrow's.
+        return Table("rows", tuple(rows.column_names), _cells(rows.to_list(), structs=True))
     if arrow is not None and isinstance(rows, arrow):
-        return Table("rows", tuple(rows.column_names), _cells(rows.to_pylist()))
+        return Table("rows", tuple(rows.column_names), _arrow_cells(rows))
     return None
 
 
@@ -346,4 +365,4 @@ def read_parquet(path: Path) -> Table:
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"not a readable Parquet file: {first}", file=str(path)) from None
-    return Table(str(path), tuple(table.column_names), _cells(table.to_pylist()))
+    return Table(str(path), tuple(table.column_names), _arrow_cells(table))
