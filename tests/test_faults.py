@@ -423,6 +423,12 @@ def test_the_python_api_raises_when_the_provider_cannot_be_reached(
     with Judge("local", "m", base_url=url, limits=limits) as j:
         with pytest.raises(ProviderError, match=f"cannot reach {url}") as caught:
             j.judge_many(rows, progress=False)
+        # One query of one passage too (its retries are fewer than make a provider
+        # unreachable): it had come back with an error verdict and no exception, where two
+        # passages raised.
+        for passages in (["a"], ["a", "b"]):
+            with pytest.raises(ProviderError, match="the provider cannot be reached: "):
+                j.judge("q", passages)
     assert caught.value.kind == "unreachable"
 
 

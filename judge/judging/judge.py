@@ -461,17 +461,25 @@ class Judge:
         self.caller.stats.reachable_again()  # a server down before may be up now
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
             raise InputError(f"repeat: expected a whole number >= 0, got {repeat!r}")
+        answered = self.caller.stats.successes
         judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
         done = self.finish_many([judged])[0]
         stats, failed = self.caller.stats, [v for v in done.verdicts if v.status == "error"]
         asked = sum(v.source != "empty" for v in done.verdicts)  # a blank passage is not
         # Refused whatever it is asked (a key, a model, a base_url without /v1), not this
-        # passage alone (a 400 may be about its text): an exception, as judge_many raises.
-        refused = stats.unreachable or all(_REFUSED.match(v.error or "") for v in failed)
-        if failed and len(failed) == asked and refused:  # no retry cures it
+        # passage alone (a 400 may be about its text), or never reached (one passage's
+        # retries are fewer than make a provider unreachable): an exception, as judge_many
+        # raises, whatever the number of passages.
+        unreached = stats.successes == answered and stats.unconnected > 0
+        refused = all(_REFUSED.match(v.error or "") for v in failed)
+        if failed and len(failed) == asked and (stats.unreachable or unreached or refused):
+            why = (
+                "the provider refuses every request (check the API key, model name and base_url)"
+                if refused and not (stats.unreachable or unreached)
+                else "the provider cannot be reached"
+            )
             raise ProviderError(
-                f"no passage could be judged: the provider refuses every request (check the "
-                f"API key, model name and base_url): {stats.unreachable or failed[0].error}"
+                f"no passage could be judged: {why}: {stats.unreachable or failed[0].error}"
             )
         return done
 
