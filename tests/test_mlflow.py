@@ -78,6 +78,8 @@ def test_judge_run_mlflow_logs_the_run_and_two_runs_compare(
     assert logged >= 30
     assert metrics["judge/verdicts"] == summary["counts"]["verdicts"] == 78
     assert metrics["judge/requests"] == len(server.requests) == 56
+    assert metrics["judge/spent_usd"] == summary["run"]["cost_usd"]
+    assert "judge/cost_usd" not in metrics  # the list price is said as such, not as spend
     # The hashed judge disagrees with the sample's human labels: unreliable, exit 0.
     assert tags["judge.outcome"] == summary["outcome"]["status"] == "JUDGE UNRELIABLE"
     assert tags["judge.exit_code"] == "0"
@@ -102,6 +104,7 @@ def test_judge_run_mlflow_logs_the_run_and_two_runs_compare(
     assert "ndcg@5" in second.data.tags["judge.reasons"]
     assert set(second.data.metrics) == set(first.data.metrics)
     assert len(server.requests) == 56  # the second run's answers all came from the cache
+    assert second.data.metrics["judge/spent_usd"] == 0.0  # so it paid nothing
     failed = client.search_runs(
         [first.info.experiment_id], filter_string="tags.`judge.exit_code` = '1'"
     )

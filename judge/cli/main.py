@@ -685,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # MLflow's HTTP client warns of each retry: the one line judge says is the failure's.
+    logging.getLogger("urllib3").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     # The dashscope SDK logs each failed request with its traceback, then raises it to us:
     # the retry layer decides and reports it (--verbose shows the SDK's own lines).
     logging.getLogger("dashscope").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)

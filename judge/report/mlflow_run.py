@@ -189,13 +189,16 @@ def _metrics(summary: Summary) -> dict[str, float]:
         "error_rate": c.error_rate,
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
-        "cost_usd": u.cost_usd,
+        # The results' tokens at list price, cached answers included: what judging them
+        # costs, not what this run paid (spent_usd).
+        "list_cost_usd": u.cost_usd,
     }
     if summary.run is not None:
         figures |= {
             "requests": summary.run.requests,
             "cache_hits": summary.run.cache_hits,
             "elapsed_s": summary.run.elapsed_s,
+            "spent_usd": summary.run.cost_usd,  # paid by this run: 0 for a cached re-run
         }
     out |= {metric_key("judge", k): float(v) for k, v in figures.items() if v is not None}
     return out
