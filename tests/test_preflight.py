@@ -693,13 +693,22 @@ def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
     assert main(["run", str(config), str(night("n2", True)), "--out", str(tmp_path / "n2")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1] == (
-        "bm25 vs the baseline: no query moved on ndcg (better on 0, tied 8, worse 0 of 8 queries)"
+        "bm25 vs the baseline: no query differs between tonight and the baseline on ndcg "
+        "(better on 0, tied 8, worse 0 of 8 queries)"
     )
-    assert main(["run", str(config), str(night("n3", False)), "--out", str(tmp_path / "n3")]) == 0
+    third = tmp_path / "n3"
+    assert main(["run", str(config), str(night("n3", False)), "--out", str(third)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("bm25 vs the baseline: ndcg fell (worse): -0.3691 ")
     assert out[1].endswith("p = 0.008, better on 0, tied 0, worse 8 of 8 queries")
     assert out[2].startswith("Trust: ")
+    # The report says it in the same words, and so does one made again by `judge report`.
+    moved = f"bm25: {out[1].removeprefix('bm25 vs the baseline: ')}"
+    assert moved in (third / "report.md").read_text(encoding="utf-8")
+    for again in (["--config", str(config)], ["--rebuild"]):
+        (third / "report.md").unlink()
+        assert main(["report", str(third), *again]) == 0
+        assert moved in (third / "report.md").read_text(encoding="utf-8"), again
 
 
 def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(

@@ -180,7 +180,7 @@ def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_uninformative()
                     query=query, repeat=0, scale="binary", verdicts=verdicts, metrics=metrics
                 )
             )
-    summary, _ = complete_summary(load_config(None, {"metrics.names": ["ndcg"]}), rows, None)
+    summary, _, _ = complete_summary(load_config(None, {"metrics.names": ["ndcg"]}), rows, None)
     first, trust = summary.verdict[0], summary.verdict[-1]
     assert first.startswith("zebra beats good on ndcg") or first.startswith("good ")
     assert first.endswith("(the judge's verdicts on zebra are not informative: see Trust)")
@@ -217,7 +217,7 @@ def test_the_run_says_first_what_judge_compare_says_first() -> None:
                 )
             )
     config = load_config(None, {"metrics.names": ["ndcg", "ap"], "metrics.primary": "ndcg"})
-    summary, comparison = complete_summary(config, rows, None)
+    summary, comparison, _ = complete_summary(config, rows, None)
     assert comparison is not None
     lead = headline_lines(comparison, "ndcg")
     assert lead[-1].startswith("largest significant change, p = ")

@@ -40,6 +40,7 @@ from judge.metrics.facts import parse_metric_name
 from judge.schema import JudgedQuery, MetricPolicy, Query
 
 if TYPE_CHECKING:
+    from judge.report.compared import Nights
     from judge.report.summary import Summary
 
 log = logging.getLogger(__name__)
@@ -431,9 +432,9 @@ def _metrics(
 
 def cmd_report(args: argparse.Namespace) -> int:
     from judge.report.document import write_reports
-    from judge.report.finish import complete_summary, summary_state
+    from judge.report.finish import nights_of, summary_state
     from judge.report.history import history_rows_for_report, source_key
-    from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
+    from judge.report.summary import SUMMARY_FILE, load_summary
     from judge.run.resume import RUN_FILE, config_source
 
     out_dir = Path(args.run_dir)
@@ -455,24 +456,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         log.warning("%s: the results changed since its summary was made: made again", out_dir)
     if summary_path.exists() and not args.rebuild and state != "stale":
         summary = load_summary(summary_path)
+        nights = nights_of(config, summary) if config else {}
     else:
-        # Rebuilt, it keeps what the results cannot say: how the run went, and its dataset.
-        old = load_summary(summary_path) if summary_path.exists() else None
-        run, dataset = (old.run, old.dataset) if old else (None, None)
         if config is None and (config := _the_runs_config(out_dir, *config_source(out_dir))):
             named = config.source
-        try:
-            summary, _ = complete_summary(config or load_config(None), results, run, dataset)
-        except (ConfigError, InputError) as exc:
-            if config is not None:
-                raise
-            raise ConfigError(
-                f"{out_dir}: no run config is known, and the default config cannot summarise "
-                f"its results ({exc}): pass --config with the run's config"
-            ) from None
-        if old is not None:  # the run's summary made again: still the run's date
-            summary = summary.model_copy(update={"created": old.created})
-        write_summary(summary_path, summary)
+        summary, nights = _rebuilt(out_dir, config, results)
     history_path = args.history or (config.history_path() if config else None)
     rows = []
     if history_path is not None:
@@ -484,9 +472,39 @@ def cmd_report(args: argparse.Namespace) -> int:
             max_drop=config.thresholds.max_drop if config else None,
             source=source_key(named),
         )
-    for path in write_reports(out_dir, summary, results, history=rows, worst=args.worst):
+    written = write_reports(
+        out_dir, summary, results, history=rows, worst=args.worst, nights=nights
+    )
+    for path in written:
         print(path)
     return 0
+
+
+def _rebuilt(
+    out_dir: Path, config: RunConfig | None, results: Sequence[JudgedQuery]
+) -> tuple[Summary, Nights]:
+    """``out_dir``'s summary made again from its results (and written), with its nights
+    against the baseline; it keeps what the results cannot say: how the run went, its
+    dataset and date. ``config``: the run's (None: the default config's, if it can)."""
+    from judge.report.finish import complete_summary
+    from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
+
+    path = out_dir / SUMMARY_FILE
+    old = load_summary(path) if path.exists() else None
+    run, dataset = (old.run, old.dataset) if old else (None, None)
+    try:
+        summary, _, nights = complete_summary(config or load_config(None), results, run, dataset)
+    except (ConfigError, InputError) as exc:
+        if config is not None:
+            raise
+        raise ConfigError(
+            f"{out_dir}: no run config is known, and the default config cannot summarise "
+            f"its results ({exc}): pass --config with the run's config"
+        ) from None
+    if old is not None:  # the run's summary made again: still the run's date
+        summary = summary.model_copy(update={"created": old.created})
+    write_summary(path, summary)
+    return summary, nights
 
 
 def _the_runs_config(out_dir: Path, source: str | None, given: dict[str, Any]) -> RunConfig | None:

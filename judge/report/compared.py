@@ -145,9 +145,11 @@ def holm(diffs: Sequence[PairedDiff]) -> list[float | None]:
     return adjusted
 
 
-def verdict_line(d: PairedDiff) -> str:
+def verdict_line(d: PairedDiff, *, moved: bool = False) -> str:
     """Which of two engines is better on ``d.metric``, or that neither is (a CI that holds 0,
-    p >= 0.05, or no query that differs), with the paired figures."""
+    p >= 0.05, or no query that differs), with the paired figures. ``moved``: ``d`` pairs
+    one engine tonight against the baseline (:func:`night_diffs`), and a decided difference
+    is said as the metric rising or falling, better or worse, not as a side winning."""
     counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries{_left(d)}"
     if d.diff is None or d.n == 0:
         return f"{d.engine} and {d.baseline} share no query where {d.metric} is defined"
@@ -163,6 +165,9 @@ def verdict_line(d: PairedDiff) -> str:
         )
     # Wins and losses are counted in the metric's direction; the sign of diff is not.
     lower = lower_is_better(d.metric)
+    if moved:
+        went, worse = "rose" if d.diff > 0 else "fell", (d.diff > 0) == lower
+        return f"{d.metric} {went} ({'worse' if worse else 'better'}): {figures}, {counts}"
     said = f"{d.metric} (lower is better)" if lower else d.metric
     if (d.diff < 0) if lower else (d.diff > 0):
         return f"{d.engine} beats {d.baseline} on {said}: {figures}, {counts}"
@@ -367,9 +372,12 @@ def compare_page(
     return render_html(header, sections, charts=charts)
 
 
-def night_diffs(
-    summary: Summary, baseline: Summary
-) -> dict[str, tuple[PairedDiff, dict[str, float], dict[str, float]]]:
+# Per engine both nights hold: tonight against the baseline on the primary metric, and each
+# night's values by query id (:func:`night_diffs`).
+Nights = dict[str, tuple[PairedDiff, dict[str, float], dict[str, float]]]
+
+
+def night_diffs(summary: Summary, baseline: Summary) -> Nights:
     """Per engine both nights hold: tonight against the baseline on the primary metric, paired
     over the query ids both define (the bootstrap and test of ``judge compare``), and each
     night's values by query id. Empty when the baseline holds no per-query rows."""
@@ -387,7 +395,7 @@ def night_diffs(
         d = paired_diff(
             metric,
             ("tonight", now),
-            ("baseline", before),
+            ("the baseline", before),
             n_boot=st.n_boot,
             seed=st.seed,
             held=(held["tonight"], held["baseline"]),
@@ -396,29 +404,14 @@ def night_diffs(
     return out
 
 
-def night_lines(summary: Summary, baseline: Summary) -> list[str]:
+def night_lines(nights: Nights) -> list[str]:
     """What a nightly run says beside which engine is better: whether each engine moved
     against the baseline on the primary metric, a sentence each (the report's "Tonight vs
     baseline" section in short)."""
-    lines = []
-    for engine, (d, _, _) in night_diffs(summary, baseline).items():
-        counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries"
-        if d.diff is None or d.n == 0:
-            lines.append(f"{engine} vs the baseline: no query where both nights define {d.metric}")
-            continue
-        if d.wins + d.losses == 0:
-            lines.append(f"{engine} vs the baseline: no query moved on {d.metric} ({counts})")
-            continue
-        figures = f"{_signed(d.diff)} {ci_text(d.ci_low, d.ci_high, signed=True)}, {_p_short(d)}"
-        if not decided(d):
-            few = " (too few queries differ for p < 0.05)" if d.too_few else ""
-            said = f"no significant change on {d.metric}: {figures}, {counts}{few}"
-        else:
-            went = "rose" if d.diff > 0 else "fell"
-            worse = (d.diff > 0) == lower_is_better(d.metric)
-            said = f"{d.metric} {went} ({'worse' if worse else 'better'}): {figures}, {counts}"
-        lines.append(f"{engine} vs the baseline: {said}")
-    return lines
+    return [
+        f"{engine} vs the baseline: {verdict_line(d, moved=True)}"
+        for engine, (d, _, _) in nights.items()
+    ]
 
 
 # Queries listed under "tonight vs baseline": those that fell most on the primary metric.
@@ -426,19 +419,18 @@ FELL_SHOWN = 10
 
 
 def nightly_section(
-    summary: Summary, baseline: Summary, ids: dict[tuple[str, str], str]
+    summary: Summary, nights: Nights, ids: dict[tuple[str, str], str]
 ) -> Section | None:
     """Tonight against the baseline summary, engine by engine, on the primary metric: the
     paired difference with its CI and p (the same bootstrap and test as ``judge compare``),
     and the queries that fell most, linked to their passages (``ids``: their anchors)."""
     metric = primary_metric(summary.metric_names, summary.policy.primary)
-    nights = night_diffs(summary, baseline)
     if metric is None or not nights:
         return None
     blocks: list[Text | Table | Chart] = []
     rise = lower_is_better(metric)
     for engine, (d, now, before) in nights.items():
-        blocks.append(Text(f"{engine}: {verdict_line(d)}"))
+        blocks.append(Text(f"{engine}: {verdict_line(d, moved=True)}"))
         change = {q: now[q] - before[q] for q in now.keys() & before.keys()}
         fell = sorted(
             (q for q in change if (change[q] > 0 if rise else change[q] < 0)),

@@ -41,6 +41,7 @@ from judge.report.blocks import (
     render_markdown,
 )
 from judge.report.compared import (
+    Nights,
     ci_text,
     compare_section,
     nightly_section,
@@ -399,7 +400,7 @@ def sections(
     comparison: Comparison | None = None,
     history: Sequence[HistoryRow] = (),
     worst: int = 5,
-    baseline: Summary | None = None,
+    nights: Nights | None = None,
 ) -> list[Section]:
     """The report's content below the header, in order, for both renderers."""
     names = list(summary.metric_names)
@@ -411,9 +412,7 @@ def sections(
     found: list[Section | None] = [
         _metrics_section(summary, rows, worst),
         _threshold_section(summary.thresholds.checks) if summary.thresholds.checks else None,
-        nightly_section(summary, baseline, anchors(shown_rows(rows, defined)))
-        if baseline is not None
-        else None,
+        nightly_section(summary, nights, anchors(shown_rows(rows, defined))) if nights else None,
         compare_section(comparison) if comparison else None,
         sources_section(summary, results),
         coverage_section(summary.coverage, results),
@@ -460,16 +459,17 @@ def write_reports(
     worst: int = 5,
     charts: bool = True,
     comparison: Comparison | None = None,
-    baseline: Summary | None = None,
+    nights: Nights | None = None,
 ) -> list[Path]:
     """Write report.md and report.html into ``out_dir``; ``history`` from
     :func:`judge.report.history.history_rows_for_report` adds the trend and regression flags;
-    ``worst`` lowest-scoring queries are named under the metrics."""
+    ``worst`` lowest-scoring queries are named under the metrics; ``nights`` (from
+    :func:`judge.report.compared.night_diffs`) adds tonight against the baseline."""
     kwargs: dict[str, Any] = {
         "comparison": comparison or run_comparison(summary, results),
         "history": history,
         "worst": worst,
-        "baseline": baseline,
+        "nights": nights,
     }
     md, page = Path(out_dir) / "report.md", Path(out_dir) / "report.html"
     # Built once for both pages: for a large run the sections are most of the work.

@@ -31,7 +31,14 @@ from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.errors import CacheError, JudgeError
-from judge.report.compared import headline_lines, night_lines, primary_metric, verdict_lines
+from judge.report.compared import (
+    Nights,
+    headline_lines,
+    night_diffs,
+    night_lines,
+    primary_metric,
+    verdict_lines,
+)
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
 from judge.report.status import outcome_of, trust_line, uninformative
@@ -110,10 +117,9 @@ def finish_run(
         log.info("nothing new to judge: %s's summary and reports are current", out_dir)
         return load_summary(out_dir / SUMMARY_FILE)
     results = _of_plan(results or load_results(out_dir), plan, out_dir)
-    summary, comparison = complete_summary(config, results, outcome)
+    summary, comparison, nights = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     run_id, rows, kept = _in_history(config, summary, out_dir, outcome, current)
-    base = config.thresholds.baseline
     written = write_reports(
         out_dir,
         summary,
@@ -121,7 +127,7 @@ def finish_run(
         history=rows,
         charts=config.run.charts,
         comparison=comparison,
-        baseline=load_summary(base) if base and Path(base).is_file() else None,
+        nights=nights,
     )
     write_qrels(out_dir / QRELS_FILE, results)
     recorded = run_id is not None or _recorded(out_dir, current)
@@ -204,35 +210,37 @@ def complete_summary(
     results: Sequence[JudgedQuery],
     outcome: RunOutcome | None,
     dataset: str | None = None,
-) -> tuple[Summary, Comparison | None]:
-    """The summary a run's reports are made from, whole: its numbers, which engine is better
-    and the trust line, its outcome; and the comparison behind the verdict. ``dataset``: where
-    the rows came from, when known better than the config says (a rebuilt summary keeps the
-    run's: its dataset may have been given on the command line)."""
+) -> tuple[Summary, Comparison | None, Nights]:
+    """The summary a run's reports are made from, whole: its numbers, which engine is better,
+    whether each moved against the baseline, and the trust line, its outcome; the comparison
+    behind the verdict and the nights behind the moves. ``dataset``: where the rows came
+    from, when known better than the config says (a rebuilt summary keeps the run's: its
+    dataset may have been given on the command line)."""
     summary = build_summary(config, results, run=outcome)
     if dataset is not None:
         summary = summary.model_copy(update={"dataset": dataset})
     comparison = run_comparison(summary, results)
-    said = [*_verdict(summary, comparison), *_moved(config, summary)]
+    nights = nights_of(config, summary)
+    moved = night_lines(nights)
+    if summary.health.degenerate:
+        moved = [f"{line} (by a judge found unreliable: see Trust)" for line in moved]
+    said = [*_verdict(summary, comparison), *moved]
     summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
-    return summary, comparison
+    return summary, comparison, nights
 
 
-def _moved(config: RunConfig, summary: Summary) -> list[str]:
-    """Whether each engine moved against the ``[thresholds] baseline`` on the primary metric
-    (:func:`night_lines`); none without a baseline to read (the first night)."""
+def nights_of(config: RunConfig, summary: Summary) -> Nights:
+    """Each engine tonight against the ``[thresholds] baseline`` on the primary metric
+    (:func:`night_diffs`); none without a baseline to read (the first night)."""
     base = config.thresholds.baseline
     if not base or not Path(base).is_file():
-        return []
+        return {}
     try:
         baseline = load_summary(base)
     except JudgeError:  # the checks before the run said why; the drop checks say it again
-        return []
-    moved = night_lines(summary, baseline)
-    if summary.health.degenerate:
-        return [f"{line} (by a judge found unreliable: see Trust)" for line in moved]
-    return moved
+        return {}
+    return night_diffs(summary, baseline)
 
 
 def _digest(path: Path) -> str | None:
