@@ -812,17 +812,43 @@ def test_compare_guards_its_inputs_and_its_arguments(
 def test_a_query_id_that_asks_another_question_in_another_run_is_said(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Runs are paired by query id: one whose ids now hold other questions compared
-    unrelated queries without a word."""
+    """Runs are paired by query id and question: an id that now holds another question (two
+    samples numbered by line, say) is left out of the pairs, and said; it had been paired,
+    and a night of other questions read as a significant fall."""
     old = [stored(f"q{i}", "e", 0.5) for i in range(8)]
-    rotated = [
-        r.model_copy(update={"query": r.query.model_copy(update={"query": f"other {i}"})})
-        for i, r in enumerate(stored(f"q{i}", "e", 0.6) for i in range(8))
-    ]
+
+    def asking(rows: list[JudgedQuery], texts: list[str]) -> list[JudgedQuery]:
+        return [
+            r.model_copy(update={"query": r.query.model_copy(update={"query": t})})
+            for r, t in zip(rows, texts, strict=True)
+        ]
+
+    rotated = asking(
+        [stored(f"q{i}", "e", 0.1) for i in range(8)], [f"other {i}" for i in range(8)]
+    )
     a, b = write_run(tmp_path / "a", old), write_run(tmp_path / "b", rotated)
-    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
-    err = capsys.readouterr().err
-    assert "judge: 8 query id(s) ask different questions in different engines or runs" in err
+    argv = ["compare", str(a), str(b), "--metric", "ndcg", "--fail-if-worse", "ndcg"]
+    assert run_cli(argv) == 0
+    said = capsys.readouterr()
+    assert "judge: 8 query id(s) ask different questions in different engines or runs" in said.err
+    assert "left out of the pairs" in said.err
+    assert "no query is paired (none both define, 8 ids asking another question in each)" in (
+        said.err
+    )
+    assert "significantly worse" not in said.err
+    assert said.out.startswith(
+        "b and a share no query where ndcg is defined: 8 of their query ids ask another "
+        "question in each, not paired"
+    )
+    # Six of eight ask the same question ("Q" spelt in another case is the same): those pair.
+    half = asking(
+        [stored(f"q{i}", "e", 0.1) for i in range(8)], ["Q", *("q" for _ in range(5)), "x", "y"]
+    )
+    c = write_run(tmp_path / "c", half)
+    assert run_cli(["compare", str(a), str(c), "--metric", "ndcg"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("a beats c on ndcg: +0.4000 ")
+    assert "of 6 queries; 2 more left out: the same id asks another question in each" in out
 
 
 def test_runs_of_different_judges_or_unfinished_are_said_beside_the_comparison(

@@ -673,13 +673,13 @@ def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
     with config.open("a", encoding="utf-8") as fh:
         fh.write('[metrics]\nnames = ["ndcg", "ap"]\n')
 
-    def night(name: str, answer_first: bool) -> Path:
+    def night(name: str, answer_first: bool, asked: str = "kettles") -> Path:
         rows = []
         for i in range(8):
             found = {"id": f"a{i}", "text": f"A kettle boils water, {i}."}
             other = {"id": f"b{i}", "text": f"Tea is a drink, {i}."}
             passages = [found, other] if answer_first else [other, found]
-            row = {"query_id": f"q{i}", "query": f"kettles {i}", "engine": "bm25"}
+            row = {"query_id": f"q{i}", "query": f"{asked} {i}", "engine": "bm25"}
             rows.append({**row, "passages": passages})
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -709,6 +709,15 @@ def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
         (third / "report.md").unlink()
         assert main(["report", str(third), *again]) == 0
         assert moved in (third / "report.md").read_text(encoding="utf-8"), again
+    # The same ids asking other questions are not paired: no fall is read from them.
+    other = str(night("n4", False, asked="teapots"))
+    capsys.readouterr()
+    assert main(["run", str(config), other, "--out", str(tmp_path / "n4")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "bm25 vs the baseline: tonight and the baseline share no query where ndcg is defined: "
+        "8 of their query ids ask another question in each, not paired"
+    )
 
 
 def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(

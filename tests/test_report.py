@@ -101,7 +101,9 @@ def test_both_reports_are_written_and_say_what_was_judged(report: tuple[Path, Pa
     assert "Unpaired: each engine's mean over its own queries (bm25 9, dense 5)" in text
     assert "Undefined for every query: rerank_max." in text  # no P(relevant): said once
     assert "## Engines compared, paired (baseline bm25)" in text and "pooled_ndcg@5" in text
-    assert "## History (last 4 runs)" in text and "**1 run(s) flagged as regressions.**" in text
+    assert (
+        "## History (last 4 runs)" in text and "**1 run(s) flagged as regressions: each run" in text
+    )
     assert "| run | created | dataset |" in text and "| sample-03.jsonl |" in text
     assert "## Queries (14; lowest relevancy_mean first)" in text
     # A judge that uses the whole scale: its health is shown, with no warning.

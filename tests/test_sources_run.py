@@ -211,6 +211,13 @@ def test_thresholds_and_history_read_a_rise_in_duplicates_as_a_regression(
     assert "max low_quality@4 (web): 0.6667; at most 0.5000 allowed" in md
     assert "web near_dup@4 rose 0.3750" in md  # the history's regression flag
     assert "web authority@4 fell 0.4792" in md
+    capsys.readouterr()
+    assert main(["history", "--config", str(config)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    near_dup = next(line for line in rows if line.startswith("web") and "near_dup@4" in line)
+    assert near_dup.endswith("+0.3750")  # it rose; "-0.3750" had read as a fall
+    authority = next(line for line in rows if line.startswith("web") and "authority@4" in line)
+    assert authority.endswith("-0.4792")
 
 
 def test_the_python_api_carries_the_tier_list(server: ScriptedServer) -> None:

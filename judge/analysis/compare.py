@@ -111,8 +111,11 @@ class PairedDiff(Record):
     ties: int = 0
     losses: int = 0
     # Query ids either side holds that the pairs leave out: undefined on one side (not judged
-    # fully, or not held) or on both (nothing relevant found by either).
+    # fully, or not held) or on both (nothing relevant found by either), or ``unlike``.
     left_out: int = 0
+    # Of those, ids both sides hold that ask different questions (two runs that number their
+    # queries alike, say): pairing them would compare unrelated queries.
+    unlike: int = 0
 
     @property
     def too_few(self) -> bool:
@@ -321,6 +324,19 @@ def engine_mean(values: Mapping[str, float], *, n_boot: int = N_BOOT, seed: int 
     )
 
 
+def question(text: str) -> str:
+    """A query's text as the question it asks: case and spacing aside."""
+    return " ".join(text.casefold().split())
+
+
+def asked_by(results: Sequence[JudgedQuery]) -> dict[str, dict[str, str]]:
+    """Per engine, the question (:func:`question`) each of its query ids asks."""
+    asked: dict[str, dict[str, str]] = defaultdict(dict)
+    for jq in results:
+        asked[jq.query.engine].setdefault(jq.query.query_id, question(jq.query.query))
+    return asked
+
+
 def paired_diff(
     metric: str,
     engine: tuple[str, Mapping[str, float]],
@@ -331,16 +347,23 @@ def paired_diff(
     seed: int = 0,
     held: tuple[Collection[str], Collection[str]] | None = None,
     judged: tuple[Collection[str], Collection[str]] | None = None,
+    asked: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
 ) -> PairedDiff:
     """``engine - baseline`` over the query ids where both have a value; ``held``: the query
     ids each side holds, defined or not, to count those left out; ``judged``: those each
     side judged fully, a query one of them found nothing relevant in, and the other did,
-    then counting 0 for it (:func:`score_misses`: the two sides alone decide)."""
+    then counting 0 for it (:func:`score_misses`: the two sides alone decide); ``asked``:
+    the question each side's ids ask (:func:`question`), an id the two ask differently left
+    out of the pairs."""
     (name, values), (base, base_values) = engine, baseline
     if judged is not None:
         values, base_values = dict(values), dict(base_values)
         score_misses(metric, {"a": values, "b": base_values}, {"a": judged[0], "b": judged[1]})
-    common = sorted(values.keys() & base_values.keys())
+    unlike: set[str] = set()
+    if asked is not None:
+        ours, theirs = asked
+        unlike = {q for q in ours.keys() & theirs.keys() if ours[q] != theirs[q]}
+    common = sorted(values.keys() & base_values.keys() - unlike)
     held_ids = set(held[0]) | set(held[1]) if held is not None else set(common)
     a = np.array([values[q] for q in common], dtype=np.float64)
     b = np.array([base_values[q] for q in common], dtype=np.float64)
@@ -365,6 +388,7 @@ def paired_diff(
         ties=int(np.count_nonzero(np.abs(d) <= _ZERO)),
         losses=int(np.count_nonzero(better < -_ZERO)),
         left_out=len(held_ids.difference(common)),
+        unlike=len(unlike),
     )
 
 
@@ -417,9 +441,7 @@ def compare(
     found = sorted({jq.query.engine for jq in results})
     order, base, pairs = _pairs(found, engines, baseline, baselines)
     per_query = per_query_values(results, metrics, scale, policy)
-    held: dict[str, set[str]] = defaultdict(set)
-    for jq in results:
-        held[jq.query.engine].add(jq.query.query_id)
+    asked = asked_by(results)  # every query id each engine holds, and what it asks
     judged = fully_judged(results)
     means = {
         m: {e: engine_mean(per_query[m][e], n_boot=n_boot, seed=seed) for e in order}
@@ -433,8 +455,9 @@ def compare(
             n_boot=n_boot,
             n_permutations=n_permutations,
             seed=seed,
-            held=(held[e], held[pairs[e]]),
+            held=(asked[e].keys(), asked[pairs[e]].keys()),
             judged=(judged[e], judged[pairs[e]]),
+            asked=(asked[e], asked[pairs[e]]),
         )
         for m in metrics
         for e in order

@@ -28,6 +28,7 @@ from judge.analysis.compare import (
     N_BOOT,
     N_PERMUTATIONS,
     Comparison,
+    asked_by,
     check_metric,
     compare,
 )
@@ -206,20 +207,20 @@ def _say_unlike_runs(
 
 def _say_other_questions(results: Sequence[JudgedQuery]) -> None:
     """Engines are paired by query id: say it when one id asks different questions in
-    different engines or runs (a dataset's ids reused for other queries), which pairs
-    unrelated queries."""
+    different engines or runs (a dataset's ids reused for other queries, or given by line
+    number): such ids are left out of the pairs."""
     asked: dict[str, dict[str, str]] = {}
-    for jq in results:
-        said = " ".join(jq.query.query.casefold().split())
-        asked.setdefault(jq.query.query_id, {}).setdefault(said, jq.query.engine)
+    for engine, questions in asked_by(results).items():
+        for qid, said in questions.items():
+            asked.setdefault(qid, {}).setdefault(said, engine)
     other = {qid: texts for qid, texts in asked.items() if len(texts) > 1}
     if other:
         qid, texts = next(iter(sorted(other.items())))
         (a, ea), (b, eb) = list(texts.items())[:2]
         print(
             f"judge: {len(other)} query id(s) ask different questions in different engines or "
-            f"runs, and are paired all the same: '{qid}' is {a!r} in {ea} but {b!r} in {eb}; "
-            "the differences on them compare unrelated queries",
+            f"runs: '{qid}' is {a!r} in {ea} but {b!r} in {eb}; they are left out of the "
+            "pairs of engines that ask them differently",
             file=sys.stderr,
         )
 
@@ -247,6 +248,13 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
                 f"judge: {d.engine} is significantly worse than {d.baseline} on {d.metric}: "
                 f"{_num(d.diff, True)} {ci_text(d.ci_low, d.ci_high, signed=True)}, "
                 f"p {p if p.startswith('<') else f'= {p}'} over {d.n} paired queries",
+                file=sys.stderr,
+            )
+        elif d.n == 0:
+            why = f", {d.unlike} ids asking another question in each" if d.unlike else ""
+            print(
+                f"judge: {d.engine} vs {d.baseline} on {d.metric}: no query is paired (none "
+                f"both define{why}), so --fail-if-worse cannot fail on them",
                 file=sys.stderr,
             )
         elif d.too_few:
@@ -575,7 +583,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             known = [v for v in values if v is not None]
             if known:
                 bad = [
-                    f"run {g.run_id} -{g.drop:.4f}"
+                    f"run {g.run_id} {g.current - g.previous:+.4f}"
                     for g in flags
                     if (g.engine, g.metric) == (engine, metric)
                 ]

@@ -18,6 +18,7 @@ from judge.analysis.compare import (
     PairedDiff,
     paired_diff,
     parse_pooled,
+    question,
 )
 from judge.metrics.facts import lower_is_better
 from judge.report.blocks import (
@@ -109,12 +110,15 @@ def _p_short(d: PairedDiff) -> str:
 
 def _left(d: PairedDiff) -> str:
     """The queries the pairs leave out, said beside those they hold."""
-    if not d.left_out:
-        return ""
-    return (
-        f"; {d.left_out} more left out, undefined for {d.engine} or {d.baseline} (not "
-        "judged fully, not held by both, or nothing relevant found by either)"
-    )
+    said, undefined = "", d.left_out - d.unlike
+    if undefined:
+        said += (
+            f"; {undefined} more left out, undefined for {d.engine} or {d.baseline} (not "
+            "judged fully, not held by both, or nothing relevant found by either)"
+        )
+    if d.unlike:
+        said += f"; {d.unlike} more left out: the same id asks another question in each"
+    return said
 
 
 def decided(d: PairedDiff, p_value: float | None = None) -> bool:
@@ -152,6 +156,11 @@ def verdict_line(d: PairedDiff, *, moved: bool = False) -> str:
     is said as the metric rising or falling, better or worse, not as a side winning."""
     counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries{_left(d)}"
     if d.diff is None or d.n == 0:
+        if d.unlike:
+            return (
+                f"{d.engine} and {d.baseline} share no query where {d.metric} is defined: "
+                f"{d.unlike} of their query ids ask another question in each, not paired"
+            )
         return f"{d.engine} and {d.baseline} share no query where {d.metric} is defined"
     if d.wins + d.losses == 0:
         return f"no query differs between {d.engine} and {d.baseline} on {d.metric} ({counts})"
@@ -236,7 +245,8 @@ def verdict_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
 
 
 FOOTNOTE = (
-    "Paired: over the queries both the engine and its baseline define (on a label-free or "
+    "Paired: over the queries both the engine and its baseline define, by id and question "
+    "(an id asking another question in each is left out; on a label-free or "
     "soft metric, a query one judged fully and found nothing relevant in, where the other "
     "found something, counts 0 for it); diff = mean of the "
     "per-query differences, 95% CI by bootstrap over queries, p from the two-sided exact "
@@ -392,6 +402,7 @@ def night_diffs(summary: Summary, baseline: Summary) -> Nights:
         }
         values, held, _ = night_values(metric, nights)
         now, before = values["tonight"], values["baseline"]
+        asked = [{r.query_id: question(r.query) for r in nights[n]} for n in nights]
         d = paired_diff(
             metric,
             ("tonight", now),
@@ -399,6 +410,7 @@ def night_diffs(summary: Summary, baseline: Summary) -> Nights:
             n_boot=st.n_boot,
             seed=st.seed,
             held=(held["tonight"], held["baseline"]),
+            asked=(asked[0], asked[1]),
         )
         out[engine] = (d, now, before)
     return out

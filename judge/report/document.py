@@ -277,7 +277,12 @@ def _history_section(
     flagged = {(r.run_id, r.engine, r.metric) for row in history for r in row.regressions}
     runs = [(row.run_id, row.values) for row in history]
     n_flagged = sum(1 for row in history if row.regressions)
-    status = Text(f"{n_flagged} run(s) flagged as regressions.", "bad") if n_flagged else None
+    status = None
+    if n_flagged:  # means of whole runs: the drop check pairs the queries both nights hold
+        said = f"{n_flagged} run(s) flagged as regressions: each run's mean against the "
+        said += "previous run's, over the queries each held (the drop checks pair the "
+        said += "queries both nights hold, and can pass where these means fell)."
+        status = Text(said, "bad")
     return Section(
         "history",
         f"History (last {len(history)} runs)",

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from judge.analysis.cascade import CascadeSummary, cascade_summary
-from judge.analysis.compare import N_BOOT, paired_diff
+from judge.analysis.compare import N_BOOT, paired_diff, question
 from judge.analysis.coverage import CoverageSummary, coverage_summary
 from judge.analysis.health import JudgeHealth, judge_health
 from judge.analysis.ppi import MetricPPI, ppi_metrics
@@ -641,7 +641,7 @@ def _shared_rows(
     theirs = {r.query_id: r for r in base.queries if r.engine == engine}
     if not ours or not theirs:
         return None
-    same = [q for q in ours if q in theirs and ours[q].query == theirs[q].query]
+    same = [q for q in ours if q in theirs and question(ours[q].query) == question(theirs[q].query)]
     if len(same) == len(ours) == len(theirs):
         return None
     if 2 * len(same) < len(ours):  # mostly other queries: their means are all there is
