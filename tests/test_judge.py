@@ -13,7 +13,7 @@ from judge.calling.limits import Limits
 from judge.errors import ProviderError
 from judge.judging.judge import Judge
 from judge.providers.base import ProviderSpec, SamplingParams
-from judge.schema import MetricPolicy, Passage, Query
+from judge.schema import JudgedQuery, MetricPolicy, Passage, Query
 from tests.servers import (
     Answer,
     AnswerServer,
@@ -304,6 +304,38 @@ def test_identical_requests_in_flight_are_paid_once() -> None:
 
         asyncio.run(both())
     assert len(chat_requests(srv)) == 1
+
+
+def test_one_list_in_flight_under_two_engines_ids_is_paid_once_and_read_by_each() -> None:
+    """Two engines returning the same texts under their own ids make one list prompt (it
+    names passages by position): asked once, its answer is read with each list's own ids.
+    The second asker had been handed the first's verdicts, keyed by the first's ids: a
+    KeyError out of the judge."""
+    ids = {"a": ["bm25:17", "bm25:4", "bm25:9"], "b": ["vec-0017", "vec-0004", "vec-0009"]}
+    queries = [
+        Query(
+            query_id="q",
+            query=PUPPY,
+            engine=engine,
+            passages=tuple(Passage(id=i, text=t) for i, t in zip(own, PASSAGES, strict=True)),
+        )
+        for engine, own in ids.items()
+    ]
+    respond = _listwise_responder(lambda ids: set(), None)
+    with ScriptedServer(responder=respond, latency=0.2) as srv:
+        j = make_judge(srv, mode="listwise")
+
+        async def both() -> list[JudgedQuery]:
+            try:
+                return list(await asyncio.gather(*(j.ajudge(q) for q in queries)))
+            finally:
+                await j.aclose()
+
+        found = asyncio.run(both())
+    assert len(chat_requests(srv)) == 1
+    for jq, own in zip(found, ids.values(), strict=True):
+        assert [v.passage_id for v in jq.verdicts] == own
+        assert [v.label for v in jq.verdicts] == ["yes", "no", "yes"]
 
 
 def test_sync_wrapper_can_be_called_repeatedly() -> None:

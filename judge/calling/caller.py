@@ -259,8 +259,9 @@ class Caller:
         key = self.key(request, repeat)
 
         def share(got: ChatAnswer[P]) -> ChatAnswer[P]:
-            hit = replace(got.call, cached=True, attempts=0, latency_s=0.0)
-            return ChatAnswer(hit, got.value, got.error)
+            # Read again by this asker's parser: one request may be asked by two that read it
+            # differently (a list prompt names passages by position; each list its own ids).
+            return _parsed(replace(got.call, cached=True, attempts=0, latency_s=0.0), parse)
 
         async def fetch() -> ChatAnswer[P]:
             if not isinstance(request, Prompt):
