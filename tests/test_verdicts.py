@@ -382,6 +382,45 @@ def test_an_answer_naming_two_verdicts_is_asked_again_not_read_as_the_first(answ
         parse_pointwise(Completion(text=answer), BINARY)
 
 
+@pytest.mark.parametrize(
+    ("text", "scale"),
+    [
+        ('Yes. {"verdict": "no"}', BINARY),
+        ('{"verdict":"yes"}\n\nVerdict: no', BINARY),
+        ('Verdict: no\n{"reason": "x", "verdict": "yes"}', BINARY),
+        ('{"verdict": "yes"}\nFinal answer: **No**', BINARY),
+        ('Not relevant. {"verdict": "yes"}', BINARY),
+        ('Grade: 3\n{"verdict": 1}', GRADED),
+    ],
+)
+def test_prose_that_states_another_verdict_than_the_json_is_asked_again(
+    text: str, scale: Scale
+) -> None:
+    """The JSON's label had been read, whatever the prose around it said."""
+    with pytest.raises(ParseError, match="more than one verdict"):
+        parse_pointwise(Completion(text=text), scale)
+
+
+@pytest.mark.parametrize(
+    ("text", "scale", "label"),
+    [
+        ('Verdict: yes\n{"verdict": "yes"}', BINARY, "yes"),
+        ('1. The query asks about X.\n2. The passage covers X.\n{"verdict": "yes"}', BINARY, "yes"),
+        ('The passage does not mention it. {"verdict": "no"}', BINARY, "no"),
+        (
+            '```json\n{"reason": "it says no. It is relevant.", "verdict": "yes"}\n```',
+            BINARY,
+            "yes",
+        ),
+        ('Step 1: read.\nStep 2: judge.\n{"verdict": 2}', GRADED, "partial"),
+    ],
+)
+def test_prose_that_agrees_or_states_no_verdict_leaves_the_json_read(
+    text: str, scale: Scale, label: str
+) -> None:
+    assert parse_pointwise(Completion(text=text), scale).label == label
+
+
 def test_of_several_objects_naming_one_label_the_last_is_read() -> None:
     """The format line echoed ("<label>", off the scale), a draft, then the answer."""
     answer = (

@@ -13,6 +13,8 @@ What is accepted (anything else raises ParseError, whose message is the re-ask t
 - A truncated object (the token limit cut it) is accepted only when its verdict value was
   already complete (``{"verdict": "yes", "reason": "the pass`` with ``verdict_first``); the
   partial reason is kept. Truncated before the verdict is complete: ParseError.
+- An answer that names two labels (two objects, a verdict field quoted from the passage, or
+  prose around the JSON stating another: "Yes. {\"verdict\": \"no\"}") raises ParseError.
 - As a last resort, a bare answer that snaps as a whole ("yes", "No.", "**partial**"),
   with reason None.
 
@@ -247,7 +249,8 @@ def _one_verdict(nodes: list[Node], scale: Scale, completion: Completion, start:
     said = {
         found.name for m in _SAID.finditer(completion.text, start) if (found := scale.snap(m[1]))
     }
-    labels = dict.fromkeys([*(p.label for p in read), *sorted(said)])
+    stated = _stated(completion.text, start, nodes, scale)
+    labels = dict.fromkeys([*(p.label for p in read), *sorted(said), *sorted(stated)])
     if len(labels) > 1:
         raise ParseError(
             f"the answer gives more than one verdict ({' and '.join(map(repr, labels))}): answer "
@@ -257,6 +260,35 @@ def _one_verdict(nodes: list[Node], scale: Scale, completion: Completion, start:
         return read[-1]
     assert failure is not None
     raise failure
+
+
+# A grade number said in prose after a verdict word: "Grade: 3", "final answer = 2".
+_GRADE_SAID = re.compile(
+    r"\b(?:verdict|grade|label|score|relevance|answer)\W{0,3}[:=]\s*\**\s*(\d)\b", re.IGNORECASE
+)
+
+
+def _stated(text: str, start: int, nodes: list[Node], scale: Scale) -> set[str]:
+    """The labels the prose around an answer's JSON objects states on its own ("Yes.",
+    "Verdict: no", "Final answer: not relevant"): each piece of it, cut where a bare answer is
+    (:data:`_PIECES`) and on line ends, that snaps to a label whole. A bare number is not one
+    (a list's "1." and "2." are no grades) unless a verdict word leads it ("Grade: 3")."""
+    outside, at = [], start
+    for node in sorted(nodes, key=lambda n: n.start):
+        outside.append(text[at : node.start])
+        at = max(at, node.end)
+    outside.append(text[at:])
+    found = set()
+    for m in _GRADE_SAID.finditer("\n".join(outside)):
+        if (label := scale.snap(m[1])) is not None:
+            found.add(label.name)
+    for line in "\n".join(outside).splitlines():
+        for piece in _PIECES.split(line):
+            piece = piece.strip(" \t*_`#>\"'")
+            short = piece and len(piece) <= 40 and not piece.isdigit()
+            if short and (label := scale.snap(piece)) is not None:
+                found.add(label.name)
+    return found
 
 
 def _items(node: Node) -> list[Node] | None:
