@@ -18,10 +18,11 @@ import pytest
 from judge.cli.main import main
 from judge.config import CascadeSection
 from judge.errors import ConfigError
+from judge.judging.cascade import Band, reranker_verdict
 from judge.judging.judge import Judge
 from judge.providers import ADAPTERS
 from judge.providers.base import ProviderSpec
-from judge.schema import Passage
+from judge.schema import Passage, Scale
 from tests.servers import ScriptedServer
 from tests.test_cascade import (
     CHAT,
@@ -96,10 +97,32 @@ def test_an_echoed_passage_is_labelled_by_what_it_earns_without_the_query_words(
     echo, own = jq.verdicts
     assert (echo.label, echo.signals) == ("no", ("echo",))
     assert echo.probability == pytest.approx(0.18)
-    assert "rested on repeating the query" in (echo.reason or "")
+    assert "0.180 with the query's words masked < cut 0.500: it rested on repeating them" in (
+        echo.reason or ""
+    )
     assert (own.label, own.signals) == ("yes", ())
     assert jq.rerank_scores == pytest.approx({"echo": 0.9, "own": 0.8})
     assert calls(server, RERANK) == 2 and calls(server, CHAT) == 0
+
+
+def test_a_score_reason_tells_the_score_from_the_cut_and_says_why_it_was_labelled() -> None:
+    """A score just under the cut had read "0.500 < cut 0.500"; an echoed passage whose masked
+    score still reaches a lowered cut had been labelled relevant "because" it rested on
+    repeating the query."""
+    cut, scale, passage = (
+        Band(low=0.5, high=0.5, how="cut"),
+        Scale.binary(),
+        Passage(id="p", text="t"),
+    )
+    close = reranker_verdict(passage, 1, 0.49981, cut, scale, cached=False)
+    assert (close.label, close.reason) == ("no", "reranker score 0.4998 < cut 0.5000")
+    low = Band(low=0.4, high=0.4, how="cut")
+    kept = reranker_verdict(passage, 1, 0.9, low, scale, cached=False, masked=0.448)
+    assert kept.label == "yes"
+    assert kept.reason == (
+        "reranker score 0.900, 0.448 with the query's words masked >= cut 0.400: relevant on "
+        "what it says besides them"
+    )
 
 
 def test_a_passage_restating_the_query_scores_its_restatement_at_half_weight(
@@ -264,6 +287,16 @@ def test_the_quickstart_config_judges_the_sample_by_score(tmp_path: Path) -> Non
     labels = {v.label for v in verdicts}
     assert labels == {"yes", "no"}  # it tells passages apart on the sample
     assert summary(out)["counts"]["ok"] == len(verdicts)
+    # The same cut said in [judge.cascade] is the same judge: its echo floor stays the one
+    # calibrated for the kind (it had become the section's default, and flipped 7 verdicts).
+    again = tmp_path / "again"
+    cut = ["--set", "judge.cascade.low=0.5", "--set", "judge.cascade.high=0.5"]
+    argv = ["run", str(root / "configs" / "quickstart.toml"), "--out", str(again), *cut]
+    argv += ["--cache", str(tmp_path / "cache.sqlite")]
+    assert main([*argv, "--set", f'run.history="{tmp_path / "history.sqlite"}"']) == 0
+    assert [
+        (v.passage_id, v.label, v.probability) for jq in results(again) for v in jq.verdicts
+    ] == [(v.passage_id, v.label, v.probability) for v in verdicts]
 
 
 def _render_config(server: ScriptedServer, tmp_path: Path) -> Path:

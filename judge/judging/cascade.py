@@ -231,6 +231,16 @@ def band_from_labels(scores: Sequence[float], relevant: Sequence[bool], max_erro
     return Band(low=low, high=high, how=how)
 
 
+def _apart(value: float, bound: float) -> tuple[str, str]:
+    """``value`` and ``bound`` with digits enough to tell them apart (3 to 6): a score of
+    0.49981 is not "0.500 < cut 0.500"."""
+    for digits in range(3, 7):
+        a, b = f"{value:.{digits}f}", f"{bound:.{digits}f}"
+        if a != b or value == bound:
+            return a, b
+    return a, b
+
+
 def _labelled(
     scored: Sequence[tuple[Query, Mapping[str, float]]], label_scale: Scale
 ) -> tuple[list[float], list[bool]]:
@@ -299,17 +309,17 @@ def reranker_verdict(
     decisive = score if masked is None else masked
     above = band.side(decisive) == "above"
     label = scale.by_grade(scale.max_grade if above else 0)
+    said, bound = _apart(decisive, band.high if above else band.low)
     if band.low == band.high:
-        edge = f">= cut {band.high:.3f}" if above else f"< cut {band.low:.3f}"
+        edge = f">= cut {bound}" if above else f"< cut {bound}"
     else:
-        edge = f">= {band.high:.3f}" if above else f"< {band.low:.3f}"
+        edge = f">= {bound}" if above else f"< {bound}"
         edge += f" (band [{band.low:.3f}, {band.high:.3f}))"
-    reason = f"reranker score {score:.3f} {edge}"
-    if masked is not None:
-        reason = (
-            f"reranker score {score:.3f}, {masked:.3f} with the query's words masked {edge}: "
-            "its score rested on repeating the query"
-        )
+    if masked is None:
+        reason = f"reranker score {said} {edge}"
+    else:  # below the echo floor: labelled by what it says besides the query's words
+        why = "relevant on what it says besides them" if above else "it rested on repeating them"
+        reason = f"reranker score {score:.3f}, {said} with the query's words masked {edge}: {why}"
     if restated:
         reason += "; it restates the query, which counts at half weight"
     return ok_verdict(

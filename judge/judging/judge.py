@@ -202,7 +202,8 @@ def _score_judge(
 ) -> tuple[RerankProvider, CascadeSection] | None:
     """A judge by score when ``provider`` names a kind that reranks and cannot chat: its
     reranker, and the cascade that labels by its score alone (``[judge.cascade]`` when given,
-    else the kind's calibrated cut and echo floor: judging/cascade.py). None otherwise."""
+    else the kind's calibrated cut; the kind's calibrated echo floor unless the section sets
+    one: judging/cascade.py). None otherwise."""
     if isinstance(provider, str):
         spec = resolve_spec(provider, overrides)
     elif isinstance(provider, ProviderSpec):
@@ -217,8 +218,12 @@ def _score_judge(
             f"judge.provider '{settings.provider}' is a reranker, and judges by score itself: "
             "drop [rerank] (or name an LLM as [judge] provider to keep the reranker beside it)"
         )
-    cut = adapter.score_cut
-    section = settings.cascade or CascadeSection(low=cut, high=cut, echo_floor=adapter.echo_floor)
+    cut, section = adapter.score_cut, settings.cascade
+    if section is None:
+        section = CascadeSection(low=cut, high=cut, echo_floor=adapter.echo_floor)
+    elif adapter.echo_floor is not None and "echo_floor" not in section.model_fields_set:
+        # Another cut (one judge calibrate fitted): still the floor calibrated for the kind.
+        section = section.model_copy(update={"echo_floor": adapter.echo_floor})
     return make_rerank_provider(spec), section
 
 
