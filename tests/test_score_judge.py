@@ -216,6 +216,27 @@ def test_judge_run_with_a_reranker_as_the_judge(
     # A second run is answered by the cache: no request at all.
     assert main(["run", str(config), "--out", str(tmp_path / "again")]) == 0
     assert calls(server, RERANK) == 3
+    # A relevance_threshold (what judge calibrate writes) labels the report, the qrels and
+    # the agreement with human labels as the metrics count: P 0.35 >= 0.3 is relevant there
+    # too, flagged recut; verdicts.jsonl keeps the judge's own labels. They had stayed "no"
+    # where the metrics counted them relevant.
+    cut = tmp_path / "cut"
+    argv = ["run", str(config), "--out", str(cut), "--set", "metrics.relevance_threshold=0.3"]
+    assert main(argv) == 0
+    assert [[v.label for v in jq.verdicts] for jq in results(cut)] == [
+        ["no", "no", "yes", "yes", "yes"]
+    ] * 3
+    qrels = (cut / "qrels.txt").read_text(encoding="utf-8").splitlines()
+    assert sorted(int(line.split()[3]) for line in qrels) == [0] * 3 + [1] * 12
+    md = (cut / "report.md").read_text(encoding="utf-8")
+    assert md.count("recut") >= 3
+    assert "agreement with human labels (kappa, majority vote): bm25 1.00" in got["verdict"][-1]
+    assert "(kappa, majority vote): bm25 0.55" in summary(cut)["verdict"][-1]
+    for again in (["--rebuild"], []):  # judge report says the same, made again or not
+        (cut / "qrels.txt").unlink(missing_ok=True)
+        (cut / "report.md").unlink()
+        assert main(["report", str(cut), *again]) == 0
+        assert (cut / "report.md").read_text(encoding="utf-8").count("recut") == md.count("recut")
 
 
 def test_judge_run_refuses_a_band_for_a_score_judge_in_one_line(

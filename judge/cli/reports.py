@@ -439,6 +439,7 @@ def _metrics(
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from judge.metrics.compute import counted
     from judge.report.document import write_reports
     from judge.report.finish import nights_of, summary_state
     from judge.report.history import history_rows_for_report, source_key
@@ -448,7 +449,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out_dir = Path(args.run_dir)
     if not out_dir.is_dir():  # summary.json was read as results: "1794 input errors"
         raise ConfigError(f"{out_dir}: not a directory: give the run directory")
-    results = load_results(out_dir)
+    results: Sequence[JudgedQuery] = load_results(out_dir)
     config = load_config(args.config) if args.config else None
     named = args.config  # the config file the history is kept by
     summary_path = out_dir / SUMMARY_FILE
@@ -465,9 +466,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if summary_path.exists() and not args.rebuild and state != "stale":
         summary = load_summary(summary_path)
         nights = nights_of(config, summary) if config else {}
+        results = counted(results, summary.config.scale, summary.policy)
     else:
         if config is None and (config := _the_runs_config(out_dir, *config_source(out_dir))):
             named = config.source
+        made = config or load_config(None)
+        results = counted(results, made.scale(), made.metrics)
         summary, nights = _rebuilt(out_dir, config, results)
     history_path = args.history or (config.history_path() if config else None)
     rows = []

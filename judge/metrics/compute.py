@@ -33,6 +33,7 @@ from judge.metrics.sources import source_metrics
 from judge.schema import (
     DEFAULT_METRICS,
     Gain,
+    JudgedQuery,
     MetricPolicy,
     Query,
     Scale,
@@ -193,6 +194,38 @@ def _grade(verdict: Verdict, scale: Scale, policy: MetricPolicy) -> int | None:
             "(a graded judge's cut points come from its labels)"
         )
     return int(verdict.probability >= cut)
+
+
+# The signal on a verdict whose grade the [metrics] cut changed (relevance_threshold on its
+# P(relevant), grade_cuts on its expected grade): its label is then not the judge's words.
+RECUT = "recut"
+
+
+def counted(
+    results: Sequence[JudgedQuery], scale: Scale, policy: MetricPolicy
+) -> Sequence[JudgedQuery]:
+    """``results`` with each verdict labelled by the grade its metrics count it with
+    (:func:`_grade`), flagged :data:`RECUT` where that is not the judge's label: so the
+    report, the qrels and the agreement with human labels say what the metrics counted. The
+    same sequence when the policy sets no cut (or changes nothing)."""
+    if policy.relevance_threshold is None and policy.grade_cuts is None:
+        return results
+    out: list[JudgedQuery] = []
+    for jq in results:
+        verdicts = [_recut(v, scale, policy) for v in jq.verdicts]
+        changed = any(a is not b for a, b in zip(verdicts, jq.verdicts, strict=True))
+        out.append(jq.model_copy(update={"verdicts": tuple(verdicts)}) if changed else jq)
+    return out
+
+
+def _recut(verdict: Verdict, scale: Scale, policy: MetricPolicy) -> Verdict:
+    grade = _grade(verdict, scale, policy)
+    if grade is None or grade == verdict.grade:
+        return verdict
+    label = scale.by_grade(grade)
+    signals = verdict.signals if RECUT in verdict.signals else (*verdict.signals, RECUT)
+    update = {"grade": grade, "label": label.name, "relevant": scale.relevant(grade)}
+    return verdict.model_copy(update={**update, "signals": signals})
 
 
 def metrics_for_queries(

@@ -31,6 +31,7 @@ from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.errors import CacheError, JudgeError
+from judge.metrics.compute import counted
 from judge.report.compared import (
     Nights,
     headline_lines,
@@ -117,6 +118,7 @@ def finish_run(
         log.info("nothing new to judge: %s's summary and reports are current", out_dir)
         return load_summary(out_dir / SUMMARY_FILE)
     results = _of_plan(results or load_results(out_dir), plan, out_dir)
+    results = counted(results, config.scale(), config.metrics)  # labelled as the metrics count
     summary, comparison, nights = complete_summary(config, results, outcome)
     write_summary(out_dir / SUMMARY_FILE, summary)
     run_id, rows, kept = _in_history(config, summary, out_dir, outcome, current)
