@@ -246,7 +246,8 @@ class ThresholdsSection(Record):
     # Worst allowed fall against the baseline; for a lower-is-better metric, the worst rise.
     max_drop: dict[str, float] = Field(default_factory=dict)
     baseline: str | None = None
-    # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed.
+    # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed, or
+    # of an engine's queries are left without the primary metric by such verdicts.
     max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
     # Fail a run (exit 1) when the judge is degenerate (one label for nearly every passage, or
     # probabilities too flat to rank; see judge.analysis.health). Off: the report warns only.

@@ -14,7 +14,7 @@ import pytest
 from judge.cli.main import main
 from tests.servers import ScriptedServer
 from tests.test_runner import SAMPLE, write_config
-from tests.wire import keyword_responder, verdict_json
+from tests.wire import Answer, Recorded, keyword_responder, verdict_json
 
 ROW: dict[str, Any] = {
     "query_id": "q1",
@@ -718,6 +718,45 @@ def test_a_nightly_run_says_first_whether_it_moved_against_the_baseline(
         "bm25 vs the baseline: tonight and the baseline share no query where ndcg is defined: "
         "8 of their query ids ask another question in each, not paired"
     )
+
+
+def test_an_engine_left_unscored_by_unparsed_verdicts_fails_the_run(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One unparsed verdict in each of an engine's lists is 5% of the run's verdicts, under
+    max_unparsed_rate, yet leaves every one of its queries without a metric: the run had
+    PASSED with no number for that engine."""
+    sane = keyword_responder({"boils": "yes"})
+
+    def respond(request: Recorded) -> Answer | str:
+        return "no idea" if "garble" in json.dumps(request.messages) else sane(request)
+
+    server = make_server(responder=respond)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    with config.open("a", encoding="utf-8") as fh:
+        fh.write('[metrics]\nnames = ["ndcg", "ap"]\n')
+    rows = []
+    for engine in ("a", "b"):
+        for i in range(8):
+            passages = [{"id": f"k{i}", "text": f"A kettle boils water, {i}."}]
+            passages += [{"id": f"t{i}-{j}", "text": f"Tea is a drink, {i} {j}."} for j in range(8)]
+            last = "garble garble" if engine == "a" else "A teapot holds tea"
+            passages.append({"id": f"x{i}", "text": f"{last}, {i}."})
+            row = {"query_id": f"q{i}", "query": f"kettles {i}", "engine": engine}
+            rows.append({**row, "passages": passages})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["run", str(config), str(data), "--out", str(tmp_path / "out")]) == 1
+    said = capsys.readouterr()
+    out = said.out + said.err
+    assert "breached: unscored ndcg (a): 1.0000 (8 of 8 queries hold an unparsed or error " in out
+    assert "not scored on ndcg" in out and "unscored ndcg (b)" not in out
+    # The verdict says why there is none.
+    assert "b and a share no query where ndcg is defined" in out
+    report = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert report["counts"]["unparsed"] == 8 and report["outcome"]["status"] == "FAILED"
 
 
 def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(

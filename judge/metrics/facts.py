@@ -24,7 +24,7 @@ here and is higher-is-better. The unknown-name error lists the bases in the tabl
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
@@ -148,3 +148,21 @@ def needs_judge(name: str) -> bool:
     without a row."""
     metric = metric_of(name)
     return metric is not None and metric.needs_judge
+
+
+# The metrics a verdict compares engines on first, in order of preference.
+RANK_BASES = ("ndcg", "ap", "soft_ndcg", "precision", "mrr", "hit", "relevancy_mean")
+
+
+def primary_metric(names: Sequence[str], chosen: str | None = None) -> str | None:
+    """The metric engines are compared on first: ``chosen`` when it is among ``names``, else
+    ``ndcg@10``, else the first rank metric (by :data:`RANK_BASES`), else the first name."""
+    if chosen is not None and chosen in names:
+        return chosen
+    if "ndcg@10" in names:
+        return "ndcg@10"
+    for base in RANK_BASES:
+        found = next((n for n in names if n.split("@")[0] == base), None)
+        if found is not None:
+            return found
+    return names[0] if names else None

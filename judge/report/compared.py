@@ -20,7 +20,7 @@ from judge.analysis.compare import (
     parse_pooled,
     question,
 )
-from judge.metrics.facts import lower_is_better
+from judge.metrics.facts import lower_is_better, primary_metric
 from judge.report.blocks import (
     Chart,
     Header,
@@ -77,23 +77,6 @@ def one_line(d: PairedDiff) -> str:
 
 
 # Rank metrics, most telling first: the verdict sentence's metric unless [metrics] primary says.
-_RANK_BASES = ("ndcg", "ap", "soft_ndcg", "precision", "mrr", "hit", "relevancy_mean")
-
-
-def primary_metric(names: Sequence[str], chosen: str | None = None) -> str | None:
-    """The metric engines are compared on first: ``chosen`` when it is among ``names``, else
-    ``ndcg@10``, else the first rank metric (by :data:`_RANK_BASES`), else the first name."""
-    if chosen is not None and chosen in names:
-        return chosen
-    if "ndcg@10" in names:
-        return "ndcg@10"
-    for base in _RANK_BASES:
-        found = next((n for n in names if n.split("@")[0] == base), None)
-        if found is not None:
-            return found
-    return names[0] if names else None
-
-
 def pooled_counterpart(names: Sequence[str], chosen: str | None = None) -> list[str]:
     """The pooled metric that stands for the primary one (``pooled_ndcg@10`` for
     ``ndcg@10``), to be compared beside it: none for a primary without one."""

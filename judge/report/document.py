@@ -28,7 +28,7 @@ from judge.analysis import health as hc
 from judge.analysis.compare import DEFAULT_POOLED, Comparison, compare
 from judge.analysis.stability import StabilityReport
 from judge.data.lines import write_atomic
-from judge.metrics.facts import lower_is_better
+from judge.metrics.facts import lower_is_better, primary_metric
 from judge.report.blocks import (
     Chart,
     Header,
@@ -46,7 +46,6 @@ from judge.report.compared import (
     compare_section,
     nightly_section,
     pooled_counterpart,
-    primary_metric,
 )
 from judge.report.coverage import coverage_section, credibility_section
 from judge.report.history import HistoryRow

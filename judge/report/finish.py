@@ -32,12 +32,12 @@ from judge.data.lines import write_atomic
 from judge.data.results import RESULTS_FILE, UnitKey, load_results, write_qrels
 from judge.errors import CacheError, JudgeError
 from judge.metrics.compute import counted
+from judge.metrics.facts import primary_metric
 from judge.report.compared import (
     Nights,
     headline_lines,
     night_diffs,
     night_lines,
-    primary_metric,
     verdict_lines,
 )
 from judge.report.document import run_comparison, write_reports

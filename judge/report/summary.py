@@ -42,7 +42,7 @@ from judge.analysis.stability import (
 from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.errors import NOT_SENT, InputError, JudgeError
-from judge.metrics.facts import family_of, lower_is_better, needs_judge
+from judge.metrics.facts import family_of, lower_is_better, needs_judge, primary_metric
 from judge.providers import ADAPTERS, judges_by_score, resolve_spec
 from judge.report.queries import QueryRow, labels_on_scale, night_values, query_rows
 from judge.run.runner import RunOutcome
@@ -468,6 +468,7 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
                 update={"value": None, "ok": False, "evaluated": False, "note": _NOTHING}
             )
         ]
+    checks += _unscored(summary, th.max_unparsed_rate)
     for engine, data in summary.engines.items():
         for kind, metric, limit in th.bounds():
             mean = data.mean(metric)
@@ -498,6 +499,28 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
             )
         )
     return ThresholdResult.of(checks)
+
+
+def _unscored(summary: Summary, limit: float) -> list[Check]:
+    """Per engine with a query its unparsed or error verdicts leave without the primary
+    metric (``[metrics] unjudged = "undefined"``): the share of its queries so left, at most
+    ``max_unparsed_rate`` as for verdicts. One unparsed verdict in each list, 5% of them,
+    leaves every query unscored, and the engine with no number at all had passed."""
+    metric = primary_metric(summary.metric_names, summary.policy.primary)
+    checks = []
+    for engine in summary.engines:
+        rows = [r for r in summary.queries if r.engine == engine]
+        left = sum(r.failed > 0 and r.metrics.get(metric or "") is None for r in rows)
+        if metric is None or not left:
+            continue
+        note = (
+            f"{left} of {len(rows)} queries hold an unparsed or error verdict and are not "
+            f'scored on {metric} ([metrics] unjudged = "skip" scores them on the rest)'
+        )
+        rate = left / len(rows)
+        check, ok = f"unscored {metric}", rate <= limit
+        checks.append(Check(check=check, value=rate, limit=limit, ok=ok, engine=engine, note=note))
+    return checks
 
 
 def _baseline_checks(config: RunConfig, summary: Summary) -> list[Check]:
