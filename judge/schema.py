@@ -299,13 +299,13 @@ class Scale(Record):
                 "no",
                 "the passage does not help answer the query",
                 "这段文本对回答查询没有帮助",
-                ("not relevant", "irrelevant", "false", "否", "不", "不相关", "无关"),
+                ("not relevant", "irrelevant", "false", "否", "不", "不是", "不相关", "无关"),
             ),
             (
                 "yes",
                 "the passage helps answer the query",
                 "这段文本有助于回答查询",
-                ("relevant", "true", "是", "相关"),
+                ("relevant", "true", "是", "是的", "相关"),
             ),
         )
 

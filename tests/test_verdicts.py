@@ -402,6 +402,15 @@ def test_prose_that_states_another_verdict_than_the_json_is_asked_again(
 
 
 @pytest.mark.parametrize(
+    ("text", "label"),
+    [("是的", "yes"), ("是的，相关。", "yes"), ("不是", "no"), ("不是，不相关", "no")],
+)
+def test_the_common_chinese_yes_and_no_are_read(text: str, label: str) -> None:
+    """The common "是的" had been asked again, then left unparsed."""
+    assert parse_pointwise(Completion(text=text), BINARY).label == label
+
+
+@pytest.mark.parametrize(
     ("text", "scale", "label"),
     [
         ('Verdict: yes\n{"verdict": "yes"}', BINARY, "yes"),
