@@ -15,6 +15,7 @@ import pytest
 from judge.analysis.compare import (
     N_BOOT,
     compare,
+    paired_diff,
     per_query_values,
     pooled_metrics,
     sign_flip_floor,
@@ -912,3 +913,14 @@ def test_runs_sharing_no_engine_name_are_compared_with_none_as_said(
     assert said.err.count("compared with none") == 2
     assert "--fail-if-worse ndcg: no engine was compared with another on it" in said.err
     assert json.loads(out.read_text())["diffs"] == []
+
+
+def test_a_tiny_p_reads_p_below_not_p_equals_below() -> None:
+    """The page's first screen had said "p = < 0.0001~"."""
+    from judge.report.compared import one_line
+
+    d = paired_diff(
+        "ndcg", ("b", {f"q{i}": 1.0 for i in range(30)}), ("a", {f"q{i}": 0.0 for i in range(30)})
+    )
+    line = one_line(d)
+    assert "p < 0.0001" in line and "p = <" not in line

@@ -429,6 +429,29 @@ def test_agreement_with_human_labels_is_reported(report: tuple[Path, Path]) -> N
     assert "Agreement with human labels" in html_path.read_text("utf-8")
 
 
+@pytest.mark.parametrize(
+    ("check", "value", "before", "now", "said"),
+    [
+        ("drop ndcg", 0.05, 0.8, 0.75, "fell 0.0500 (from 0.8000 to 0.7500)"),
+        ("drop ndcg", -0.01, 0.8, 0.81, "rose 0.0100 (from 0.8000 to 0.8100)"),
+        ("drop ndcg", 0.0, 0.8, 0.8, "unchanged (from 0.8000 to 0.8000)"),
+        ("rise near_dup@5", 0.2, 0.0, 0.2, "rose 0.2000 (from 0.0000 to 0.2000)"),
+        ("rise near_dup@5", -0.1, 0.3, 0.2, "fell 0.1000 (from 0.3000 to 0.2000)"),
+    ],
+)
+def test_a_drop_or_rise_check_says_which_way_it_moved(
+    check: str, value: float, before: float, now: float, said: str
+) -> None:
+    """A night that rose had read "fell -0.0100"; a rise check had no "from X to Y"."""
+    from judge.report.status import describe_check
+    from judge.report.summary import Check
+
+    found = Check(check=check, value=value, limit=0.03, ok=value <= 0.03, engine="bm25")
+    found = found.model_copy(update={"baseline": before, "current": now})
+    name = check.split()[1]
+    assert describe_check(found) == f"{check} (bm25): {said}; at most 0.0300 allowed", name
+
+
 def test_the_status_is_the_first_that_applies_and_every_reason_is_listed() -> None:
     from judge.report.status import header
     from judge.report.summary import Check, ThresholdResult

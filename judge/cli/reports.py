@@ -228,7 +228,7 @@ def _say_other_questions(results: Sequence[JudgedQuery]) -> None:
 def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
     """Exit 1 when an engine is significantly worse than its baseline on one of ``metrics``;
     say so when the pairs are too few for the test to ever say it."""
-    from judge.report.compared import ci_text, p_text
+    from judge.report.compared import ci_text, p_said
 
     code = EXIT_OK
     for metric in dict.fromkeys(metrics):
@@ -243,11 +243,10 @@ def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
             continue
         if d.worse():
             code = EXIT_THRESHOLD
-            p = p_text(d)
             print(
                 f"judge: {d.engine} is significantly worse than {d.baseline} on {d.metric}: "
                 f"{_num(d.diff, True)} {ci_text(d.ci_low, d.ci_high, signed=True)}, "
-                f"p {p if p.startswith('<') else f'= {p}'} over {d.n} paired queries",
+                f"{p_said(d)} over {d.n} paired queries",
                 file=sys.stderr,
             )
         elif d.n == 0:

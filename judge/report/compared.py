@@ -63,6 +63,12 @@ def p_text(d: PairedDiff) -> str:
     return text
 
 
+def p_said(d: PairedDiff) -> str:
+    """ "p = 0.0123", or "p < 0.0001" (not "p = < 0.0001")."""
+    said = p_text(d)
+    return f"p {said}" if said.startswith("<") else f"p = {said}"
+
+
 def wtl(d: PairedDiff) -> str:
     return f"{d.wins} / {d.ties} / {d.losses}"
 
@@ -71,7 +77,7 @@ def one_line(d: PairedDiff) -> str:
     """A paired difference in one sentence, for a page's first screen."""
     return (
         f"{d.engine} vs {d.baseline} on {d.metric}: {_signed(d.diff)} "
-        f"{ci_text(d.ci_low, d.ci_high, signed=True)}, p = {p_text(d)} "
+        f"{ci_text(d.ci_low, d.ci_high, signed=True)}, {p_said(d)} "
         f"(paired over {d.n} queries; better / tie / worse {wtl(d)})"
     )
 

@@ -43,9 +43,15 @@ def describe_check(check: Check) -> str:
         return f"{name}: {(check.note or 'no value').removeprefix('not evaluated: ')}"
     value, limit = format_value(check.value), format_value(check.limit)
     said = f" ({check.note})" if check.note else ""  # a drop over the queries both runs hold
-    if check.check.startswith("drop ") and check.baseline is not None:
+    if check.check.startswith(("drop ", "rise ")) and check.baseline is not None:
+        # value: how much worse (a fall; for a lower-is-better metric, a rise)
         before, now = format_value(check.baseline), format_value(check.current)
-        return f"{name}: fell {value} (from {before} to {now}){said}; at most {limit} allowed"
+        worse = "fell" if check.check.startswith("drop ") else "rose"
+        better = "rose" if worse == "fell" else "fell"
+        moved = f"{worse if check.value > 0 else better} {format_value(abs(check.value))}"
+        if check.value == 0:
+            moved = "unchanged"
+        return f"{name}: {moved} (from {before} to {now}){said}; at most {limit} allowed"
     if check.check.startswith("min "):
         return f"{name}: {value}; at least {limit} required"
     return f"{name}: {value}{said}; at most {limit} allowed"
