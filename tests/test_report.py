@@ -206,6 +206,11 @@ def test_summary_rows_match_the_query_table(report: tuple[Path, Path]) -> None:
     assert rows[("q9", "bm25")].metrics["ap"] is None  # nothing relevant retrieved: undefined
     md = report[0].read_text(encoding="utf-8")
     assert "| q2 | dense | how long to boil an egg for a soft yolk | 0.4667 |" in md
+    # A mean over fewer than the engine's queries says over how many, beside it.
+    ap = summary.engines["bm25"].metrics["ap"]
+    assert ap.n_defined < summary.engines["bm25"].n_queries
+    ap_row = next(line for line in md.splitlines() if line.startswith("| ap |"))
+    assert f"({ap.n_defined} of {summary.engines['bm25'].n_queries} queries)" in ap_row
 
 
 def test_one_engine_one_repeat_gets_only_sections_with_something_to_say(tmp_path: Path) -> None:

@@ -229,10 +229,16 @@ def _metrics_section(summary: Summary, rows: Sequence[QueryRow], worst: int) -> 
     engines = list(summary.engines)
 
     def cell(engine: str, name: str) -> str:
-        m = summary.engines[engine].metrics.get(name)
+        data = summary.engines[engine]
+        m = data.metrics.get(name)
         if m is None or m.mean is None:
             return format_value(None)
-        return f"{m.mean:.4f} {ci_text(m.ci_low, m.ci_high)}"
+        said = f"{m.mean:.4f} {ci_text(m.ci_low, m.ci_high)}"
+        # A mean over a few of the engine's queries (the rest found nothing relevant, or
+        # were not judged fully) is not its mean over all of them: said beside it.
+        if m.n_defined < data.n_queries:
+            said += f" ({m.n_defined} of {data.n_queries} queries)"
+        return said
 
     table = Table(["metric", *engines], [[n, *(cell(e, n) for e in engines)] for n in names])
     n_queries = ", ".join(f"{e} {d.n_queries}" for e, d in summary.engines.items())
