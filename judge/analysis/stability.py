@@ -46,8 +46,9 @@ class MetricStability(Record):
     """One metric's dataset-level value across repeats, for one engine.
 
     ``per_repeat[i]`` is the mean over the queries where the metric is defined in repeat
-    ``repeats[i]``; ``mean``/``std``/``min``/``max`` are over those per-repeat means
-    (``std`` with ddof=1, 0 for a single repeat). ``max_rel_diff`` is
+    ``repeats[i]``; ``std``/``min``/``max`` are over those per-repeat means (``std`` with
+    ddof=1, 0 for a single repeat); ``mean`` is the one the CI is of (below), equal to the
+    per-repeat means' mean when every query is defined in every repeat. ``max_rel_diff`` is
     max over repeat pairs of ``|m_i - m_j| / max(|m_i|, |m_j|)`` (0 when both are 0).
     ``ci_low``/``ci_high``: 95% percentile bootstrap (queries resampled) of the mean over
     queries of each query's value averaged over the repeats where it is defined.
@@ -179,8 +180,11 @@ def metric_stability(
         grids[name] = grid
     per_query_means = [_masked_mean(grid, axis=1) for grid in grids.values()]
     cis = bootstrap_cis([m[~np.isnan(m)] for m in per_query_means], n_boot=n_boot, seed=seed)
-    for name, ci in zip(metrics, cis, strict=True):
+    for name, ci, by_query in zip(metrics, cis, per_query_means, strict=True):
         grid = grids[name]
+        # The mean the CI is of: over queries, each its mean over the repeats defining it (a
+        # mean of the repeats' means weighs a query by how many repeats defined it).
+        held = by_query[~np.isnan(by_query)]
         defined = ~np.isnan(grid)
         per_repeat = _masked_mean(grid, axis=0)
         means = per_repeat[~np.isnan(per_repeat)]
@@ -191,7 +195,7 @@ def metric_stability(
             engine=engine,
             repeats=tuple(repeats),
             per_repeat=tuple(_optional(m) for m in per_repeat),
-            mean=float(means.mean()) if means.size else None,
+            mean=float(held.mean()) if held.size else None,
             std=std if means.size else None,
             min=float(means.min()) if means.size else None,
             max=float(means.max()) if means.size else None,
