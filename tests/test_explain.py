@@ -69,6 +69,30 @@ def test_explain_prints_the_reason_and_a_second_explain_pays_nothing(
     assert "reason:    It says what question 0 asks." in again and "cached" in again
 
 
+def test_an_empty_passage_is_not_credited_to_the_explainer(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty passage is judged without asking, and explain asks nothing of it either: it
+    had printed the explainer's name beside the run's own verdict and reason, as if given."""
+    data = tmp_path / "d.jsonl"
+    passages = [
+        {"id": "full", "text": "question number 0 is answered here"},
+        {"id": "blank", "text": " "},
+    ]
+    row = {"query_id": "q0", "query": "question number 0", "engine": "bm25", "passages": passages}
+    data.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    tables = {"dataset": {"path": str(data)}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    out = tmp_path / "run"
+    assert main(["run", str(config), "--out", str(out), "--no-charts"]) == 0
+    server.reset()
+    capsys.readouterr()
+    assert main(["explain", str(out), "--query", "q0", "--passage", "blank"]) == 0
+    said = capsys.readouterr().out
+    assert "not asked: the passage is empty, nothing to explain" in said
+    assert "P(relevant)" not in said and server.requests == []
+
+
 def test_an_explain_the_run_already_asked_is_its_cached_answer(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -223,6 +223,9 @@ def _print(
             detail = (answer.error or answer.raw or "") if answer is not None else ""
             print(f"  {who}: {why}{': ' + _snippet(detail) if detail else ''}")
             continue
+        if answer.source == "empty":  # judged without asking: no LLM said anything of it
+            print(f"  {who}: not asked: the passage is empty, nothing to explain")
+            continue
         p = f", P(relevant) {answer.probability:.2f}" if answer.probability is not None else ""
         cached = ", cached" if answer.cached else ""
         print(f"  {who}: {answer.label}{p}{cached}")
