@@ -422,6 +422,10 @@ class JudgedQuery(Record):
         return (self.query.query_id, self.query.engine, self.repeat)
 
 
+# Body fields that bound an answer's completion tokens, by the servers that read them.
+_COMPLETION_LIMITS = ("max_tokens", "max_completion_tokens", "max_new_tokens", "max_output_tokens")
+
+
 class SamplingParams(Record):
     """Everything besides the messages that changes the answer (all part of the cache key)."""
 
@@ -440,6 +444,22 @@ class SamplingParams(Record):
     # Request fields never to send, e.g. ["temperature", "max_tokens"] for reasoning models
     # that accept only their defaults (put "max_completion_tokens" in extra_body instead).
     omit: tuple[OmittableParam, ...] = ()
+
+    def completion_limit(self, extra_body: Mapping[str, Any] | None = None) -> int | None:
+        """The most completion tokens an answer to a request with these params can hold, as
+        sent: ``max_tokens`` unless omitted, and any limit in an extra body (a provider's
+        ``extra_body``, then these params'): ``max_tokens``, ``max_completion_tokens``,
+        ``max_new_tokens``, ``max_output_tokens``; the largest when several are sent (the
+        server may honour any). None when nothing bounds it: a budget then reserves its own
+        generous bound (judge.calling.limits.UNBOUNDED_COMPLETION)."""
+        said = [] if "max_tokens" in self.omit or self.max_tokens is None else [self.max_tokens]
+        for body in (extra_body or {}, self.extra_body):
+            said += [
+                int(v)
+                for key in _COMPLETION_LIMITS
+                if isinstance(v := body.get(key), int | float) and not isinstance(v, bool)
+            ]
+        return max(said) if said else None
 
     @field_validator("extra_body", "json_schema")
     @classmethod

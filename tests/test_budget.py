@@ -317,6 +317,52 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     assert labels and all(label is not None for label in labels.values())
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # The README's recipe for a reasoning model: its limit under another name.
+        '[judge.params]\nomit = ["max_tokens"]\nextra_body = {max_completion_tokens = 20000}\n',
+        # The same limit in the provider's extra body.
+        '[judge.params]\nomit = ["max_tokens"]\n'
+        "[provider.extra_body]\nmax_completion_tokens = 20000\n",
+        # No limit sent at all: the budget's own generous bound.
+        '[judge.params]\nomit = ["max_tokens"]\n',
+    ],
+    ids=["params", "provider", "none"],
+)
+def test_a_completion_limit_sent_under_another_name_is_the_worst_case_reserved(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: str,
+) -> None:
+    """With max_tokens omitted, each request had reserved the 512 tokens it no longer sent:
+    a cap of 8,000 tokens let out requests answered with 15,080."""
+    inner = hashed_responder()
+
+    def long(request: Recorded) -> Item:
+        answer = inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=(80, 15000))
+
+    server = make_server(responder=long)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    with config.open("a", encoding="utf-8") as fh:
+        fh.write(extra)
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "8000"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BUDGET, err
+    assert [r for r in server.requests if r.path.endswith("/chat/completions")] == []
+    with config.open("a", encoding="utf-8") as fh:  # priced: the dry run says its worst case
+        fh.write('[prices."judge-test"]\nprompt = 10.0\ncompletion = 30.0\n')
+    assert main(["run", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    worst = re.search(r"at most \$(\d+\.\d+)", out)
+    assert worst, out
+    # 56 calls, each at least 8,192 completion tokens at $30 per 1M: above $13.
+    assert float(worst.group(1)) > 56 * 8192 * 30 / 1e6, out
+
+
 @pytest.mark.parametrize("flag", ["--max-cost", "--max-tokens"])
 def test_a_budget_of_zero_is_refused_not_taken_for_none(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str

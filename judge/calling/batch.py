@@ -18,8 +18,8 @@ parser did not make.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from judge.calling.cache import Cache
 from judge.calling.limits import (
@@ -40,28 +40,29 @@ T = TypeVar("T")
 _NOTHING_USD = 1e-9  # a dollar cap no request fits (0 would mean "no cap")
 
 
-def worst_case(request: ChatRequest) -> Usage:
-    """The most tokens ``request`` can use: its prompt's bound and its ``max_tokens``."""
+def worst_case(request: ChatRequest, extra_body: Mapping[str, Any] | None = None) -> Usage:
+    """The most tokens ``request`` can use: its prompt's bound and its completion limit as
+    sent (``max_tokens``, or one in ``extra_body``, the provider's, or in its params')."""
     prompt = worst_case_prompt_tokens([m.content for m in request.messages])
-    completion = request.params.max_tokens
+    completion = request.params.completion_limit(extra_body)
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=UNBOUNDED_COMPLETION if completion is None else completion,
     )
 
 
-def worst_of(requests: Iterable[ChatRequest]) -> Usage:
-    """The most tokens ``requests`` can use together."""
-    return sum((worst_case(r) for r in requests), Usage())
+def worst_of(requests: Iterable[ChatRequest], extra_body: Mapping[str, Any] | None = None) -> Usage:
+    """The most tokens ``requests`` can use together (``extra_body``: the provider's)."""
+    return sum((worst_case(r, extra_body) for r in requests), Usage())
 
 
 class BatchBudget:
     """The run's budget as batches see it: worst cases reserved and real usage spent at batch
     prices (``limits.price.batch()``), under the run's caps."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, extra_body: Mapping[str, Any] | None = None) -> None:
         price = limits.price.batch() if limits.price is not None else None
-        self.price = price
+        self.price, self.extra_body = price, extra_body
         self.budget = Budget(limits.model_copy(update={"price": price}))
 
     def cost(self, usage: Usage) -> float:
@@ -70,7 +71,7 @@ class BatchBudget:
     async def reserve(self, requests: Iterable[ChatRequest]) -> Reservation:
         """Hold the worst case of ``requests`` (one batch round); BudgetExceeded, saying what
         it would take, when the caps cannot hold it."""
-        worst = worst_of(requests)
+        worst = worst_of(requests, self.extra_body)
         try:
             return await self.budget.reserve(worst.prompt_tokens, worst.completion_tokens)
         except BudgetExceeded as exc:

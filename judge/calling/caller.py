@@ -24,7 +24,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -46,6 +46,7 @@ from judge.providers.base import (
     ChatProvider,
     ChatRequest,
     Completion,
+    ProviderSpec,
     RerankProvider,
     RerankRequest,
     RerankResult,
@@ -177,6 +178,11 @@ class Caller:
         limits: Limits | None = None,
     ) -> None:
         self.chat = chat
+        # The provider's own extra body: a completion limit in it bounds every answer too.
+        spec = getattr(chat, "spec", None)
+        self.extra_body: Mapping[str, Any] = (
+            spec.extra_body if isinstance(spec, ProviderSpec) else {}
+        )
         self.reranker = rerank
         self.cache = cache or Cache(None)
         self.limits = limits or Limits()
@@ -426,7 +432,7 @@ class Caller:
         async def once() -> Completion:
             nonlocal tries
             tries += 1
-            tokens, classify = request.params.max_tokens, provider.classify
+            tokens, classify = request.params.completion_limit(self.extra_body), provider.classify
             answer = await self._attempt("chat", tries, pace, worst, tokens, send, classify)
             self._tpm.refund(max(0, estimate - answer.usage.total))
             return answer

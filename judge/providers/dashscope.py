@@ -170,6 +170,11 @@ class _DashScopeBase:
     def identity(self) -> str:
         return f"dashscope:{self._base_url}{self._spec.body_fingerprint()}"
 
+    @property
+    def spec(self) -> ProviderSpec:
+        """The spec every request is built from (``extra_body`` as sent to the server)."""
+        return self._spec
+
     async def _call(self, api: Any, timeout: float | None, arguments: dict[str, Any]) -> Any:
         """One SDK call as one HTTP request; non-200 answers raised as ProviderStatusError."""
         if self._session is None or self._session.closed:

@@ -335,6 +335,11 @@ class OpenAICompatProvider:
         self._lean = LeanClient(self._base_url, _lean_headers(self._api_key)) if lean else None
 
     @property
+    def spec(self) -> ProviderSpec:
+        """The spec every request is built from (``extra_body`` as sent to the server)."""
+        return self._spec
+
+    @property
     def _client(self) -> Any:
         if self._sdk is None:
             import openai

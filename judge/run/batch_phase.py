@@ -61,7 +61,7 @@ class Phase:
         self.config, self.out_dir, self.cache, self.plan = config, out_dir, cache, plan
         self.provider, self.scale = provider, judge.scale
         self.limits = judge.caller.limits
-        self.money = BatchBudget(self.limits)
+        self.money = BatchBudget(self.limits, provider.spec.extra_body)
         self.stats = CallStats()  # the Batch API's own calls (files, batches)
         self.realtime = Caller(provider, cache=cache, limits=self.limits)  # replaced when used
         self.sent = self.answered = 0
@@ -105,7 +105,7 @@ class Phase:
                 lines, lambda ln: self.provider.batch_line(ln.custom_id, ln.request)
             ):
                 index = len(self.state.batches)
-                worst = worst_of(line.request for line, _ in chunk)
+                worst = worst_of((line.request for line, _ in chunk), self.provider.spec.extra_body)
                 record = BatchRecord(
                     round=round_,
                     custom_ids=tuple(line.custom_id for line, _ in chunk),

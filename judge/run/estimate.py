@@ -122,9 +122,8 @@ def estimate(
     cache_db = Cache(cache_file if cache_file.exists() else None, recover=False)
     with planning_only():
         judge = Judge.from_config(config)
-    answer_tokens = min(
-        config.judge.params.max_tokens or 512, 16 + 2 * config.judge.max_reason_words
-    )
+    limit = config.judge.params.completion_limit(judge.caller.extra_body)
+    answer_tokens = min(limit or 512, 16 + 2 * config.judge.max_reason_words)
     units = calls = cached = prompt = completion = passages = decided = blank = 0
     worst = Usage()
     seen: set[str] = set()
@@ -142,7 +141,7 @@ def estimate(
             decided += len(q.passages) - n_llm - n_blank
             # A listwise window answers for its passages (the last one: the rest), within its
             # max_tokens; a pointwise request for one.
-            size, most = judge.asker.list_size, config.judge.params.max_tokens or 10**9
+            size, most = judge.asker.list_size, limit or 10**9
             for i, ask in enumerate(prompts):
                 window = min(size, n_llm - i * size) if listwise else 1
                 per_call_answer = min(answer_tokens * max(window, 1), most)
@@ -159,7 +158,7 @@ def estimate(
                     continue
                 prompt += count_tokens(ask.request.messages)
                 completion += per_call_answer
-                worst = worst + worst_case(ask.request)
+                worst = worst + worst_case(ask.request, judge.caller.extra_body)
     # What a batch would ask (first-round verdicts); the aspects' requests go in real time.
     batched = Usage(prompt_tokens=prompt, completion_tokens=completion)
     extra = _aspects(judge, config, (queries, [q for q, _, _ in plan]), done, out_dir, cache_db)
