@@ -54,7 +54,6 @@ from judge.providers.base import (
     never_sent,
     request_key,
 )
-from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
 # Seconds a call's requests spent between leaving and their answer arriving (not waiting for
@@ -649,8 +648,9 @@ class Caller:
         """One request (``send()``, given up at the deadline the tail gives a call's
         ``attempt``-th attempt as it leaves) under the budget: its worst case reserved before it
         is sent, settled to what it used. A request whose fate is unknown (timeout, dropped
-        connection, cancelled in flight, a hedge race's loser) is counted at its worst-case
-        prompt: it may have been billed. ``left`` is set as it leaves."""
+        connection, cancelled in flight, a hedge race's loser) is counted at its worst case,
+        prompt and completion: the provider may have generated and billed all of it for
+        nobody. ``left`` is set as it leaves."""
         if self.stats.unreachable is not None:  # no request goes to a provider never reached
             raise ProviderError(self.stats.unreachable, kind="unreachable")
         if self.stopping is not None:  # a run told to stop sends nothing new
@@ -663,7 +663,7 @@ class Caller:
         else:
             reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         tail.sent(hedge)
-        spent = Usage(prompt_tokens=reservation.usage.prompt_tokens)
+        spent, known = reservation.usage, False  # its fate unknown until it ends
         sent = time.perf_counter()
         self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
         self.stats.hedges += hedge
@@ -679,14 +679,15 @@ class Caller:
                 answer = answer.model_copy(update={"usage": reservation.usage})
                 self._unknown_usage(lane)
                 self.stats.worst_counted += 1
-            spent = answer.usage
+            spent, known = answer.usage, True
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
-            spent = spent_failing(exc, kind, reservation.usage, spent)
+            spent, known = spent_failing(exc, kind, reservation.usage), True
             self.stats.worst_counted += spent.total > 0
             self._failed(exc, kind, lane, attempt, hedge, sent, tail.cut(timeout))
             raise
         finally:
+            self.stats.worst_counted += not known  # cancelled in flight: at its worst
             self.budget.settle(reservation, spent)
             if (cell := _IN_FLIGHT_S.get()) is not None:
                 cell[0] += time.perf_counter() - sent

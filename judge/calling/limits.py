@@ -419,7 +419,7 @@ NOT_BILLED = frozenset({"rate_limit", "server", "client", "config"})
 def billed_on_failure(exc: BaseException, kind: str, reserved: Usage) -> Usage:
     """What a request that failed with ``exc`` (classified ``kind``) may have cost: nothing
     when the server answered with a refusal or no connection was made (:func:`never_sent`);
-    else ``reserved``, its worst-case prompt (a timeout or a drop: it may have been billed)."""
+    else ``reserved``, its worst case (a timeout or a drop: it may have been billed whole)."""
     return Usage() if kind in NOT_BILLED or never_sent(exc) else reserved
 
 

@@ -304,10 +304,12 @@ def root_cause(exc: BaseException) -> str:
     return " ".join(text.split())[:200]
 
 
-def spent_failing(exc: BaseException, kind: str, reserved: Usage, prompt: Usage) -> Usage:
-    """What a failed request may have cost: an answer that came with a success status but
-    could not be used (too large, an error object) may have been billed whole, as the worst
-    case ``reserved``; else :func:`billed_on_failure` (its worst-case ``prompt``, or nothing)."""
+def spent_failing(exc: BaseException, kind: str, reserved: Usage) -> Usage:
+    """What a failed request may have cost: nothing when the server refused it or no
+    connection was made (:func:`billed_on_failure`); else its whole worst case ``reserved``.
+    An answer that came with a success status but could not be used (too large, an error
+    object) may have been billed whole, and so may one given up, dropped or cancelled in
+    flight: the provider may have generated all of it for nobody."""
     if isinstance(exc, ProviderStatusError) and exc.status == 200:
         return reserved
-    return billed_on_failure(exc, kind, prompt)
+    return billed_on_failure(exc, kind, reserved)
