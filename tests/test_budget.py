@@ -208,6 +208,49 @@ def test_a_run_killed_outright_resumes_under_what_it_may_have_paid(
     assert metered.billed == billed
 
 
+def test_what_an_uncapped_run_killed_outright_spent_counts_under_a_later_cap(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run without a cap kept what it spent only on its 5 s timer: killed sooner, its
+    rerun under a cap counted nothing of it, and the two together passed the cap."""
+    metered = Metered()
+    server = make_server(responder=metered, latency=0.02)
+    config = _config(tmp_path, server, concurrency=4)
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "judge", "run", str(config), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def kept() -> int:  # the tokens run.json says were spent (0: none said)
+        try:
+            said = json.loads((out / "run.json").read_text(encoding="utf-8")).get("spent")
+        except (OSError, ValueError):
+            return 0
+        return int(said["prompt_tokens"] + said["completion_tokens"]) if said else 0
+
+    try:  # killed just after it said what it spent (every 10,000 tokens, uncapped)
+        deadline = time.monotonic() + 60
+        while not kept():
+            assert proc.poll() is None, "the run ended before it said what it spent"
+            assert time.monotonic() < deadline, "the run never said what it spent"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    before = metered.billed
+    assert 0 < before < 200 and kept() >= before * (PROMPT + COMPLETION) // 2
+    cap = 20_000  # the 240 answers cost 26,400: the rest would fit, had the first not counted
+    capsys.readouterr()
+    assert main(["run", str(config), "--out", str(out), "--max-tokens", str(cap)]) == EXIT_BUDGET
+    # Within the answers sent between the ledger's last word and the kill.
+    assert metered.billed * (PROMPT + COMPLETION) <= cap + 8 * (PROMPT + COMPLETION)
+    assert "spent at most " in capsys.readouterr().err
+
+
 def test_the_budget_stop_states_what_was_spent_in_the_end(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

@@ -426,6 +426,9 @@ def billed_on_failure(exc: BaseException, kind: str, reserved: Usage) -> Usage:
 # A budget's bound is kept (Budget.on_bound) each time it grows by this fraction of a cap: a
 # run killed outright may pass its cap by at most one such step.
 BOUND_STEPS = 50
+# Without a cap, the bound is kept each time it grows by a fiftieth of itself, and by at least
+# this many tokens (a run killed outright has then said what it spent, within that).
+UNCAPPED_STEP = 10_000
 
 
 class Budget:
@@ -487,7 +490,7 @@ class Budget:
         self._reserved_cost += worst.cost
         self._reserved_prompt += worst.usage.prompt_tokens
         self._in_flight += 1
-        if self.on_bound is not None and self.capped:
+        if self.on_bound is not None:
             self._tell_bound()
         return worst
 
@@ -499,9 +502,15 @@ class Budget:
         )
 
     def _tell_bound(self) -> None:
-        """Tell ``on_bound`` the bound when it passed the last one told by a step of a cap."""
+        """Tell ``on_bound`` the bound when it passed the last one told by a step of a cap;
+        without a cap, by a step of what it was (at least :data:`UNCAPPED_STEP` tokens): a
+        cap given to a rerun counts what an uncapped run killed outright had spent."""
         lim, (cost, tokens) = self.limits, self._bound_told
         spent_cost, spent_tokens = self._committed()
+        if not self.capped:
+            if spent_tokens - tokens >= max(UNCAPPED_STEP, tokens / BOUND_STEPS):
+                self.tell_bound()
+            return
         if (lim.max_cost > 0 and spent_cost - cost >= lim.max_cost / BOUND_STEPS) or (
             lim.max_tokens > 0 and spent_tokens - tokens >= lim.max_tokens / BOUND_STEPS
         ):
