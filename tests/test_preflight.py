@@ -5,12 +5,17 @@ CONFIG DATASET`` runs the same checks."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from judge.calling.cache import Cache
 from judge.cli.main import main
 from tests.servers import ScriptedServer
 from tests.test_runner import SAMPLE, write_config
@@ -265,6 +270,38 @@ def test_a_run_history_that_cannot_record_the_run_is_refused_before_paying(
         for err in _both(config, dataset, tmp_path / "out", capsys):
             assert f"run.history: {history}: " in err and why in err
             assert "Traceback" not in err
+    assert server.requests == []
+
+
+# Root writes a read-only file; without the capability it does so by, it cannot.
+_NOT_ROOT = ["setpriv", "--bounding-set=-dac_override", "--inh-caps=-dac_override"]
+
+
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="needs setpriv and root, to drop root's permission to write read-only files",
+)
+@pytest.mark.parametrize("suffix", ["", "-shm"])
+def test_a_read_only_cache_file_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, suffix: str
+) -> None:
+    """The checks probed the cache's folder only: a read-only cache file (or its -shm) passed
+    them, and the run paid for answers, then stopped unable to keep them."""
+    cache = tmp_path / "cache.sqlite"
+    Cache(cache).close()  # a cache judge made, which opens read-only as it is
+    locked = cache.with_name(cache.name + suffix)
+    locked.touch()
+    locked.chmod(0o444)
+    config = write_config(tmp_path / "c.toml", server, cache)
+    dataset = _dataset(tmp_path)
+    for command in ("run", "validate"):
+        argv = [*_NOT_ROOT, sys.executable, "-m", "judge", command, str(config), str(dataset)]
+        done = subprocess.run(
+            [*argv, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert f"run.cache: {locked} is read-only: make it writable" in done.stderr
+        assert "Traceback" not in done.stderr
     assert server.requests == []
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -131,6 +132,8 @@ def _config_problems(config: RunConfig) -> list[str]:
         problems += [f"{said[key]}: {key}: {p}" for p in _writable(path.parent, str(path))]
         if path.is_dir():  # what the run would fail on, after paying (judge validate too)
             problems.append(f"{said[key]}: {key}: {path} is a directory, not a file")
+        else:  # a file there that cannot be written fails the first answer's keeping
+            problems += [f"{said[key]}: {key}: {p}" for p in _read_only(path)]
     try:  # a run would refuse it when it opens the cache; validate says so too
         check_sqlite(config.cache_path())
     except NotACache as exc:
@@ -344,6 +347,17 @@ def _say_disagreements(queries: Sequence[Query]) -> None:
                 )
     for line in said.values():
         log.warning("%s", line)
+
+
+def _read_only(path: Path) -> list[str]:
+    """A SQLite file at ``path``, or its -wal and -shm beside it, that this process may not
+    write (a read-only mode, an immutable file): the run would pay for its first answers,
+    then stop unable to keep them."""
+    return [
+        f"{found} is read-only: make it writable (chmod u+w), or give another path"
+        for found in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+        if found.is_file() and not os.access(found, os.W_OK)
+    ]
 
 
 def _writable(directory: Path, what: str) -> list[str]:
