@@ -251,6 +251,35 @@ def test_what_an_uncapped_run_killed_outright_spent_counts_under_a_later_cap(
     assert "spent at most " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "spent", ['"a lot"', '{"prompt_tokens": -5000, "completion_tokens": 0}', "[]"]
+)
+def test_a_damaged_spend_record_is_refused_not_read_as_nothing_spent(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    spent: str,
+) -> None:
+    """run.json's spend, damaged, had counted as nothing spent (or a negative spend), and the
+    rerun paid the whole cap again."""
+    metered = Metered()
+    server = make_server(responder=metered)
+    config = _config(tmp_path, server, concurrency=4)
+    out = tmp_path / "o"
+    argv = ["run", str(config), "--out", str(out), "--max-tokens", "5000"]
+    assert main(argv) == EXIT_BUDGET
+    paid = metered.billed
+    data = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    (out / "run.json").write_text(
+        json.dumps({**data, "spent": json.loads(spent)}), encoding="utf-8"
+    )
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out / 'run.json'}" in err[0] and "field 'spent'" in err[0], err
+    assert metered.billed == paid
+
+
 def test_the_budget_stop_states_what_was_spent_in_the_end(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,

@@ -25,7 +25,7 @@ from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.data.nuggets import NUGGETS_FILE
 from judge.data.results import RESULTS_FILE, UnitKey, stale_units, unit_statuses
-from judge.errors import ConfigError
+from judge.errors import ConfigError, InputError
 from judge.run.batch_state import load_state
 from judge.schema import Query, Usage, Verdict
 from judge.version import __version__
@@ -205,10 +205,18 @@ def spent_before(out_dir: Path) -> tuple[Usage, bool]:
     counted at their worst case)."""
     data = _run_file(out_dir)
     found = data.get("spent")
-    try:
-        usage = Usage.model_validate(found) if isinstance(found, dict) else Usage()
-    except ValueError:
-        usage = Usage()
+    if found is None:  # none kept yet: the run spent less than a step of its ledger
+        return Usage(), False
+    counts = [found.get(k) for k in Usage.model_fields] if isinstance(found, dict) else [None]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        raise InputError(
+            f"{json.dumps(found)[:80]} is not what judge keeps there (token counts): what "
+            "earlier runs into this directory spent is unknown, and the budget caps the "
+            "directory; restore the file, or give another --out",
+            file=str(out_dir / RUN_FILE),
+            field="spent",
+        )
+    usage = Usage.model_validate(found)
     return usage, bool(data.get("spent_at_most")) and usage.total > 0
 
 
