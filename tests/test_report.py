@@ -575,3 +575,20 @@ def test_tick_values_are_round_and_cover_the_range() -> None:
     for lo, hi in [(0.0, 105.0), (-3.2, 7.9), (0.001, 0.0042), (1e6, 3e6)]:
         ticks = nice_ticks(lo, hi)
         assert 2 <= len(ticks) <= 6 and lo <= ticks[0] and ticks[-1] <= hi
+
+
+def test_report_md_makes_no_link_or_image_of_data_text() -> None:
+    """A query "[r]: http://evil.example/x.png" had defined a link target for the whole
+    report.md, and an engine named "![r]" then loaded it as an image wherever it was said."""
+    markdown_it = pytest.importorskip("markdown_it")
+    from judge.report.blocks import Header, Section, Table, Text, render_markdown
+
+    head = Header(title="FAILED · ![r]", css="failed", lines=("[r]: http://evil.example/x.png",))
+    body = [
+        Section("q", "[r]: http://evil.example/x.png", [Text("[r]: http://evil.example/x.png")]),
+        Section(
+            "t", "t", [Table(["engine", "[x]"], [["![r]", "[click][r]"], ["[a](http://e.x)", 1]])]
+        ),
+    ]
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(render_markdown(head, body))
+    assert "<img" not in page and "<a " not in page and "evil.example" in page

@@ -120,14 +120,15 @@ def format_value(value: Any) -> str:
 _PLAIN = frozenset({int, float, bool, type(None)})
 
 
-# What makes Markdown of plain text: a backslash escape, the "](" of a link or an image.
-_MD_SYNTAX = re.compile(r"\\|\](?=\()")
+# What makes Markdown of plain text: a backslash escape, the "](" of a link or an image, the
+# "]:" of a link reference definition (which would give "![r]" anywhere in the page a target).
+_MD_SYNTAX = re.compile(r"\\|\](?=[(:])")
 
 
 def md_text(value: Any) -> str:
     """Markdown-safe text: HTML escaped (renderers pass HTML through), pipes, backslashes and
-    the bracket that closes a link's text escaped (no link or image made of text from
-    outside), controls shown."""
+    the bracket that closes a link's text or a link reference's label escaped (no link or
+    image made of text from outside), controls shown."""
     if type(value) in _PLAIN:  # nothing to escape: most of a report's cells
         return format_value(value)
     text = printable(" ".join(format_value(value).split()))
