@@ -89,9 +89,12 @@ def visible(text: str) -> bool:
     return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
 
 
-# Control characters (a terminal obeys ESC sequences; XML forbids most C0) and bidirectional
-# controls (they reorder the text after them), as a reader may see them.
-_UNSEEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Control characters (a terminal obeys ESC sequences; XML forbids most C0), bidirectional
+# controls (they reorder the text after them), and what XML 1.0 cannot hold at all (U+FFFE,
+# U+FFFF, a lone surrogate), as a reader may see them.
+_UNSEEN = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]"
+)
 
 
 def _shown(found: re.Match[str]) -> str:

@@ -67,6 +67,15 @@ def test_the_console_streams_answer_as_the_streams_they_wrap() -> None:
 def test_printable_shows_controls_as_symbols() -> None:
     assert printable("a\x1b[2Jb\r\n\tc\u202ed\x7f") == "a\u241b[2Jb\u240d\n\tc\ufffdd\u2421"
     assert printable("plain text, 中文") == "plain text, 中文"
+    # What XML 1.0 cannot hold: a JUnit file with it had not parsed.
+    assert printable("x\uffff\ufffe\ud800") == "x\ufffd\ufffd\ufffd"
+
+
+def test_chart_labels_show_controls_as_symbols() -> None:
+    """Chart labels had been HTML-escaped only: an engine name's ESC reached the page raw."""
+    from judge.report.svg import esc
+
+    assert esc("x\x1b[2J<b>\u202e") == "x\u241b[2J&lt;b&gt;\ufffd"
 
 
 def test_outside_text_drives_no_terminal_and_breaks_no_report(
@@ -111,6 +120,8 @@ def test_outside_text_drives_no_terminal_and_breaks_no_report(
         ("dense\x1b[31m", "contains a control character (U+001B)"),
         ("dense\n# heading", "contains a control character (U+000A)"),
         (" dense", "begins or ends with white space"),
+        ("bm25\u200b", "contains an invisible character (U+200B)"),
+        ("dense\uffff", "contains an invisible character (U+FFFF)"),
     ],
 )
 def test_an_engine_name_that_would_do_harm_is_refused_before_anything_is_sent(

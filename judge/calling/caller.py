@@ -663,14 +663,12 @@ class Caller:
         else:
             reservation = await self.budget.reserve(prompt_tokens, completion_tokens)
         tail.sent(hedge)
-        spent, known = reservation.usage, False  # its fate unknown until it ends
-        sent = time.perf_counter()
+        spent, known, sent = reservation.usage, False, time.perf_counter()  # fate unknown yet
         self.stats.requests += 1  # counted as it leaves: not while waiting, not if refused
         self.stats.hedges += hedge
         if left is not None and not left.done():  # (done: its watcher was cancelled)
             left.set_result(None)
-        deadline = self._deadline(tail, attempt)
-        timeout: Deadline | None = None
+        deadline, timeout = self._deadline(tail, attempt), None
         try:
             async with Deadline(deadline) as timeout:
                 tail.watch(timeout, attempt)

@@ -21,6 +21,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from judge.schema import printable
+
 __all__ = ["TAB10", "Figure", "Mark", "Panel", "nice_ticks", "ramp", "text_width"]
 
 # matplotlib's tab10 cycle: the colours engines had in earlier reports.
@@ -57,7 +59,8 @@ _GRID = "#dddddd"
 
 
 def esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """Text for a chart: controls shown (an engine's name may carry ESC), HTML escaped."""
+    return html.escape(printable(str(value)), quote=True)
 
 
 def _n(value: float) -> str:

@@ -440,6 +440,10 @@ _SPACE = re.compile(r"\s")  # str.isspace's characters, found without a loop in 
 # Control characters (NUL breaks qrels.txt for trec_eval) and the bidirectional controls that
 # reorder the text after them in a report (a metric's digits shown reversed).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Characters no reader sees (a zero-width space, a word joiner, a byte-order mark, a soft
+# hyphen) or XML cannot hold (U+FFFE, U+FFFF): "bm25" and "bm25" with one are two engines,
+# and two passages, that every table shows alike; a JUnit file with one does not parse.
+_INVISIBLE = re.compile(r"[\u00ad\u200b\u2060-\u2064\ufeff\ufffe\uffff]")
 # Ids longer than this are refused: they are echoed in errors and reports whole.
 MAX_ID_CHARS = 512
 
@@ -465,6 +469,8 @@ def _unfit_id(text: str, *, spaces: bool = True) -> str | None:
         return "whitespace"
     if found := _CONTROL.search(text):
         return f"a control character (U+{ord(found.group(0)):04X})"
+    if found := _INVISIBLE.search(text):
+        return f"an invisible character (U+{ord(found.group(0)):04X})"
     if len(text) > MAX_ID_CHARS:
         return f"{len(text)} characters (at most {MAX_ID_CHARS})"
     return None
