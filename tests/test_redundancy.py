@@ -100,6 +100,11 @@ def test_hosts_and_sites() -> None:
     assert host_of("http://xn--fiqs8s.cn/") == "中国.cn"  # punycode decoded
     for nothing in (None, "", "   ", "mailto:a@b.c", "file:///etc/hosts", "http://[::1"):
         assert host_of(nothing) is None
+    # A scheme without an authority names no website (they had been the sites "javascript",
+    # "data" and "tel"); a host's port is not such a scheme.
+    for nothing in ("javascript:alert(7)", "data:text/html,<b>x</b>", "tel:+15551234"):
+        assert host_of(nothing) is None, nothing
+    assert host_of("localhost:8080/x") == "localhost"
     assert site_of("https://news.bbc.co.uk/x") == site_of("http://www.bbc.co.uk") == "bbc.co.uk"
     assert site_of("https://alice.github.io") != site_of("https://bob.github.io")  # private
     assert site_of("https://www.gov.cn/zhengce") == site_of("gov.cn") == "gov.cn"

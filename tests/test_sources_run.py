@@ -207,7 +207,7 @@ def test_thresholds_and_history_read_a_rise_in_duplicates_as_a_regression(
     assert checks["min sites@4"]["value"] == pytest.approx(19 / 6)
     assert not any(c["ok"] for name, c in checks.items() if name != "unparsed_rate")
     md = (night2 / "report.md").read_text(encoding="utf-8")
-    assert "rise near_dup@4 (web): 0.3750; at most 0.1000 allowed" in md
+    assert "rise near_dup@4 (web): rose 0.3750 (from 0.0000 to 0.3750); at most 0.1000" in md
     assert "max low_quality@4 (web): 0.6667; at most 0.5000 allowed" in md
     assert "web near_dup@4 rose 0.3750" in md  # the history's regression flag
     assert "web authority@4 fell 0.4792" in md

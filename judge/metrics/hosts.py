@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
 from publicsuffixlist import PublicSuffixList
@@ -36,13 +37,20 @@ def _suffixes() -> PublicSuffixList:
     return PublicSuffixList(only_icann=False)
 
 
+# A scheme with no "//" authority after it: "javascript:alert(1)", "data:...", "tel:+1...".
+# A host's port ("example.com:8080") is digits, not a scheme's body.
+_NO_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:(?!//)(?!\d)")
+
+
 @functools.lru_cache(maxsize=1 << 16)  # the same urls recur across engines and repeats
 def host_of(url: str | None) -> str | None:
     """The normalised host of ``url``, or None when it has none."""
     if not url or not url.strip():
         return None
     url = url.strip()
-    if "://" not in url and not url.startswith("//") and not url.startswith(("mailto:", "file:")):
+    if _NO_AUTHORITY.match(url):  # javascript:, data:, tel:, mailto: ... name no website
+        return None
+    if "://" not in url and not url.startswith("//"):
         url = "//" + url
     try:
         host = urlsplit(url).hostname
