@@ -97,6 +97,23 @@ def test_an_entry_that_no_longer_reads_is_a_miss(tmp_path: Path) -> None:
     cache.close()
 
 
+def test_an_answer_whose_logprobs_are_not_numbers_reads_back(tmp_path: Path) -> None:
+    """A server's NaN or infinite logprob was stored as null (JSON has no NaN), then could
+    not be read back: the answer was said to be another version's, and paid for again."""
+    raw = (
+        '{"text": "yes", "logprobs": [{"token": "yes", "logprob": NaN, '
+        '"top": [{"token": "yes", "logprob": -Infinity}, {"token": "no", "logprob": -0.1}]}]}'
+    )
+    answer = Completion.model_validate_json(raw)
+    cache = Cache(tmp_path / "c.sqlite")
+    cache.put("k", answer, kind="chat", model="m")
+    cache.close()
+    again = Cache(tmp_path / "c.sqlite")
+    found = again.get_stored("k", Completion)
+    again.close()
+    assert found is not None and found.value == answer
+
+
 def test_a_thousand_unreadable_entries_make_one_warning_line_not_a_thousand(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from datetime import UTC
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_core import from_json
 
 from judge.errors import NotTheApiError, ProviderConfigError, ProviderError, ResponseError
@@ -39,14 +39,29 @@ class ChatRequest(Record):
     params: SamplingParams = SamplingParams()
 
 
+# The log-probability of a token a server gave none for (NaN, infinity; null, as JSON keeps
+# NaN): no probability at all. Kept finite, the answer is stored and read back like any
+# other; it had been stored as null, then unreadable, and paid for again.
+NO_LOGPROB = -1e9
+
+
+def _finite_logprob(value: object) -> object:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return NO_LOGPROB
+    return value
+
+
+Logprob = Annotated[float, BeforeValidator(_finite_logprob)]
+
+
 class TopLogprob(Record):
     token: WholeText
-    logprob: float
+    logprob: Logprob
 
 
 class TokenLogprob(Record):
     token: WholeText
-    logprob: float
+    logprob: Logprob
     top: tuple[TopLogprob, ...] = ()
 
 
