@@ -387,6 +387,10 @@ def test_usage_that_is_not_a_count_is_counted_at_the_worst_case_and_keeps_the_ca
     assert 1 <= len(answered) < 20  # each answer priced at its worst case, under the cap
     labels = verdict_labels(tmp_path / "o")
     assert labels and all(label is not None for label in labels.values())
+    # Its rerun says the same of what was spent before it: "at most" (it had said "spent").
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "8000"])
+    assert code == EXIT_BUDGET
+    assert "token budget reached: spent at most" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

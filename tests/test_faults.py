@@ -377,9 +377,13 @@ def test_an_unreachable_provider_leaves_no_sentence_about_the_engines(
     assert main(["run", str(config), str(dataset), "--out", str(out), "--no-charts"]) == 3
     printed = capsys.readouterr().out.splitlines()
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    said = "no verdict on the engines: none of the 24 passages was judged (24 error, 0 unparsed)"
+    # None was sent: no connection was ever made (each had said "8 attempts", as if made).
+    said = (
+        "no verdict on the engines: none of the 24 passages was judged (0 error, 24 not sent, "
+        "0 unparsed)"
+    )
     assert summary["verdict"][0] == said
-    assert printed[printed.index(said) - 1].startswith("judged 24 passages")
+    assert printed[printed.index(said) - 1].startswith("judged 0 of 24 passages")
 
 
 def test_an_unreachable_provider_stops_after_a_few_attempts_saying_where_and_why(

@@ -652,7 +652,7 @@ class Caller:
         prompt and completion: the provider may have generated and billed all of it for
         nobody. ``left`` is set as it leaves."""
         if self.stats.unreachable is not None:  # no request goes to a provider never reached
-            raise ProviderError(self.stats.unreachable, kind="unreachable")
+            raise ProviderError(f"{NOT_SENT}{self.stats.unreachable}", kind="unreachable")
         if self.stopping is not None:  # a run told to stop sends nothing new
             raise ProviderError(f"{NOT_SENT}{self.stopping}", kind="interrupted")
         slot, tail = self.slots[lane], self.tails[lane]

@@ -191,8 +191,10 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             f"resumed: {outcome.resumed} of {outcome.planned} query-repeats were already in "
             f"{out_dir} (--fresh starts over)"
         )
+    # Passages a stopping run never sent are not judged: "judged 192 of 480 passages".
+    judged = f"{c.verdicts - c.not_sent} of {c.verdicts}" if c.not_sent else f"{c.verdicts}"
     print(
-        f"judged {c.verdicts} passages of {c.queries} ranked lists ({c.query_ids} queries) x "
+        f"judged {judged} passages of {c.queries} ranked lists ({c.query_ids} queries) x "
         f"{c.repeats} repeat(s): "
         f"{c.ok} ok, {c.unparsed} unparsed, {c.failed_words()}; "
         f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"

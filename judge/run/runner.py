@@ -411,7 +411,11 @@ class _Batch:
         takes it a step past the last it told: a run killed outright resumes under it)."""
         out_dir = self.results_path.parent
         budget = self.caller.budget
-        at_most = bound != budget.usage or budget.earlier_at_most
+        # At most: requests in flight at their worst case, or answers counted so (usage that
+        # was not a count, a request given up), here or in an earlier invocation.
+        at_most = (
+            bound != budget.usage or budget.earlier_at_most or self.caller.stats.worst_counted > 0
+        )
         try:
             record_spent(out_dir, bound, at_most=at_most)
         except OSError as exc:
