@@ -439,6 +439,33 @@ def test_a_completion_limit_sent_under_another_name_is_the_worst_case_reserved(
     assert float(worst.group(1)) > 56 * 8192 * 30 / 1e6, out
 
 
+def test_usage_above_what_the_request_allowed_is_counted_as_reported_and_said(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An answer said to use 100,000 completion tokens, for a request allowed 512, had been
+    counted in silence: the spend passed the cap with no word of why."""
+    inner = hashed_responder()
+
+    def over(request: Recorded) -> Item:
+        answer = inner(request)
+        assert isinstance(answer, Answer)
+        return dataclasses.replace(answer, usage=(100, 100_000))
+
+    server = make_server(responder=over)
+    config = write_config(tmp_path / "run.toml", server, tmp_path / "cache.sqlite")
+    code = main(["run", str(config), "--out", str(tmp_path / "o"), "--max-tokens", "8000"])
+    assert code == EXIT_BUDGET
+    spent = re.search(r"spent (\d+) of 8000 tokens", capsys.readouterr().err)
+    assert spent and int(spent.group(1)) % 100_100 == 0 and int(spent.group(1)) > 8000
+    said = [
+        r.message for r in caplog.records if "more tokens than their requests allow" in r.message
+    ]
+    assert len(said) == 1 and "100000 completion, for at most" in said[0], said
+
+
 @pytest.mark.parametrize("flag", ["--max-cost", "--max-tokens"])
 def test_a_budget_of_zero_is_refused_not_taken_for_none(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str

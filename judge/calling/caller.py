@@ -54,6 +54,7 @@ from judge.providers.base import (
     never_sent,
     request_key,
 )
+from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
 # Seconds a call's requests spent between leaving and their answer arriving (not waiting for
@@ -185,7 +186,7 @@ class Caller:
         self.reranker = rerank
         self.cache = cache or Cache(None)
         self.limits = limits or Limits()
-        self._said_usage: set[str] = set()  # lanes whose usage was said to be unknown
+        self._said_usage: set[str] = set()  # lanes whose odd usage counts were said
         self.stats = CallStats()
         # Why no new request may leave (a signal stopped the run); None while they may.
         self.stopping: str | None = None
@@ -673,10 +674,7 @@ class Caller:
             async with Deadline(deadline) as timeout:
                 tail.watch(timeout, attempt)
                 answer = await send()
-            if not answer.usage_known:  # counts that are not counts: the worst case, as reserved
-                answer = answer.model_copy(update={"usage": reservation.usage})
-                self._unknown_usage(lane)
-                self.stats.worst_counted += 1
+            answer = self._counted(answer, reservation.usage, lane)
             spent, known = answer.usage, True
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
@@ -728,17 +726,37 @@ class Caller:
         elif not unsent:
             self.slots[lane].failed()
 
-    def _unknown_usage(self, lane: str) -> None:
-        """Said once per lane: answers whose token counts are not counts are counted at their
-        worst case (a negative count would otherwise lift the budget)."""
-        if lane not in self._said_usage:
-            self._said_usage.add(lane)
-            log.warning(
-                "the %s provider's answers report token usage that is not a count (none, "
-                "zero, negative, fractional or text): each is counted at its request's worst "
-                "case",
-                lane,
+    def _counted(self, answer: A, worst: Usage, lane: str) -> A:
+        """``answer`` with the usage the budget counts: its worst case when its counts are
+        not counts (a negative count would lift the budget); as reported when above what
+        its request allowed (it may be billed so), said once per lane."""
+        if not answer.usage_known:
+            self.stats.worst_counted += 1
+            self._say_usage(
+                f"{lane} unknown",
+                "report token usage that is not a count (none, zero, negative, fractional or "
+                "text): each is counted at its request's worst case",
             )
+            return answer.model_copy(update={"usage": worst})
+        used = answer.usage
+        if used.prompt_tokens > worst.prompt_tokens or (
+            worst.completion_tokens and used.completion_tokens > worst.completion_tokens
+        ):
+            self._say_usage(
+                f"{lane} over",
+                f"report more tokens than their requests allow ({used.prompt_tokens} prompt, "
+                f"{used.completion_tokens} completion, for at most {worst.prompt_tokens} and "
+                f"{worst.completion_tokens}): counted as reported, as they may be billed; a "
+                "budget cannot cap what a provider counts past its requests' limits",
+            )
+        return answer
+
+    def _say_usage(self, what: str, said: str) -> None:
+        """Said once per lane and kind (``what``: "chat over", say): what its answers' usage
+        counts are, and how they are counted."""
+        if what not in self._said_usage:
+            self._said_usage.add(what)
+            log.warning("the %s provider's answers %s", what.split()[0], said)
 
     def _deadline(self, tail: Tail, attempt: int) -> float:
         """Seconds a request of a call's ``attempt``-th attempt leaving now is given: the
