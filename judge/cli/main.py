@@ -184,6 +184,18 @@ def _mlflow(args: argparse.Namespace, out_dir: Path | None) -> None:
         log_to_mlflow(out_dir)
 
 
+def _judged_line(outcome: RunOutcome, summary: Summary, out_dir: Path) -> str:
+    """The console's first line of a run: what was judged, how, and at how many calls."""
+    c = summary.counts
+    # Passages a stopping run never sent are not judged: "judged 192 of 480 passages".
+    judged = f"{c.verdicts - c.not_sent} of {c.verdicts}" if c.not_sent else f"{c.verdicts}"
+    return (
+        f"judged {judged} passages of {c.queries} ranked lists ({c.query_ids} queries) x "
+        f"{c.repeats} repeat(s): {c.ok} ok, {c.unparsed} unparsed, {c.failed_words()}; "
+        f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
+    )
+
+
 def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None:
     c = summary.counts
     if outcome.resumed:
@@ -191,14 +203,7 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
             f"resumed: {outcome.resumed} of {outcome.planned} query-repeats were already in "
             f"{out_dir} (--fresh starts over)"
         )
-    # Passages a stopping run never sent are not judged: "judged 192 of 480 passages".
-    judged = f"{c.verdicts - c.not_sent} of {c.verdicts}" if c.not_sent else f"{c.verdicts}"
-    print(
-        f"judged {judged} passages of {c.queries} ranked lists ({c.query_ids} queries) x "
-        f"{c.repeats} repeat(s): "
-        f"{c.ok} ok, {c.unparsed} unparsed, {c.failed_words()}; "
-        f"{outcome.requests} calls, {outcome.cache_hits} cache hits -> {out_dir}"
-    )
+    print(_judged_line(outcome, summary, out_dir))
     for line in summary.verdict:  # first: which engine is better, and how far to trust it
         print(line)
     # A stopped run's means are of the part judged: said on their lines, not only below.
