@@ -924,3 +924,24 @@ def test_a_tiny_p_reads_p_below_not_p_equals_below() -> None:
     )
     line = one_line(d)
     assert "p < 0.0001" in line and "p = <" not in line
+
+
+def test_a_passage_id_with_other_text_in_another_run_is_said_beside_pooled_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pooled metrics grade one id once: two nights whose lists hold the same ids over other
+    texts compare on one shared grade, which had gone unsaid (and read as "no query
+    differs" beside a significant fall)."""
+    first = [
+        judged(f"q{i}", "e", [("a", "good text"), ("b", "weak text")], [3, 0]) for i in range(6)
+    ]
+    second = [
+        judged(f"q{i}", "e", [("a", "now other text"), ("b", "weak text")], [0, 0])
+        for i in range(6)
+    ]
+    a, b = write_run(tmp_path / "a", first), write_run(tmp_path / "b", second)
+    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg", "--metric", "pooled_ndcg"]) == 0
+    err = capsys.readouterr().err
+    assert "judge: 6 passage id(s) hold different texts in different engines or runs" in err
+    assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
+    assert "passage id(s)" not in capsys.readouterr().err  # no pooled metric: nothing to say

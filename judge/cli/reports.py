@@ -32,7 +32,7 @@ from judge.analysis.compare import (
     check_metric,
     compare,
 )
-from judge.analysis.judged_pool import borrow_verdicts
+from judge.analysis.judged_pool import borrow_verdicts, parse_pooled
 from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
@@ -225,6 +225,28 @@ def _say_other_questions(results: Sequence[JudgedQuery]) -> None:
         )
 
 
+def _say_other_passages(results: Sequence[JudgedQuery], metrics: Sequence[str]) -> None:
+    """Pooled metrics take one passage id as one passage, graded once by the majority of its
+    verdicts (as qrels.txt is): say it when an id holds different texts in different engines
+    or runs (a night's updated documents), whose pooled values then share one grade."""
+    if not any(parse_pooled(m) is not None for m in metrics):
+        return
+    texts: dict[tuple[str, str], dict[str, str]] = {}
+    for jq in results:
+        for p in jq.query.passages:
+            said = " ".join(p.text.casefold().split())
+            texts.setdefault((jq.query.query_id, p.id), {}).setdefault(said, jq.query.engine)
+    other = [key for key, found in texts.items() if len(found) > 1]
+    if other:
+        (qid, pid), (ea, eb) = other[0], list(texts[other[0]].values())[:2]
+        print(
+            f"judge: {len(other)} passage id(s) hold different texts in different engines or "
+            f"runs ('{pid}' of query '{qid}' in {ea} and {eb}): pooled metrics grade each id "
+            "once, by the majority of its verdicts, so their pooled values share that grade",
+            file=sys.stderr,
+        )
+
+
 def _check_worse(cmp: Comparison, metrics: Sequence[str]) -> int:
     """Exit 1 when an engine is significantly worse than its baseline on one of ``metrics``;
     say so when the pairs are too few for the test to ever say it."""
@@ -309,6 +331,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
     _say_other_questions(results)
+    _say_other_passages(results, metrics)
     order, base, pairs = plan(args.sources, results, args.baseline or _leader(args, runs))
     first = runs[0].stability if runs else None
     cmp = compare(
