@@ -684,6 +684,16 @@ def test_the_largest_change_is_claimed_only_once_its_p_is_adjusted_for_the_metri
     assert headline_lines(two)[1].startswith(
         "largest significant change, p = 0.031 Holm-adjusted over 2 metrics: b beats a on ap"
     )
+    # Past what the exact test enumerates, a sampled p at its floor says only "below": 30
+    # queries all one way had read "p = 0.0002", where the true p is about 2e-9.
+    many = []
+    for i in range(30):
+        many.append(stored(f"q{i}", "a", 0.5, ap=0.2))
+        many.append(stored(f"q{i}", "b", 0.5, ap=0.4 + i / 1000))
+    sampled = compare(many, ["ndcg", "ap"], GRADED, n_boot=200)
+    assert headline_lines(sampled)[1].startswith(
+        "largest significant change, p < 0.0002 Holm-adjusted over 2 metrics: b beats a on ap"
+    )
 
 
 def test_an_engine_named_with_beats_does_not_hide_the_largest_change() -> None:

@@ -209,9 +209,12 @@ def headline_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
                 moved.append((d, p, tested))
     if moved:
         top, p, n = max(moved, key=lambda m: (abs(m[0].diff or 0.0), m[0].metric, m[0].engine))
+        # A sampled p at its floor (no sampled sign flip as extreme) says only that p is below
+        # it, and so does its adjusted value.
+        floor = not top.exact and (top.p_value or 1.0) <= 1.0 / (cmp.n_permutations + 1)
         lines.append(
-            f"largest significant change, p = {p:.2g} Holm-adjusted over {n} metrics: "
-            f"{verdict_line(top)}"
+            f"largest significant change, p {'<' if floor else '='} {p:.2g} Holm-adjusted over "
+            f"{n} metrics: {verdict_line(top)}"
         )
     return lines
 
