@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+import subprocess
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -318,3 +321,63 @@ def test_a_database_that_is_not_a_cache_is_refused_not_written_into_nor_moved(
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     conn.close()
     assert tables == {"runs"} and other.exists()
+
+
+def test_two_runs_sharing_a_cache_at_once_pay_for_each_answer_once(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """The cache is every run's of the user: two runs at once on the same passages had each
+    paid for every answer (in-flight requests were shared within a process only). A request
+    is claimed in the cache before it is sent, and the other run waits for its answer."""
+    from tests.test_runner import write_config, write_dataset
+
+    server = make_server(latency=0.2)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=6, n_passages=5)
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "judge", "run", str(config), str(dataset), "--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in (tmp_path / "a", tmp_path / "b")
+    ]
+    try:
+        errors = [run.communicate(timeout=120)[1] for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    assert [run.returncode for run in runs] == [0, 0], errors
+    asked = Counter(r.prompt for r in server.requests if r.path.endswith("/chat/completions"))
+    assert len(asked) == 30 and max(asked.values()) == 1, asked.most_common(3)
+    for out in ("a", "b"):
+        assert len(read_results(tmp_path / out / RESULTS_FILE)) == 6
+
+
+def test_a_claim_its_process_left_behind_is_taken_over_at_once(tmp_path: Path) -> None:
+    """A run killed outright leaves its claims: a claim whose process is gone is taken over,
+    not waited on; a live one is waited on; one older than CLAIM_STALE_S is taken over."""
+    from judge.calling import cache as cache_module
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first, second = Cache(tmp_path / "c.sqlite"), Cache(tmp_path / "c.sqlite")
+    assert first.claim("k")
+    assert not second.claim("k")  # this process lives: it is asked for now
+    first._conn.execute("UPDATE claims SET pid = ? WHERE key = 'k'", (int(gone.stdout),))
+    assert second.claim("k")  # its process is gone
+    assert first.claim("other")
+    first._conn.execute("UPDATE claims SET host = 'elsewhere', at = 0 WHERE key = 'other'")
+    assert second.claim("other")  # too old, wherever its process was
+    second.put("k", completion("answer"), kind="chat", model="m")
+    assert first.claim("k")  # the answer let it go
+    assert cache_module.CLAIM_STALE_S > 60
+    first.close()
+    second.close()

@@ -24,7 +24,10 @@ key, drops every set.
 
 One connection per process, guarded by a lock, serves every task of that process; WAL and
 a busy timeout let two processes share the file. Each ``put`` commits at once, so a killed
-run loses only the calls that were in flight.
+run loses only the calls that were in flight. A request is *claimed* before it is sent
+(:meth:`Cache.claim`): another process (or another Judge) that needs the same answer while it
+is asked waits for it instead of paying for it again; ``put`` lets the claim go, and a claim
+whose process is gone (or older than :data:`CLAIM_STALE_S`) is taken over.
 
 A damaged file (not a database, or a malformed page met on any read or write) is moved aside
 as ``<name>.corrupt-<time>`` with one warning line (how many entries, where), and the run goes
@@ -37,9 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +74,12 @@ _ALIAS = "INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)"
 # Before an answer is stored: every verdict set goes when it replaces one (sets are read from
 # the answers; an old one's set is stale).
 _STALE_SETS = "DELETE FROM verdict_sets WHERE EXISTS (SELECT 1 FROM answers WHERE key = ?)"
+_CLAIM = "INSERT OR IGNORE INTO claims(key, owner, pid, host, at) VALUES (?,?,?,?,?)"
+_UNCLAIM = "DELETE FROM claims WHERE key IN (?, ?) AND owner = ?"
+# A claim older than this is taken over whoever holds it (another machine's, on a shared disk,
+# whose process cannot be looked up): no request is asked for so long.
+CLAIM_STALE_S = 900.0
+_HOST = socket.gethostname()
 log = logging.getLogger(__name__)
 
 
@@ -115,6 +127,8 @@ class Cache:
         self._unreadable: set[str] = set()
         self._overwritten = 0
         self._sql: tuple[str, str] | None = None  # made on first use, again after a recovery
+        # This cache's name in the claims table, and the keys it holds claims on.
+        self._owner, self._claimed = uuid.uuid4().hex, set[str]()
         if self.path is None:
             return
         try:
@@ -304,10 +318,57 @@ class Cache:
         statements = [(_STALE_SETS, (key,)), (sql, row)]
         if alias is not None:
             statements.append((_ALIAS, (alias, key)))
+        named = {key, alias or key}
+        if named & self._claimed:  # asked under a claim: it goes with the answer, at once
+            statements.append((_UNCLAIM, (key, alias or key, self._owner)))
         self._write(*statements)
+        self._claimed -= named
         if key in self._unreadable:
             self._unreadable.discard(key)
             self._overwritten += 1
+
+    def claim(self, key: str) -> bool:
+        """Whether this cache may ask for the answer under ``key`` now: True once it holds the
+        claim on it (taken now, already its own, or taken over from a process that is gone),
+        and always when claims cannot be kept (no file, a read-only one); False while another
+        live process, or another cache in this one, is asking for it. Claims only spare money:
+        one that cannot be written never stops a request."""
+        if self._conn is None:
+            return True
+        with self._lock:
+            try:
+                row = (key, self._owner, os.getpid(), _HOST, time.time())
+                if self._conn.execute(_CLAIM, row).rowcount == 1:
+                    self._claimed.add(key)
+                    return True
+                held = self._conn.execute(
+                    "SELECT owner, pid, host, at FROM claims WHERE key = ?", (key,)
+                ).fetchone()
+                if held is not None and held[0] != self._owner and _alive(*held[1:]):
+                    return False
+                taken = (
+                    self._conn.execute(_CLAIM, row)
+                    if held is None
+                    else self._conn.execute(
+                        "UPDATE claims SET owner = ?, pid = ?, host = ?, at = ? "
+                        "WHERE key = ? AND owner = ?",
+                        (*row[1:], key, held[0]),
+                    )
+                )
+            except sqlite3.Error:
+                return True
+            if taken.rowcount == 1:
+                self._claimed.add(key)
+            return bool(taken.rowcount == 1)
+
+    def release(self, key: str) -> None:
+        """Let the claim on ``key`` go without an answer (the request failed, or its answer
+        was not one to keep): another process may ask now."""
+        if self._conn is None or key not in self._claimed:
+            return
+        self._claimed.discard(key)
+        with self._lock, contextlib.suppress(sqlite3.Error):
+            self._conn.execute(_UNCLAIM, (key, key, self._owner))
 
     def add_alias(self, alias: str, key: str) -> None:
         """Name the answer stored under ``key`` by ``alias`` too."""
@@ -447,6 +508,22 @@ class Cache:
             with self._lock:
                 self._conn.close()
             self._conn = None
+
+
+def _alive(pid: int, host: str, at: float) -> bool:
+    """Whether the process that claimed a request may still be asking for it: on this
+    machine, while its process lives; anywhere, for :data:`CLAIM_STALE_S`."""
+    if time.time() - at > CLAIM_STALE_S:
+        return False
+    if host != _HOST:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it lives
+        return True
+    return True
 
 
 def open_cache(where: RunConfig | str | Path | None) -> Cache:

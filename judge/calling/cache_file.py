@@ -27,6 +27,12 @@ _ALIASES = "CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, target TEX
 _VERDICT_SETS = (
     "CREATE TABLE IF NOT EXISTS verdict_sets (key TEXT PRIMARY KEY, value BLOB NOT NULL)"
 )
+# Requests being asked now, by which cache (process, host) is asking (judge/calling/cache.py
+# claim): another process wants the answer, not a second paid one.
+_CLAIMS = (
+    "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "pid INTEGER NOT NULL, host TEXT NOT NULL, at REAL NOT NULL)"
+)
 
 
 def open_file(path: Path, wait_s: float = _BUSY_S) -> sqlite3.Connection:
@@ -87,13 +93,13 @@ def _check_ours(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def upgrade(conn: sqlite3.Connection) -> None:
-    """Give a file made by an older judge the reading columns, the alias table and the table of
-    verdict sets. Another process may be adding them at the same moment (then SQLite says they
-    exist, which is as good); a read-only file keeps its schema and is read without them (see
-    :func:`answer_queries`)."""
+    """Give a file made by an older judge the reading columns, the alias table, the table of
+    verdict sets and the table of claims. Another process may be adding them at the same
+    moment (then SQLite says they exist, which is as good); a read-only file keeps its schema
+    and is read without them (see :func:`answer_queries`)."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(answers)")}
     steps = [f"ALTER TABLE answers ADD COLUMN {c} TEXT" for c in _READING_COLUMNS if c not in have]
-    for step in [*steps, _ALIASES, _VERDICT_SETS]:
+    for step in [*steps, _ALIASES, _VERDICT_SETS, _CLAIMS]:
         try:
             conn.execute(step)
         except sqlite3.OperationalError as exc:

@@ -57,6 +57,7 @@ from judge.providers.base import (
 from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
+CLAIM_POLL_S = 0.05  # between looks for an answer another process asks for (x looks, <= 1 s)
 # Seconds a call's requests spent between leaving and their answer arriving (not waiting for
 # a slot, a rate token or a retry's backoff; a hedge's too): a verdict's latency_s. A cell that
 # the call's hedges, run as tasks of their own (with a copy of the context), add to as well.
@@ -325,7 +326,10 @@ class Caller:
         share: Callable[[R], R],
     ) -> R:
         """``cached()``; else, ``share``d, the answer to the same request in flight (one
-        passage from two engines); else ``fetch()``'s, which later askers wait for."""
+        passage from two engines); else, once another process asking for it is done (the
+        cache's claim on it, :meth:`judge.calling.cache.Cache.claim`), its cached answer;
+        else ``fetch()``'s, which later askers wait for."""
+        waited = 0
         while True:
             hit = cached()
             if hit is not None:
@@ -333,7 +337,11 @@ class Caller:
                 return hit
             pending = self._inflight.get(key)
             if pending is None:
-                break
+                if self.cache.claim(key):
+                    break
+                waited += 1  # another process asks for it now: its answer is ours too
+                await asyncio.sleep(min(CLAIM_POLL_S * waited, 1.0))
+                continue
             try:
                 got: R = await asyncio.shield(pending)
             except asyncio.CancelledError:
@@ -348,6 +356,7 @@ class Caller:
         try:
             result = await fetch()
         except BaseException as exc:
+            self.cache.release(key)  # (an answer kept in the cache lets its claim go with it)
             if isinstance(exc, Exception):
                 future.set_exception(exc)
                 future.exception()  # mark retrieved: waiters re-raise it themselves
@@ -355,6 +364,7 @@ class Caller:
                 future.cancel()
             raise
         else:
+            self.cache.release(key)  # kept, it went with the answer; else it goes now
             future.set_result(result)
             return result
         finally:
@@ -752,8 +762,7 @@ class Caller:
         return answer
 
     def _say_usage(self, what: str, said: str) -> None:
-        """Said once per lane and kind (``what``: "chat over", say): what its answers' usage
-        counts are, and how they are counted."""
+        """Said once per lane and kind (``what``: "chat over", say): its usage counts' oddity."""
         if what not in self._said_usage:
             self._said_usage.add(what)
             log.warning("the %s provider's answers %s", what.split()[0], said)
