@@ -247,7 +247,7 @@ class ThresholdsSection(Record):
     max_drop: dict[str, float] = Field(default_factory=dict)
     baseline: str | None = None
     # Defaults fail a run (exit 1) when more than 10% of verdicts are errors or unparsed, or
-    # of an engine's queries are left without the primary metric by such verdicts.
+    # of an engine's queries are left without the primary metric by unparsed verdicts.
     max_unparsed_rate: float = Field(default=0.1, ge=0, le=1)
     # Fail a run (exit 1) when the judge is degenerate (one label for nearly every passage, or
     # probabilities too flat to rank; see judge.analysis.health). Off: the report warns only.

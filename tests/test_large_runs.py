@@ -114,7 +114,7 @@ def test_a_small_run_lists_every_query_and_its_passages(tmp_path: Path) -> None:
     assert query_rows(rows, list(summary.metric_names), BINARY) == summary.queries
     write_reports(tmp_path, summary, rows, charts=False)
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "Queries (12;" in page and " of 12" not in page
+    assert "Queries (12;" in page and " of 12;" not in page  # the heading: none left out
     assert all(f"q{q:04d} / e1" in page for q in range(12))
 
 

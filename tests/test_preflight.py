@@ -788,7 +788,7 @@ def test_an_engine_left_unscored_by_unparsed_verdicts_fails_the_run(
     assert main(["run", str(config), str(data), "--out", str(tmp_path / "out")]) == 1
     said = capsys.readouterr()
     out = said.out + said.err
-    assert "breached: unscored ndcg (a): 1.0000 (8 of 8 queries hold an unparsed or error " in out
+    assert "breached: unscored ndcg (a): 1.0000 (8 of 8 queries hold an unparsed verdict " in out
     assert "not scored on ndcg" in out and "unscored ndcg (b)" not in out
     # The verdict says why there is none.
     assert "b and a share no query where ndcg is defined" in out

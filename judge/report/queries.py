@@ -35,8 +35,9 @@ class QueryRow(Record):
     query: str
     repeats: int
     passages: int
-    # Verdicts that are not ok (unparsed or error), over every repeat.
+    # Verdicts that are not ok (unparsed or error), over every repeat; of them, unparsed.
     failed: int
+    unparsed: int = 0
     metrics: dict[str, float | None]
     # Passages with a human label, and of those how many the judge's majority label disagrees
     # with (None when the row carries no human label).
@@ -212,6 +213,7 @@ def query_rows(
                 repeats=len(rows),
                 passages=judged,
                 failed=sum(1 for jq in rows for v in jq.verdicts if v.status != "ok"),
+                unparsed=sum(1 for jq in rows for v in jq.verdicts if v.status == "unparsed"),
                 labelled=labelled,
                 disagreements=disagree if labelled else None,
                 metrics={n: values[n].get(engine, {}).get(qid) for n in names},

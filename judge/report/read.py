@@ -50,6 +50,7 @@ COMPARE_COLUMNS: dict[str, str] = {
     "ties": "Int64",
     "losses": "Int64",
     "left_out": "Int64",
+    "unlike": "Int64",
     "significant": "string",
 }
 

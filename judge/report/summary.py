@@ -502,19 +502,20 @@ def check_thresholds(config: RunConfig, summary: Summary) -> ThresholdResult:
 
 
 def _unscored(summary: Summary, limit: float) -> list[Check]:
-    """Per engine with a query its unparsed or error verdicts leave without the primary
-    metric (``[metrics] unjudged = "undefined"``): the share of its queries so left, at most
+    """Per engine with a query its unparsed verdicts leave without the primary metric
+    (``[metrics] unjudged = "undefined"``): the share of its queries so left, at most
     ``max_unparsed_rate`` as for verdicts. One unparsed verdict in each list, 5% of them,
-    leaves every query unscored, and the engine with no number at all had passed."""
+    leaves every query unscored, and the engine with no number at all had passed. (Errors
+    are no threshold: units left in error make the run incomplete instead.)"""
     metric = primary_metric(summary.metric_names, summary.policy.primary)
     checks = []
     for engine in summary.engines:
         rows = [r for r in summary.queries if r.engine == engine]
-        left = sum(r.failed > 0 and r.metrics.get(metric or "") is None for r in rows)
+        left = sum(r.unparsed > 0 and r.metrics.get(metric or "") is None for r in rows)
         if metric is None or not left:
             continue
         note = (
-            f"{left} of {len(rows)} queries hold an unparsed or error verdict and are not "
+            f"{left} of {len(rows)} queries hold an unparsed verdict and are not "
             f'scored on {metric} ([metrics] unjudged = "skip" scores them on the rest)'
         )
         rate = left / len(rows)
