@@ -54,10 +54,10 @@ from judge.providers.base import (
     never_sent,
     request_key,
 )
-from judge.schema import Usage
 
 A = TypeVar("A", Completion, RerankResult)
 CLAIM_POLL_S = 0.05  # between looks for an answer another process asks for (x looks, <= 1 s)
+CLAIM_SAID_AFTER = 40  # looks (about 30 s) before the wait is said
 # Seconds a call's requests spent between leaving and their answer arriving (not waiting for
 # a slot, a rate token or a retry's backoff; a hedge's too): a verdict's latency_s. A cell that
 # the call's hedges, run as tasks of their own (with a copy of the context), add to as well.
@@ -187,7 +187,6 @@ class Caller:
         self.reranker = rerank
         self.cache = cache or Cache(None)
         self.limits = limits or Limits()
-        self._said_usage: set[str] = set()  # lanes whose odd usage counts were said
         self.stats = CallStats()
         # Why no new request may leave (a signal stopped the run); None while they may.
         self.stopping: str | None = None
@@ -340,6 +339,13 @@ class Caller:
                 if self.cache.claim(key):
                     break
                 waited += 1  # another process asks for it now: its answer is ours too
+                if waited == CLAIM_SAID_AFTER and not self.stats.said_waiting:
+                    self.stats.said_waiting = True
+                    log.warning(
+                        "%s: waiting for another judge process asking the same "
+                        "requests (its answers are read, not paid again)",
+                        self.cache.path,
+                    )
                 await asyncio.sleep(min(CLAIM_POLL_S * waited, 1.0))
                 continue
             try:
@@ -684,7 +690,7 @@ class Caller:
             async with Deadline(deadline) as timeout:
                 tail.watch(timeout, attempt)
                 answer = await send()
-            answer = self._counted(answer, reservation.usage, lane)
+            answer = self.stats.counted(answer, reservation.usage, lane)
             spent, known = answer.usage, True
         except Exception as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else classify(exc).kind
@@ -735,37 +741,6 @@ class Caller:
             self.slots[lane].throttled()
         elif not unsent:
             self.slots[lane].failed()
-
-    def _counted(self, answer: A, worst: Usage, lane: str) -> A:
-        """``answer`` with the usage the budget counts: its worst case when its counts are
-        not counts (a negative count would lift the budget); as reported when above what
-        its request allowed (it may be billed so), said once per lane."""
-        if not answer.usage_known:
-            self.stats.worst_counted += 1
-            self._say_usage(
-                f"{lane} unknown",
-                "report token usage that is not a count (none, zero, negative, fractional or "
-                "text): each is counted at its request's worst case",
-            )
-            return answer.model_copy(update={"usage": worst})
-        used = answer.usage
-        if used.prompt_tokens > worst.prompt_tokens or (
-            worst.completion_tokens and used.completion_tokens > worst.completion_tokens
-        ):
-            self._say_usage(
-                f"{lane} over",
-                f"report more tokens than their requests allow ({used.prompt_tokens} prompt, "
-                f"{used.completion_tokens} completion, for at most {worst.prompt_tokens} and "
-                f"{worst.completion_tokens}): counted as reported, as they may be billed; a "
-                "budget cannot cap what a provider counts past its requests' limits",
-            )
-        return answer
-
-    def _say_usage(self, what: str, said: str) -> None:
-        """Said once per lane and kind (``what``: "chat over", say): its usage counts' oddity."""
-        if what not in self._said_usage:
-            self._said_usage.add(what)
-            log.warning("the %s provider's answers %s", what.split()[0], said)
 
     def _deadline(self, tail: Tail, attempt: int) -> float:
         """Seconds a request of a call's ``attempt``-th attempt leaving now is given: the

@@ -10,6 +10,7 @@ the attempts after the first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,12 +21,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from judge.calling.limits import Limits, billed_on_failure
 from judge.errors import BudgetExceeded, ProviderError
-from judge.providers.base import ProviderStatusError, RetryDecision
+from judge.providers.base import Completion, ProviderStatusError, RerankResult, RetryDecision
 from judge.schema import Usage
 
 __all__ = ["CallStats", "RetryPolicy"]
 
 T = TypeVar("T")
+U = TypeVar("U", Completion, RerankResult)  # an answer whose usage the budget counts
+log = logging.getLogger(__name__)
 
 
 # Answers that are not the API at all, before any success, that stop every call after them.
@@ -68,6 +71,39 @@ class CallStats:
     # Answers that came with no text at all, and whether one ever came with text.
     empty: int = 0
     texts: int = 0
+    said_waiting: bool = False  # that another process asking the same requests was waited on
+    said_usage: set[str] = field(default_factory=set)  # lanes whose odd usage counts were said
+
+    def counted(self, answer: U, worst: Usage, lane: str) -> U:
+        """``answer`` with the usage the budget counts: its worst case when its counts are
+        not counts (a negative count would lift the budget); as reported when above what
+        its request allowed (it may be billed so), said once per lane."""
+        if not answer.usage_known:
+            self.worst_counted += 1
+            self._say_usage(
+                f"{lane} unknown",
+                "report token usage that is not a count (none, zero, negative, fractional or "
+                "text): each is counted at its request's worst case",
+            )
+            return answer.model_copy(update={"usage": worst})
+        used = answer.usage
+        if used.prompt_tokens > worst.prompt_tokens or (
+            worst.completion_tokens and used.completion_tokens > worst.completion_tokens
+        ):
+            self._say_usage(
+                f"{lane} over",
+                f"report more tokens than their requests allow ({used.prompt_tokens} prompt, "
+                f"{used.completion_tokens} completion, for at most {worst.prompt_tokens} and "
+                f"{worst.completion_tokens}): counted as reported, as they may be billed; a "
+                "budget cannot cap what a provider counts past its requests' limits",
+            )
+        return answer
+
+    def _say_usage(self, what: str, said: str) -> None:
+        """Said once per lane and kind (``what``: "chat over", say): its usage counts' oddity."""
+        if what not in self.said_usage:
+            self.said_usage.add(what)
+            log.warning("the %s provider's answers %s", what.split()[0], said)
 
     def reachable_again(self) -> None:
         """Forget that the provider was unreachable: a Python API call is asked anew (a Judge
