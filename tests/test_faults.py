@@ -414,6 +414,59 @@ def test_an_unreachable_provider_stops_after_a_few_attempts_saying_where_and_why
     assert attempts <= 40, attempts
 
 
+@pytest.mark.parametrize("where", ["closed port", "no such host"])
+def test_an_unreachable_dashscope_is_named_and_costs_nothing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make_server: Callable[..., ScriptedServer],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """DashScope's native SDK (aiohttp): a host name that does not resolve had been read as a
+    paid request (aiohttp's DNS error subclasses the connector error judge looked for by
+    name), so the budget ran out (exit 4) where nothing was ever sent; and the stop line
+    named neither the URL nor, for a hung server, a cause ("CancelledError")."""
+    monkeypatch.setenv("DASHSCOPE_API_KEY", "sk-test")
+    server = make_server()
+    url = (
+        server.dashscope_base_url if where == "closed port" else "http://judge-test.invalid/api/v1"
+    )
+    tables = {
+        "judge": {"provider": "dashscope"},
+        "provider": {"base_url": url},
+        'prices."judge-test"': {"prompt": 1000.0, "completion": 2000.0},
+    }
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    server.stop()
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=10, n_passages=5)
+    argv = ["run", str(config), str(dataset), "--out", str(tmp_path / "o"), "--max-cost", "20"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"judge: run incomplete: cannot reach {url} ("), last
+    assert "attempts, none connected" in last and "Traceback" not in err
+    run = json.loads((tmp_path / "o" / "run.json").read_text(encoding="utf-8"))
+    spent = run.get("spent") or {}
+    assert spent.get("prompt_tokens", 0) + spent.get("completion_tokens", 0) == 0, spent
+
+
+def test_a_timeout_s_cause_is_the_timeout_not_the_cancellation_inside_it() -> None:
+    """An SDK's own timeout (asyncio.wait_for) raises TimeoutError from the CancelledError
+    of the request it stopped: the stop line had said "(CancelledError)"."""
+    import asyncio
+
+    from judge.calling.retries import root_cause
+
+    try:
+        try:
+            raise asyncio.CancelledError()
+        except asyncio.CancelledError:
+            raise TimeoutError() from None
+    except TimeoutError as exc:
+        exc.__context__ = asyncio.CancelledError()
+        assert root_cause(exc) == "TimeoutError"
+
+
 def test_the_python_api_raises_when_the_provider_cannot_be_reached(
     make_server: Callable[..., ScriptedServer],
 ) -> None:

@@ -38,7 +38,7 @@ from judge.calling.limits import (
     RateLimiter,
     worst_case_prompt_tokens,
 )
-from judge.calling.retries import CallStats, RetryPolicy, spent_failing
+from judge.calling.retries import CallStats, RetryPolicy, name_url, spent_failing
 from judge.calling.tail import Deadline, Tail
 from judge.calling.telemetry import spans
 from judge.errors import NOT_SENT, BudgetExceeded, CacheError, ParseError, ProviderError
@@ -726,6 +726,9 @@ class Caller:
         p95 is known (they had counted as hung for timeout_s, and a provider answering half
         its requests in 0.1 s was said to have stopped answering for 60 s). ``cut``: one of
         those, which tells nothing of the provider's pace now (Tail.abandoned)."""
+        provider = self.chat if lane == "chat" else self.reranker
+        if provider is not None:  # named where the SDK's words do not (DashScope's, a timeout)
+            name_url(exc, provider.identity)
         if kind == "timeout" and time.perf_counter() - sent < 0.9 * self.limits.timeout_s:
             self.tails[lane].abandoned(early=cut)  # given up at the tail's deadline
         elif kind == "timeout":

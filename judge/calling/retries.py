@@ -10,8 +10,10 @@ the attempts after the first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -330,10 +332,25 @@ def url_of(exc: BaseException) -> str | None:
     return None
 
 
+def name_url(exc: BaseException, identity: str) -> None:
+    """Give ``exc`` the URL of the provider known by ``identity`` ("kind:URL", a fingerprint
+    after it) when neither it nor what it wraps names one: an unreachable provider's line
+    names where it looked."""
+    if url_of(exc) is not None:
+        return
+    found = re.search(r"https?://[^\s+]+", identity)
+    if found is not None:
+        with contextlib.suppress(AttributeError):  # an exception with slots: left unnamed
+            exc.url = found.group()  # type: ignore[attr-defined]
+
+
 def root_cause(exc: BaseException) -> str:
-    """The innermost exception's message (an SDK wraps "connection refused" in its own)."""
+    """The innermost exception's message (an SDK wraps "connection refused" in its own); not
+    the cancellation inside a timeout, which says nothing."""
     current, seen = exc, {id(exc)}
     while (inner := current.__cause__ or current.__context__) is not None and id(inner) not in seen:
+        if isinstance(inner, asyncio.CancelledError):
+            break
         seen.add(id(inner))
         current = inner
     text = str(current).strip() or type(current).__name__

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import socket
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from datetime import UTC
@@ -454,10 +455,12 @@ def never_sent(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ConnectionRefusedError):
-            return True
-        module = type(current).__module__.split(".")[0]
-        if any(module.startswith(m) and type(current).__name__ == n for m, n in _UNSENT):
+        if isinstance(current, ConnectionRefusedError | socket.gaierror):
+            return True  # refused, or a host name that does not resolve
+        # By class and every base: aiohttp's DNS and TLS failures subclass its connector's.
+        if any(
+            (cls.__module__.split(".")[0], cls.__name__) in _UNSENT for cls in type(current).__mro__
+        ):
             return True
         current = current.__cause__ or current.__context__
     return False
