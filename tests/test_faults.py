@@ -540,7 +540,7 @@ def test_a_cache_that_cannot_be_written_stops_the_run_as_incomplete(tmp_path: Pa
         )
 
         def small_files() -> None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
         command = [sys.executable, "-m", "judge", "run", str(config), str(data)]
         done = subprocess.run(
