@@ -452,3 +452,26 @@ def test_a_list_that_goes_one_id_past_the_last_keeps_its_verdicts() -> None:
     shifted = json.dumps({"verdicts": said[1:]})
     with pytest.raises(ParseError, match="cannot be trusted"):
         parse_listwise(Completion(text=shifted), BINARY, ["a", "b", "c"])
+
+
+def test_a_logprob_that_is_not_a_number_leaves_the_probability_unknown_not_zero() -> None:
+    """A server's NaN or null logprob for the label's token had read P(relevant) 0.0 beside a
+    "yes"; -infinity for a forbidden alternative is a probability of 0, kept."""
+    text = '{"verdict": "yes"}'
+
+    def completion(chosen: object, other: object) -> Completion:
+        lead = [{"token": t, "logprob": 0.0, "top": []} for t in ('{"', "verdict", '": "')]
+        label = {
+            "token": "yes",
+            "logprob": chosen,
+            "top": [{"token": "yes", "logprob": chosen}, {"token": "no", "logprob": other}],
+        }
+        tail = {"token": '"}', "logprob": 0.0, "top": []}
+        return Completion.model_validate({"text": text, "logprobs": [*lead, label, tail]})
+
+    for unknown in (float("nan"), None):
+        said = completion(unknown, -2.0)
+        assert said.logprobs is None
+        assert parse_pointwise(said, BINARY).probability is None
+    forbidden = parse_pointwise(completion(-0.01, float("-inf")), BINARY)
+    assert forbidden.probability == pytest.approx(1.0)

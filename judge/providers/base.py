@@ -40,16 +40,41 @@ class ChatRequest(Record):
     params: SamplingParams = SamplingParams()
 
 
-# The log-probability of a token a server gave none for (NaN, infinity; null, as JSON keeps
-# NaN): no probability at all. Kept finite, the answer is stored and read back like any
-# other; it had been stored as null, then unreadable, and paid for again.
+# The log-probability of a token the server says cannot come (-infinity, as a server that
+# constrains its output to a grammar reports the tokens it forbids), kept finite so that the
+# answer is stored and read back like any other (JSON has no infinity).
 NO_LOGPROB = -1e9
 
 
 def _finite_logprob(value: object) -> object:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if isinstance(value, float) and math.isinf(value) and value < 0:
         return NO_LOGPROB
     return value
+
+
+def _known(value: object) -> bool:
+    """Whether a logprob as a server gave it is a number (not NaN, null, +infinity)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and (math.isfinite(value) or value < 0)
+    )
+
+
+def _logprobs_known(tokens: Any) -> Any:
+    """A completion's logprobs, or None when a server gave one that is not a number (NaN,
+    null, +infinity): the probability is then unknown, not 0 (a "yes" whose token had no
+    logprob had read P(relevant) 0.0), and nothing unreadable is stored."""
+    if tokens is None:
+        return None
+    for token in tokens:
+        item = token.model_dump() if isinstance(token, TokenLogprob) else token
+        if not isinstance(item, dict):
+            return tokens  # left to the model's own validation
+        values = [item.get("logprob"), *(t.get("logprob") for t in item.get("top") or ())]
+        if not all(map(_known, values)):
+            return None
+    return tokens
 
 
 Logprob = Annotated[float, BeforeValidator(_finite_logprob)]
@@ -74,7 +99,7 @@ class Completion(Record):
     text: WholeText
     model: str = ""
     finish_reason: str | None = None
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    logprobs: Annotated[tuple[TokenLogprob, ...] | None, BeforeValidator(_logprobs_known)] = None
     usage: Usage = Usage()
     usage_known: bool = True
 
