@@ -484,7 +484,9 @@ def never_sent(exc: BaseException) -> bool:
             return True  # refused, or a host name that does not resolve
         # By class and every base: aiohttp's DNS and TLS failures subclass its connector's.
         if any(
-            (cls.__module__.split(".")[0], cls.__name__) in _UNSENT for cls in type(current).__mro__
+            cls.__module__.startswith(module) and cls.__name__ == name  # httpx2 as httpx
+            for cls in type(current).__mro__
+            for module, name in _UNSENT
         ):
             return True
         current = current.__cause__ or current.__context__
