@@ -8,8 +8,8 @@ import pytest
 
 from judge.errors import ResponseError
 from judge.providers import make_rerank_provider, resolve_spec
-from judge.providers.base import RerankResult, scores_in_input_order
-from judge.providers.rerank import rerank_endpoint
+from judge.providers.base import RerankResult, rerank_pair, scores_in_input_order
+from judge.providers.rerank import _pairs, rerank_endpoint
 from tests.provider_harness import PROTOCOLS, RERANK, call_once, rerank, run
 from tests.servers import ScriptedServer
 
@@ -82,3 +82,22 @@ def test_incomplete_or_bad_rerank_results_are_refused(
 ) -> None:
     with pytest.raises(ResponseError):
         scores_in_input_order(pairs, 2, top_n)
+
+
+@pytest.mark.parametrize(
+    ("index", "score"), [(True, 0.5), (1.4, 0.5), (0.6, 0.5), (0, True), ("1", 0.5), (0, "0.5")]
+)
+def test_rerank_results_of_the_wrong_types_are_refused_not_made_scores(
+    index: object, score: object
+) -> None:
+    """An index of 1.4 had been read as 1, true as 1, and a score of true as 1.0: a relevant
+    verdict from an answer that said nothing."""
+    with pytest.raises(ValueError):
+        rerank_pair(index, score)
+    with pytest.raises(ResponseError):
+        _pairs({"results": [{"index": index, "relevance_score": score}]})
+
+
+def test_rerank_results_of_whole_numbers_are_read() -> None:
+    assert rerank_pair(2.0, 1) == (2, 1.0)
+    assert _pairs([{"index": 1, "score": 0.25}]) == [(1, 0.25)]

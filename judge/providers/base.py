@@ -170,6 +170,16 @@ def read_chat_usage(counts: Any, prompt: str, completion: str, text: str) -> tup
     return usage, known
 
 
+def rerank_pair(index: Any, score: Any) -> tuple[int, float]:
+    """A rerank result's (index, score) as the protocol gives them: a whole number (an index
+    of 1.4, or true, is no index) and a number (true is no score); ValueError otherwise."""
+    if isinstance(index, bool) or not isinstance(index, int | float) or index != int(index):
+        raise ValueError(f"index {index!r} is not a whole number")
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        raise ValueError(f"score {score!r} is not a number")
+    return int(index), float(score)
+
+
 def rerank_fields(request: RerankRequest) -> dict[str, Any]:
     """What every rerank protocol sends; ``top_n`` at most (by default) the documents' count."""
     count = len(request.documents)

@@ -47,6 +47,7 @@ from judge.providers.base import (
     read_chat_usage,
     read_usage,
     rerank_fields,
+    rerank_pair,
     sampling_fields,
     scores_in_input_order,
 )
@@ -281,7 +282,7 @@ class DashScopeRerankProvider(_DashScopeBase):
         arguments = {**self._spec.extra_body, **fields, "return_documents": False}
         response = await self._call(dashscope.AioTextReRank, timeout, arguments)
         try:
-            pairs = [(int(r.index), float(r.relevance_score)) for r in response.output.results]
+            pairs = [rerank_pair(r.index, r.relevance_score) for r in response.output.results]
             usage, known = read_usage(response.usage, "total_tokens")
         except (AttributeError, TypeError, ValueError) as exc:
             raise ResponseError(f"malformed DashScope rerank answer: {exc!r}") from exc

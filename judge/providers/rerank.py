@@ -33,6 +33,7 @@ from judge.providers.base import (
     read_usage,
     redirect_message,
     rerank_fields,
+    rerank_pair,
     scores_in_input_order,
 )
 
@@ -58,7 +59,7 @@ def _pairs(data: Any) -> list[tuple[int, float]]:
         raise ResponseError("rerank answer has neither a 'results' list nor a bare list")
     try:
         return [
-            (int(item["index"]), float(item.get("relevance_score", item.get("score"))))
+            rerank_pair(item["index"], item.get("relevance_score", item.get("score")))
             for item in items
         ]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
