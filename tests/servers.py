@@ -403,6 +403,8 @@ class ScriptedServer:
                 )
         elif fault.kind == "web_page":
             handler.reply(200, None, raw=WEB_PAGE_BODY, content_type="text/html; charset=utf-8")
+        elif fault.kind == "web_page_as_json":
+            handler.reply(200, None, raw=WEB_PAGE_BODY, content_type="application/json")
         else:  # truncated, cut: half of a real answer's body
             full = json.dumps(route.body(self._scored(route, request, Answer("cut off")), request))
             promised = len(full) if fault.kind == "cut" else None

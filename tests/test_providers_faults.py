@@ -62,6 +62,10 @@ FAULT_CASES = [
     pytest.param(WRONG_SHAPE, RetryDecision(retry=True, kind="protocol"), id="wrong-shape"),
     # A web page where the API should be: every request would get it; not retried.
     pytest.param(WEB_PAGE, RetryDecision(retry=False, kind="not_api"), id="web-page"),
+    # The same page labelled JSON (a gateway's): DashScope's SDK had retried it six times.
+    pytest.param(
+        Fault("web_page_as_json"), RetryDecision(retry=False, kind="not_api"), id="web-page-json"
+    ),
     pytest.param(Fault("hang", seconds=5), RetryDecision(retry=True, kind="timeout"), id="hang"),
 ]
 

@@ -31,6 +31,7 @@ FaultKind = Literal[
     "wrong_shape",
     "empty",
     "web_page",
+    "web_page_as_json",
     "error_200",
 ]
 
@@ -69,6 +70,7 @@ class Fault:
     wrong_shape: 200 with valid JSON that is not the protocol's answer;
     empty: 200 with empty content (null in OpenAI, "" in DashScope, no rerank results);
     web_page: 200 with an HTML page (text/html), as a web UI at the API's address answers;
+    web_page_as_json: the same page labelled application/json (a misconfigured gateway);
     error_200: 200 with an error object (OpenAI's and Cohere's shapes) instead of an answer.
     """
 

@@ -45,6 +45,7 @@ from judge.providers.base import (
     parse_retry_after,
     read_api_key,
     read_chat_usage,
+    read_json_answer,
     read_usage,
     rerank_fields,
     rerank_pair,
@@ -212,6 +213,12 @@ class _DashScopeBase:
                     code=code,
                 ) from None
             raise ResponseError(f"malformed DashScope answer: {exc!r}") from exc
+        except json.JSONDecodeError:
+            # A body served as JSON that is none: a web page or an event stream is not the
+            # API, named at once as the OpenAI-compatible path names it; other broken JSON (a
+            # dropped connection) is malformed, retried.
+            read_json_answer(bytes(attempt.body), self._base_url, "a DashScope answer")
+            raise
         except aiohttp.ContentTypeError as exc:
             if not 200 <= exc.status < 300:  # an error page: the status decides
                 raise ProviderStatusError(exc.message, status=exc.status) from exc
