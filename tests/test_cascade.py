@@ -650,3 +650,20 @@ def test_a_side_reranker_scores_each_query_once_and_the_dry_run_counts_it(
     assert all(jq.rerank_scores for jq in results(out))
     assert main(["run", str(config), "--out", str(tmp_path / "dry2"), "--dry-run"]) == 0
     assert "rerank: 4 rerank calls (4 already cached)" in capsys.readouterr().out
+
+
+def test_a_reranker_s_content_refusal_is_unparsed_not_an_error_asked_again() -> None:
+    """DashScope's content inspection refusing a rerank request: every passage had been an
+    error, asked again by every rerun, so the run never finished; a chat judge's refusal
+    already was unparsed."""
+    from judge.errors import ProviderError
+    from judge.judging.cascade import _failed
+
+    query = Query(
+        query_id="q", query="x", passages=(Passage(id="a", text="t"), Passage(id="b", text="u"))
+    )
+    refused = _failed(query, ProviderError("HTTP 400: DataInspectionFailed", kind="content"))
+    assert [v.status for v in refused] == ["unparsed", "unparsed"]
+    assert all("the provider refused it" in (v.error or "") for v in refused)
+    down = _failed(query, ProviderError("HTTP 503: unavailable", kind="server"))
+    assert [v.status for v in down] == ["error", "error"]

@@ -338,13 +338,17 @@ def reranker_verdict(
 
 
 def _failed(query: Query, exc: ProviderError) -> list[Verdict]:
-    """Every passage's verdict when the reranker failed: an error, asked again on resume."""
+    """Every passage's verdict when the reranker failed: an error, asked again on resume; or,
+    when its content inspection refused them, unparsed, as a chat judge's refusal is (asked
+    again, it would be refused again: a run that re-sent it never finished)."""
+    refused = exc.kind == "content"
+    said = f"reranker: the provider refused it: {exc}" if refused else f"reranker: {exc}"
     return [
         Verdict(
             passage_id=p.id,
             rank=rank,
-            status="error",
-            error=f"reranker: {exc}",
+            status="unparsed" if refused else "error",
+            error=said,
             attempts=exc.attempts,
             source="reranker",
         )
