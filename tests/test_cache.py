@@ -369,15 +369,17 @@ def test_a_claim_its_process_left_behind_is_taken_over_at_once(tmp_path: Path) -
         check=True,
     )
     first, second = Cache(tmp_path / "c.sqlite"), Cache(tmp_path / "c.sqlite")
-    assert first.claim("k")
-    assert not second.claim("k")  # this process lives: it is asked for now
+    assert first.claim("k") is True
+    assert second.claim("k") is False  # this process lives: it is asked for now
     first._conn.execute("UPDATE claims SET pid = ? WHERE key = 'k'", (int(gone.stdout),))
     assert second.claim("k")  # its process is gone
     assert first.claim("other")
     first._conn.execute("UPDATE claims SET host = 'elsewhere', at = 0 WHERE key = 'other'")
     assert second.claim("other")  # too old, wherever its process was
     second.put("k", completion("answer"), kind="chat", model="m")
-    assert first.claim("k")  # the answer let it go
+    # The answer let it go, and no claim is taken on an answer stored: it is read instead.
+    assert first.claim("k") is None
+    assert first.claim("unanswered") is True
     assert cache_module.CLAIM_STALE_S > 60
     first.close()
     second.close()

@@ -74,7 +74,13 @@ _ALIAS = "INSERT OR REPLACE INTO aliases(key, target) VALUES (?,?)"
 # Before an answer is stored: every verdict set goes when it replaces one (sets are read from
 # the answers; an old one's set is stale).
 _STALE_SETS = "DELETE FROM verdict_sets WHERE EXISTS (SELECT 1 FROM answers WHERE key = ?)"
-_CLAIM = "INSERT OR IGNORE INTO claims(key, owner, pid, host, at) VALUES (?,?,?,?,?)"
+# A claim is taken only while no answer is stored under its key (or named by it): one stored
+# by another process between this one's look in the cache and its claim is read, not paid.
+_CLAIM = (
+    "INSERT OR IGNORE INTO claims(key, owner, pid, host, at) SELECT ?,?,?,?,? "
+    "WHERE NOT EXISTS (SELECT 1 FROM answers WHERE key = ?1) "
+    "AND NOT EXISTS (SELECT 1 FROM aliases WHERE key = ?1)"
+)
 _UNCLAIM = "DELETE FROM claims WHERE key IN (?, ?) AND owner = ?"
 # A claim older than this is taken over whoever holds it (another machine's, on a shared disk,
 # whose process cannot be looked up): no request is asked for so long.
@@ -327,12 +333,14 @@ class Cache:
             self._unreadable.discard(key)
             self._overwritten += 1
 
-    def claim(self, key: str) -> bool:
+    def claim(self, key: str) -> bool | None:
         """Whether this cache may ask for the answer under ``key`` now: True once it holds the
         claim on it (taken now, already its own, or taken over from a process that is gone),
         and always when claims cannot be kept (no file, a read-only one); False while another
-        live process, or another cache in this one, is asking for it. Claims only spare money:
-        one that cannot be written never stops a request."""
+        live process, or another cache in this one, is asking for it; None when an answer is
+        stored under it (another process's, stored since the caller looked: it looks again;
+        one it cannot use, it asks for unclaimed). Claims only spare money: one that cannot be
+        written never stops a request."""
         if self._conn is None:
             return True
         with self._lock:
@@ -344,16 +352,14 @@ class Cache:
                 held = self._conn.execute(
                     "SELECT owner, pid, host, at FROM claims WHERE key = ?", (key,)
                 ).fetchone()
-                if held is not None and held[0] != self._owner and _alive(*held[1:]):
+                if held is None:  # an answer is stored: the caller looks again
+                    return None
+                if held[0] != self._owner and _alive(*held[1:]):
                     return False
-                taken = (
-                    self._conn.execute(_CLAIM, row)
-                    if held is None
-                    else self._conn.execute(
-                        "UPDATE claims SET owner = ?, pid = ?, host = ?, at = ? "
-                        "WHERE key = ? AND owner = ?",
-                        (*row[1:], key, held[0]),
-                    )
+                taken = self._conn.execute(
+                    "UPDATE claims SET owner = ?, pid = ?, host = ?, at = ? "
+                    "WHERE key = ? AND owner = ?",
+                    (*row[1:], key, held[0]),
                 )
             except sqlite3.Error:
                 return True

@@ -328,7 +328,7 @@ class Caller:
         passage from two engines); else, once another process asking for it is done (the
         cache's claim on it, :meth:`judge.calling.cache.Cache.claim`), its cached answer;
         else ``fetch()``'s, which later askers wait for."""
-        waited = 0
+        waited, stored = 0, False
         while True:
             hit = cached()
             if hit is not None:
@@ -336,8 +336,12 @@ class Caller:
                 return hit
             pending = self._inflight.get(key)
             if pending is None:
-                if self.cache.claim(key):
+                claimed = self.cache.claim(key)
+                if claimed or (claimed is None and stored):  # (stored, and of no use: asked)
                     break
+                if claimed is None:  # stored since the look above: looked at again
+                    stored = True
+                    continue
                 waited += 1  # another process asks for it now: its answer is ours too
                 if waited == CLAIM_SAID_AFTER and not self.stats.said_waiting:
                     self.stats.said_waiting = True
