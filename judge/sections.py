@@ -200,7 +200,7 @@ class RunSection(Record):
     requests_per_minute: float = Field(default=0.0, ge=0)
     tokens_per_minute: float = Field(default=0.0, ge=0)
     sample: int = Field(default=0, ge=0, strict=True)
-    seed: int = Field(default=0, strict=True)
+    seed: int = Field(default=0, strict=True, ge=0)
     max_cost: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=0, ge=0, strict=True)
     # Stop with exit 3 once this share of finished passages has status "error".

@@ -796,6 +796,30 @@ def test_an_engine_left_unscored_by_unparsed_verdicts_fails_the_run(
     assert report["counts"]["unparsed"] == 8 and report["outcome"]["status"] == "FAILED"
 
 
+def test_a_negative_seed_is_refused_before_paying(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A seed of -1 had passed every check; the run paid for every call, then failed in numpy
+    with a traceback and exit 1 (a threshold breach), and so did compare and calibrate."""
+    config = write_config(
+        tmp_path / "c.toml", server, tmp_path / "cache.sqlite", {"run": {"seed": -1}}
+    )
+    dataset = _dataset(tmp_path)
+    for err in _both(config, dataset, tmp_path / "out", capsys):
+        assert "run.seed" in err and "Traceback" not in err, err
+    plain = write_config(tmp_path / "p.toml", server, tmp_path / "cache.sqlite")
+    for argv in (
+        ["run", str(plain), str(dataset), "--out", str(tmp_path / "o"), "--seed", "-1"],
+        ["compare", str(tmp_path / "o"), str(tmp_path / "o2"), "--seed", "-1"],
+        ["calibrate", str(tmp_path / "o"), "--seed", "-1"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+        assert "a seed is a whole number >= 0, got -1" in capsys.readouterr().err
+    assert server.requests == []
+
+
 def test_a_cache_path_from_the_command_line_is_not_blamed_on_the_config(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

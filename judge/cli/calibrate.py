@@ -15,7 +15,7 @@ from judge.analysis.calibration import (
     grade_pairs,
     relevance_pairs,
 )
-from judge.cli.common import EXIT_OK, at_least_one, judged_input
+from judge.cli.common import EXIT_OK, at_least_one, judged_input, seed_arg
 from judge.config import RunConfig, set_config_value
 from judge.data.results import load_engines
 from judge.errors import ConfigError
@@ -160,6 +160,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     c.add_argument(
         "--n-boot", type=at_least_one, default=1000, help="bootstrap resamples for the CIs"
     )
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=seed_arg, default=0)
     c.add_argument("--json", metavar="OUT", help="also write the calibration as JSON")
     c.set_defaults(func=cmd_calibrate)

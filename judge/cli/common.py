@@ -132,6 +132,18 @@ def _print_rerank(est: Estimate) -> None:
         )
 
 
+def seed_arg(text: str) -> int:
+    """An argparse type: a random seed, a whole number >= 0 (numpy's generators take no
+    other; a negative one had passed every check, then failed after paying)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is a whole number >= 0, got {value}")
+    return value
+
+
 def at_least_one(text: str) -> int:
     """An argparse type: a whole number >= 1 (resamples, permutations); argparse says what is
     wrong in one line and exits 2 otherwise."""

@@ -32,6 +32,7 @@ from judge.cli.common import (
     judged_input,
     overrides,
     print_dry_run,
+    seed_arg,
 )
 from judge.errors import ConfigError, JudgeError, WriteError
 from judge.schema import MetricPolicy, printable
@@ -519,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory (default: the config's run.out)")
     r.add_argument("--repeats", type=int)
     r.add_argument("--sample", type=int, help="judge a reproducible sample of N query ids")
-    r.add_argument("--seed", type=int)
+    r.add_argument("--seed", type=seed_arg)
     r.add_argument("--concurrency", type=int)
     r.add_argument("--max-cost", type=float, help="stop cleanly at this spend (USD); rerun resumes")
     r.add_argument("--max-tokens", type=int, help="stop cleanly at this many tokens; rerun resumes")

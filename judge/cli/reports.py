@@ -33,7 +33,7 @@ from judge.analysis.compare import (
     compare,
 )
 from judge.analysis.judged_pool import borrow_verdicts, parse_pooled
-from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input
+from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input, seed_arg
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError, RunUnfinished
@@ -651,7 +651,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         default=N_PERMUTATIONS,
         help="sign-flip permutations for p",
     )
-    c.add_argument("--seed", type=int, help="random seed (default: the run's, else 0)")
+    c.add_argument("--seed", type=seed_arg, help="random seed (default: the run's, else 0)")
     c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
     c.add_argument("--html", metavar="OUT", help="also write an offline HTML page with charts")
     c.add_argument(
