@@ -463,8 +463,10 @@ def test_without_ray_installed_the_run_stops_in_one_line_before_any_call(
             },
             "a shard sees only its part",
         ),
+        # Nothing listens there: ray.init had retried it for ten minutes, deaf to Ctrl-C.
+        (["--ray", "127.0.0.1:1"], {}, "run.ray: cannot reach Ray at '127.0.0.1:1'"),
     ],
-    ids=["batch", "address", "cascade"],
+    ids=["batch", "address", "cascade", "nobody-listens"],
 )
 def test_what_shards_cannot_do_is_refused_before_any_call(
     server: ScriptedServer,

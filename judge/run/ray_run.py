@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -335,6 +337,13 @@ class _Waves:
         return None, None
 
 
+# A cluster's address as host:port, and how long its port is given to take a connection
+# before the run says it cannot reach it (ray.init would retry it silently for ten minutes,
+# deaf to Ctrl-C).
+_HOST_PORT = re.compile(r"\[?([^\s\[\]/]+?)\]?:(\d{1,5})")
+RAY_REACH_S = 10.0
+
+
 def _connect(address: str) -> bool:
     """Ray for this run: the one this process has, else a new local instance or a cluster;
     True when this run started it (and so stops it)."""
@@ -345,6 +354,12 @@ def _connect(address: str) -> bool:
     options: dict[str, Any] = {"logging_level": logging.WARNING}
     if address == "local":
         options["include_dashboard"] = False
+    if found := _HOST_PORT.fullmatch(address):  # Ray retries an address for ten minutes
+        try:
+            socket.create_connection((found[1], int(found[2])), timeout=RAY_REACH_S).close()
+        except OSError as exc:
+            said = exc.strerror or type(exc).__name__
+            raise ConfigError(f"run.ray: cannot reach Ray at {address!r}: {said}") from None
     try:
         ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
