@@ -230,6 +230,17 @@ def test_a_history_judge_cannot_record_in_is_refused_before_paying(
     with sqlite3.connect(history) as app:
         assert [r[0] for r in app.execute("SELECT name FROM sqlite_master")] == ["users"]
         assert app.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    # One whose own table happens to be called runs too: it had passed, and been given
+    # judge's run_metrics table.
+    history.unlink()
+    with sqlite3.connect(history) as app:
+        app.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+    assert main(["run", str(config), str(dataset), "--out", str(tmp_path / "d")]) == 2
+    assert f"{history}: not a judge run history (it holds other tables: runs)" in (
+        capsys.readouterr().err
+    )
+    with sqlite3.connect(history) as app:
+        assert [r[0] for r in app.execute("SELECT name FROM sqlite_master")] == ["runs"]
     assert len(server.requests) == paid
 
 

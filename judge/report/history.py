@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS run_metrics (
 """
 
 
+# What a run history's runs table holds, by which another program's table is told apart.
+_RUNS_COLUMNS = frozenset({"id", "created", "recorded", "out_dir", "queries", "verdicts"})
+
+
 class HistoryRun(Record):
     """One recorded run; ``metrics[engine][metric]`` is the mean (None = undefined)."""
 
@@ -120,7 +124,9 @@ def _connect(
     try:
         conn = sqlite3.connect(target, timeout=wait_s)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        if tables and "runs" not in tables:  # another program's database: never written
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        # Another program's database (one with a runs table of its own too): never written.
+        if tables and ("runs" not in tables or not columns >= _RUNS_COLUMNS):
             conn.close()
             raise CacheError(
                 f"{target}: not a judge run history (it holds other tables: "
