@@ -796,6 +796,28 @@ def test_an_engine_left_unscored_by_unparsed_verdicts_fails_the_run(
     assert report["counts"]["unparsed"] == 8 and report["outcome"]["status"] == "FAILED"
 
 
+def test_a_threshold_on_a_soft_metric_a_judge_without_logprobs_cannot_give_is_refused(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """soft_ap is read from P(relevant), which a judge asked for no logprobs never gives: the
+    run had paid for every call, found it undefined everywhere, and failed (exit 1)."""
+    extra = '[metrics]\nnames = ["ap", "soft_ap"]\n[thresholds]\nmin = { soft_ap = 0.5 }\n'
+
+    def config_with(logprobs: bool) -> Path:
+        tables = {"judge.params": {"logprobs": logprobs}}
+        config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+        with config.open("a", encoding="utf-8") as fh:
+            fh.write(extra)
+        return config
+
+    dataset = _dataset(tmp_path)
+    for err in _both(config_with(False), dataset, tmp_path / "out", capsys):
+        assert "thresholds.min.soft_ap: 0.5 can never be evaluated" in err, err
+    assert server.requests == []
+    argv = ["validate", str(config_with(True)), str(dataset), "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+
+
 def test_a_negative_seed_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

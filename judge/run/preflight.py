@@ -40,7 +40,7 @@ from judge.judging.context import (
 )
 from judge.judging.judge import Judge
 from judge.judging.relevance import window_size
-from judge.metrics.facts import metric_of, parse_metric_name
+from judge.metrics.facts import family_of, metric_of, parse_metric_name
 from judge.providers import ADAPTERS, judges_by_score, planning_only, resolve_spec
 from judge.providers.base import read_api_key
 from judge.schema import Query
@@ -170,7 +170,7 @@ def _threshold_problems(config: RunConfig) -> list[str]:
                     f"{where}: thresholds.{key}: '{name}' is not a metric this run computes "
                     f"(add it to [metrics] names; computed: {', '.join(computed)})"
                 )
-            elif why := _unmeetable(name, table[name], key):
+            elif why := _unmeetable(name, table[name], key) or _no_probabilities(config, name):
                 problems.append(f"{where}: thresholds.{key}.{name}: {table[name]} {why}")
     for name in th.min.keys() & th.max.keys():
         if th.min[name] > th.max[name]:
@@ -195,6 +195,29 @@ def _unmeetable(name: str, limit: float, key: str) -> str | None:
     if metric is not None and metric.unit and not 0 <= limit <= 1:
         return f"is outside [0, 1], where every value of {name} lies: no run could pass"
     return None
+
+
+def _no_probabilities(config: RunConfig, name: str) -> str | None:
+    """Why a threshold on a metric read from P(relevant) (soft_*; rerank_* without [rerank])
+    could never be evaluated: a judge asked for no logprobs has none, so the metric is
+    undefined for every query and the run, paid in full, fails on it (None: it can be)."""
+    family = family_of(name)
+    if family not in ("soft", "rerank") or (family == "rerank" and config.rerank is not None):
+        return None
+    try:
+        spec = resolve_spec(config.judge.provider, config.provider.overrides())
+    except JudgeError:
+        return None  # an unknown provider is reported with the config problems
+    params = config.judge.params
+    if judges_by_score(spec) or (
+        params.logprobs and "logprobs" not in params.omit and spec.supports_logprobs
+    ):
+        return None
+    return (
+        f"can never be evaluated: {name} is read from the judge's P(relevant), which it gives "
+        "with logprobs only (set [judge.params] logprobs = true, on a provider that returns "
+        "them)" + ("" if family == "soft" else ", or a [rerank] provider's scores")
+    )
 
 
 def _cascade_problems(config: RunConfig, queries: Sequence[Query]) -> list[str]:
