@@ -65,6 +65,33 @@ def test_bad_provider_config_is_explained(
         resolve_spec(name, overrides)
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("abc\r\nX-Evil: 1", "holds white space or a control character inside the key"),
+        ("sk-a b", "holds white space or a control character inside the key"),
+        ("", "JUDGE_TEST_KEY is empty"),
+        (None, "JUDGE_TEST_KEY is not set"),
+    ],
+)
+def test_an_api_key_that_is_none_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, said: str
+) -> None:
+    """A key with a line break in it had gone out as two headers, the second of the
+    environment's choosing (the lean client writes headers itself); an empty one was said to
+    be unset. The value itself is never shown."""
+    from judge.providers.base import read_api_key
+
+    if value is None:
+        monkeypatch.delenv("JUDGE_TEST_KEY", raising=False)
+    else:
+        monkeypatch.setenv("JUDGE_TEST_KEY", value)
+    spec = resolve_spec("openai", {"api_key_env": "JUDGE_TEST_KEY"})
+    with pytest.raises(ProviderConfigError, match=said) as caught:
+        read_api_key(spec)
+    assert "Evil" not in str(caught.value)
+
+
 def test_registry_refuses_the_wrong_role() -> None:
     with pytest.raises(ProviderConfigError, match="not a chat model"):
         make_chat_provider(resolve_spec("cohere", {}))

@@ -529,13 +529,21 @@ def read_api_key(spec: ProviderSpec, placeholder: str = "not-needed") -> str:
     """
     if spec.api_key_env is None:
         return placeholder
-    key = os.environ.get(spec.api_key_env, "").strip()
+    raw = os.environ.get(spec.api_key_env)
+    key = (raw or "").strip()
     if not key and _PLANNING.get():
         return "planning-only-never-sent"
     if not key:
+        said = "is not set" if raw is None else "is empty"
         raise ProviderConfigError(
-            f"environment variable {spec.api_key_env} is not set; the {spec.kind} provider "
+            f"environment variable {spec.api_key_env} {said}; the {spec.kind} provider "
             f"at {spec.base_url or 'its default URL'} needs an API key from it"
+        )
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        # A header value with a line break in it is another header (never sent so).
+        raise ProviderConfigError(
+            f"environment variable {spec.api_key_env} holds white space or a control "
+            "character inside the key (a line break, say): no API key does; set it to the key"
         )
     return key
 
