@@ -818,6 +818,20 @@ def test_a_threshold_on_a_soft_metric_a_judge_without_logprobs_cannot_give_is_re
     assert main(argv) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_pipe_as_the_cache_is_refused_not_waited_on(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reading a named pipe's first bytes waits for a writer that never comes: the run had
+    hung in its checks, saying nothing."""
+    pipe = tmp_path / "cache.sqlite"
+    os.mkfifo(pipe)
+    config = write_config(tmp_path / "c.toml", server, pipe)
+    for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
+        assert f"run.cache: {pipe}: not a regular file (a pipe or a device)" in err, err
+    assert server.requests == []
+
+
 def test_a_negative_seed_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,7 +73,10 @@ _HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database 
 
 def check_sqlite(path: Path) -> None:
     """NotACache when ``path`` is a non-empty file that does not begin as SQLite files do: a
-    damaged cache still does (its pages after the first are what break), another file never."""
+    damaged cache still does (its pages after the first are what break), another file never.
+    Nor is anything there that is not a regular file (a pipe would block the run, unread)."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise NotACache(f"{path}: not a regular file (a pipe or a device), so not a judge cache")
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(_HEADER))
