@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -830,6 +831,20 @@ def test_a_pipe_as_the_cache_is_refused_not_waited_on(
     for err in _both(config, _dataset(tmp_path), tmp_path / "out", capsys):
         assert f"run.cache: {pipe}: not a regular file (a pipe or a device)" in err, err
     assert server.requests == []
+
+
+def test_validate_cuts_passages_as_its_config_does_and_refuses_the_flag_beside_one(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-passage-chars beside a config had been ignored in silence."""
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    dataset = _dataset(tmp_path)
+    assert main(["validate", str(config), str(dataset), "--max-passage-chars", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-passage-chars is for a dataset validated without a config" in err
+    assert main(["validate", str(dataset), "--max-passage-chars", "5"]) == 0
+    cut = re.search(r"(\d+) truncated", capsys.readouterr().out)
+    assert cut and int(cut.group(1)) > 0
 
 
 def test_a_negative_seed_is_refused_before_paying(

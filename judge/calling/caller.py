@@ -343,14 +343,7 @@ class Caller:
                     stored = True
                     continue
                 waited += 1  # another process asks for it now: its answer is ours too
-                if waited == CLAIM_SAID_AFTER and not self.stats.said_waiting:
-                    self.stats.said_waiting = True
-                    log.warning(
-                        "%s: waiting for another judge process asking the same "
-                        "requests (its answers are read, not paid again)",
-                        self.cache.path,
-                    )
-                await asyncio.sleep(min(CLAIM_POLL_S * waited, 1.0))
+                await self._wait_for_other(waited)
                 continue
             try:
                 got: R = await asyncio.shield(pending)
@@ -379,6 +372,18 @@ class Caller:
             return result
         finally:
             del self._inflight[key]
+
+    async def _wait_for_other(self, waited: int) -> None:
+        """Wait a moment (longer the more ``waited``) for another process's answer; said
+        once, past about 30 s."""
+        if waited == CLAIM_SAID_AFTER and not self.stats.said_waiting:
+            self.stats.said_waiting = True
+            log.warning(
+                "%s: waiting for another judge process asking the same requests (its answers "
+                "are read, not paid again)",
+                self.cache.path,
+            )
+        await asyncio.sleep(min(CLAIM_POLL_S * waited, 1.0))
 
     def _cached(
         self,

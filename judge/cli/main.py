@@ -292,6 +292,21 @@ def _step_summary(summary: Summary) -> None:
         print(f"judge: cannot write GITHUB_STEP_SUMMARY {path}: {exc.strerror}", file=sys.stderr)
 
 
+def _passage_limit(args: argparse.Namespace, config: RunConfig | None) -> int:
+    """The characters a passage is cut to: a config's [dataset] max_passage_chars, as in judge
+    run (--max-passage-chars beside a config is refused: it had been ignored), else the
+    flag's, 8000 by default."""
+    if config is None:
+        return 8000 if args.max_passage_chars is None else int(args.max_passage_chars)
+    if args.max_passage_chars is not None:
+        raise ConfigError(
+            f"{config.source}: --max-passage-chars is for a dataset validated without a "
+            "config; with one, [dataset] max_passage_chars decides, as in judge run (--set "
+            "dataset.max_passage_chars=N)"
+        )
+    return config.dataset.max_passage_chars
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """``judge validate [CONFIG] DATASET``: the dataset's counts and problems; with a config,
     every check ``judge run`` makes before its first call, and nothing is sent."""
@@ -314,7 +329,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         result = validate(
             dataset,
             columns=(ds.columns or None) if ds else None,
-            max_passage_chars=ds.max_passage_chars if ds else args.max_passage_chars,
+            max_passage_chars=_passage_limit(args, config),
         )
     except ConfigError as exc:  # [dataset] columns or max_passage_chars: the config's
         raise ConfigError(f"{config_path}: dataset.{exc}" if ds else str(exc)) from None
@@ -574,7 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a dataset (and, with a config, everything judge run checks before paying)",
     )
     v.add_argument("paths", nargs="+", metavar="[CONFIG] DATASET")
-    v.add_argument("--max-passage-chars", type=int, default=8000)
+    v.add_argument(
+        "--max-passage-chars",
+        type=int,
+        help="without a config: cut passages to this many characters (default 8000); with one, "
+        "[dataset] max_passage_chars decides, as in judge run",
+    )
     v.add_argument("--out", help="run directory to check (default: the config's run.out)")
     v.add_argument(
         "--first-night", action="store_true", help="no baseline yet: skip the drop checks"
