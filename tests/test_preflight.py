@@ -847,6 +847,32 @@ def test_validate_cuts_passages_as_its_config_does_and_refuses_the_flag_beside_o
     assert cut and int(cut.group(1)) > 0
 
 
+def test_counts_out_of_range_and_a_run_given_twice_are_refused_in_one_line(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative --worst, --last or --limit had been taken, calibrate's --folds 1 quietly
+    became 2, calibrate counted one run given twice as twice its labels, and history printed
+    its whole table before saying a --metric was unknown."""
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    run = tmp_path / "o"
+    for argv, said in (
+        (["report", str(run), "--worst", "-1"], "must be at least 0, got -1"),
+        (["report", str(run), "--last", "-1"], "must be at least 0, got -1"),
+        (["history", "--config", str(config), "--limit", "-1"], "must be at least 0, got -1"),
+        (["calibrate", str(run), "--folds", "1"], "must be at least 2, got 1"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2, argv
+        assert said in capsys.readouterr().err, argv
+    run.mkdir()
+    assert main(["calibrate", str(run), str(run)]) == 2
+    assert "judge calibrate: a source is given twice" in capsys.readouterr().err
+    assert main(["history", "--config", str(config), "--metric", "nope"]) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and "nope" in said.err
+
+
 def test_a_negative_seed_is_refused_before_paying(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,14 @@ from judge.analysis.calibration import (
     grade_pairs,
     relevance_pairs,
 )
-from judge.cli.common import EXIT_OK, at_least_one, judged_input, seed_arg
+from judge.cli.common import (
+    EXIT_OK,
+    at_least_one,
+    each_once,
+    judged_input,
+    seed_arg,
+    whole_number,
+)
 from judge.config import RunConfig, set_config_value
 from judge.data.results import load_engines
 from judge.errors import ConfigError
@@ -117,6 +124,7 @@ def _emit(
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    each_once("calibrate", args.sources)
     config, results, scale = judged_input(args, lambda: load_engines(args.sources))
     if config is None:
         _labels_fit(results, scale)
@@ -156,7 +164,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     c.add_argument(
         "--write", action="store_true", help="write the threshold (or grade_cuts) into --config"
     )
-    c.add_argument("--folds", type=int, default=5, help="cross-validation folds (by query)")
+    c.add_argument(
+        "--folds", type=whole_number(2), default=5, help="cross-validation folds (by query)"
+    )
     c.add_argument(
         "--n-boot", type=at_least_one, default=1000, help="bootstrap resamples for the CIs"
     )

@@ -4,12 +4,13 @@ the config and judged rows of a command over finished runs."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from judge.config import RunConfig, load_config, parse_override
-from judge.data.results import resolve_scale
-from judge.errors import JudgeError
+from judge.data.results import resolve_scale, split_source
+from judge.errors import ConfigError, JudgeError
 from judge.schema import JudgedQuery, Scale
 
 if TYPE_CHECKING:
@@ -130,6 +131,29 @@ def _print_rerank(est: Estimate) -> None:
             f"cascade: {est.rerank_calls} rerank calls ({est.rerank_cached} already cached), "
             f"{est.reranker_passages} passages labelled by the reranker{bound}"
         )
+
+
+def each_once(command: str, sources: Sequence[str]) -> None:
+    """ConfigError when a run (directory or file, ``NAME=`` aside) is given twice: its rows
+    would count twice (a calibration of one run given twice had fitted on twice its labels)."""
+    if len({str(Path(split_source(s)[1]).resolve()) for s in sources}) < len(sources):
+        raise ConfigError(f"judge {command}: a source is given twice: {' '.join(sources)}")
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum`` (a count of runs, queries, folds);
+    argparse says what is wrong in one line and exits 2 otherwise."""
+
+    def read(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return read
 
 
 def seed_arg(text: str) -> int:

@@ -33,7 +33,15 @@ from judge.analysis.compare import (
     compare,
 )
 from judge.analysis.judged_pool import borrow_verdicts, parse_pooled
-from judge.cli.common import EXIT_OK, EXIT_THRESHOLD, at_least_one, judged_input, seed_arg
+from judge.cli.common import (
+    EXIT_OK,
+    EXIT_THRESHOLD,
+    at_least_one,
+    each_once,
+    judged_input,
+    seed_arg,
+    whole_number,
+)
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError, RunUnfinished
@@ -312,8 +320,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
     _outputs_spare_inputs(args.sources, {"--json": args.json, "--html": args.html})
-    if len({str(Path(split_source(s)[1]).resolve()) for s in args.sources}) < len(args.sources):
-        raise ConfigError(f"judge compare: a source is given twice: {' '.join(args.sources)}")
+    each_once("compare", args.sources)
 
     def read() -> list[JudgedQuery]:
         return load_engines(args.sources, read_source)
@@ -582,6 +589,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     from judge.report.history import list_runs, regressions, source_key
 
     config = load_config(args.config)
+    for name in args.metric or ():  # as compare and metrics check a name: one line, exit 2,
+        parse_metric_name(name)  # before anything is printed
     path = Path(args.history) if args.history else config.history_path()
     source = None if args.all else source_key(args.config)
     runs = list_runs(path, args.limit, source=source)
@@ -597,8 +606,6 @@ def cmd_history(args: argparse.Namespace) -> int:
     ]
     print(columns(head, rows, "><>>>><"))
     flags = regressions(runs, config.thresholds.max_drop)
-    for name in args.metric or ():  # as compare and metrics check a name: one line, exit 2
-        parse_metric_name(name)
     names = args.metric or list(
         dict.fromkeys(m for r in runs for v in r.metrics.values() for m in v)
     )
@@ -685,9 +692,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     r.add_argument("run_dir")
     r.add_argument("--config", help="config (history file, max_drop, and the summary if rebuilt)")
     r.add_argument("--history", help="history file (default: the config's run.history)")
-    r.add_argument("--last", type=int, default=10, help="runs of history shown")
+    r.add_argument("--last", type=whole_number(0), default=10, help="runs of history shown")
     r.add_argument(
-        "--worst", type=int, default=5, help="lowest-scoring queries named under the metrics"
+        "--worst",
+        type=whole_number(0),
+        default=5,
+        help="lowest-scoring queries named under the metrics",
     )
     r.add_argument("--rebuild", action="store_true", help="recompute summary.json from the results")
     r.set_defaults(func=cmd_report)
@@ -697,7 +707,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     h.add_argument("--config", help="config (history file, max_drop); shows only its runs")
     h.add_argument("--history", help="history file (default: the config's run.history)")
-    h.add_argument("--limit", type=int, default=20, help="runs shown (0 = all)")
+    h.add_argument("--limit", type=whole_number(0), default=20, help="runs shown (0 = all)")
     h.add_argument("--metric", action="append", help="metric to show (repeatable; default all)")
     h.add_argument("--all", action="store_true", help="runs of every config, not just --config's")
     h.set_defaults(func=cmd_history)
