@@ -71,10 +71,15 @@ class _Run:
 
     def wait_for(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 120
-        while not ready():
-            assert self.proc.poll() is None, ("the run ended first", self.lines[-5:])
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
+        try:
+            while not ready():
+                assert self.proc.poll() is None, ("the run ended first", self.lines[-5:])
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(0.02)
+        except BaseException:  # a failed wait leaves no run behind (nor its pipe)
+            self.proc.kill()
+            self.end(signal.SIGKILL)
+            raise
 
     def progress(self) -> list[tuple[int, int]]:
         """(queries, passages) of every progress line so far."""
@@ -94,7 +99,9 @@ def _partial(out: Path) -> list[dict[str, object]]:
     path = out / PARTIAL_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_bytes().splitlines(keepends=True)]
+    # A line being appended as it is read is not yet a verdict: whole lines only.
+    lines = path.read_bytes().splitlines(keepends=True)
+    return [json.loads(line) for line in lines if line.endswith(b"\n")]
 
 
 def _setup(

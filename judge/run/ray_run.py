@@ -349,17 +349,17 @@ def _connect(address: str) -> bool:
     True when this run started it (and so stops it)."""
     import ray
 
-    if ray.is_initialized():
-        return False
-    options: dict[str, Any] = {"logging_level": logging.WARNING}
-    if address == "local":
-        options["include_dashboard"] = False
     if found := _HOST_PORT.fullmatch(address):  # Ray retries an address for ten minutes
         try:
             socket.create_connection((found[1], int(found[2])), timeout=RAY_REACH_S).close()
         except OSError as exc:
             said = exc.strerror or type(exc).__name__
             raise ConfigError(f"run.ray: cannot reach Ray at {address!r}: {said}") from None
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = {"logging_level": logging.WARNING}
+    if address == "local":
+        options["include_dashboard"] = False
     try:
         ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
