@@ -893,7 +893,7 @@ def test_a_negative_seed_is_refused_before_paying(
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
-        assert "a seed is a whole number >= 0, got -1" in capsys.readouterr().err
+        assert "must be at least 0, got -1" in capsys.readouterr().err
     assert server.requests == []
 
 

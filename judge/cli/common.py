@@ -156,25 +156,10 @@ def whole_number(minimum: int) -> Callable[[str], int]:
     return read
 
 
-def seed_arg(text: str) -> int:
-    """An argparse type: a random seed, a whole number >= 0 (numpy's generators take no
-    other; a negative one had passed every check, then failed after paying)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a seed is a whole number >= 0, got {value}")
-    return value
+# A random seed: numpy's generators take whole numbers >= 0 only (a negative one had passed
+# every check, then failed after paying).
+seed_arg = whole_number(0)
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1 (resamples, permutations); argparse says what is
-    wrong in one line and exits 2 otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# Resamples, permutations: at least one.
+at_least_one = whole_number(1)
