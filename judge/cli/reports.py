@@ -239,10 +239,10 @@ def _say_other_passages(results: Sequence[JudgedQuery], metrics: Sequence[str]) 
     or runs (a night's updated documents), whose pooled values then share one grade."""
     if not any(parse_pooled(m) is not None for m in metrics):
         return
-    texts: dict[tuple[str, str], dict[int, str]] = {}  # by a hash of the text: no copies
+    texts: dict[tuple[str, str], dict[str, str]] = {}
     for jq in results:
         for p in jq.query.passages:
-            said = hash(" ".join(p.text.casefold().split()))
+            said = " ".join(p.text.casefold().split())
             texts.setdefault((jq.query.query_id, p.id), {}).setdefault(said, jq.query.engine)
     other = [key for key, found in texts.items() if len(found) > 1]
     if other:
