@@ -955,3 +955,15 @@ def test_a_passage_id_with_other_text_in_another_run_is_said_beside_pooled_metri
     assert "judge: 6 passage id(s) hold different texts in different engines or runs" in err
     assert run_cli(["compare", str(a), str(b), "--metric", "ndcg"]) == 0
     assert "passage id(s)" not in capsys.readouterr().err  # no pooled metric: nothing to say
+
+
+def test_texts_the_pool_takes_as_one_are_not_said_to_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warning reads "the same text" as the pool does (NFKC too): a full-width or
+    ligature spelling of one text had been said to be another passage."""
+    first = [judged(f"q{i}", "e", [("a", "ﬁne text"), ("b", "ＡＢＣ")], [3, 0]) for i in range(6)]
+    second = [judged(f"q{i}", "e", [("a", "fine  TEXT"), ("b", "abc")], [3, 0]) for i in range(6)]
+    a, b = write_run(tmp_path / "a", first), write_run(tmp_path / "b", second)
+    assert run_cli(["compare", str(a), str(b), "--metric", "pooled_ndcg"]) == 0
+    assert "passage id(s)" not in capsys.readouterr().err

@@ -45,6 +45,7 @@ from judge.cli.common import (
 from judge.config import RunConfig, load_config
 from judge.data.results import load_engines, load_results, source_labels, split_source
 from judge.errors import ConfigError, InputError, RunUnfinished
+from judge.metrics.compute import normalise_text
 from judge.metrics.facts import parse_metric_name
 from judge.schema import JudgedQuery, MetricPolicy, Query
 
@@ -239,10 +240,11 @@ def _say_other_passages(results: Sequence[JudgedQuery], metrics: Sequence[str]) 
     or runs (a night's updated documents), whose pooled values then share one grade."""
     if not any(parse_pooled(m) is not None for m in metrics):
         return
-    texts: dict[tuple[str, str], dict[str, str]] = {}
+    # A hash of each text as the pool normalises it (the pool's own sameness), not a copy.
+    texts: dict[tuple[str, str], dict[int, str]] = {}
     for jq in results:
         for p in jq.query.passages:
-            said = " ".join(p.text.casefold().split())
+            said = hash(normalise_text(p.text))
             texts.setdefault((jq.query.query_id, p.id), {}).setdefault(said, jq.query.engine)
     other = [key for key, found in texts.items() if len(found) > 1]
     if other:
@@ -501,7 +503,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             named = config.source
         made = config or load_config(None)
         results = counted(results, made.scale(), made.metrics)
-        summary, nights = _rebuilt(out_dir, config, results)
+        summary, nights = _rebuilt(out_dir, made, results, given=config is not None)
     history_path = args.history or (config.history_path() if config else None)
     rows = []
     if history_path is not None:
@@ -522,11 +524,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _rebuilt(
-    out_dir: Path, config: RunConfig | None, results: Sequence[JudgedQuery]
+    out_dir: Path, config: RunConfig, results: Sequence[JudgedQuery], *, given: bool
 ) -> tuple[Summary, Nights]:
     """``out_dir``'s summary made again from its results (and written), with its nights
     against the baseline; it keeps what the results cannot say: how the run went, its
-    dataset and date. ``config``: the run's (None: the default config's, if it can)."""
+    dataset and date. ``config``: the run's when ``given``, else the default config (said to
+    be the wrong one when it cannot summarise them)."""
     from judge.report.finish import complete_summary
     from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
 
@@ -534,9 +537,9 @@ def _rebuilt(
     old = load_summary(path) if path.exists() else None
     run, dataset = (old.run, old.dataset) if old else (None, None)
     try:
-        summary, _, nights = complete_summary(config or load_config(None), results, run, dataset)
+        summary, _, nights = complete_summary(config, results, run, dataset)
     except (ConfigError, InputError) as exc:
-        if config is not None:
+        if given:
             raise
         raise ConfigError(
             f"{out_dir}: no run config is known, and the default config cannot summarise "
