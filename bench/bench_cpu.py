@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_runner import (  # the sibling bench, by path
     _LAUNCH,
+    DATASET_FIELDS,
     ROOT,
     bare_loop,
     config_for,
@@ -56,7 +57,7 @@ IN_FLIGHT = 64  # judge's starting concurrency, and the bare loop's
 def write_dataset(path: Path, n: int, tag: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         for q in make_queries(n, tag):
-            fh.write(q.model_dump_json(include={"query_id", "query", "engine", "passages"}) + "\n")
+            fh.write(q.model_dump_json(include=DATASET_FIELDS) + "\n")
 
 
 def write_config(path: Path, url: str, cache: Path, client: str, run: str = "") -> None:

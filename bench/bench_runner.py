@@ -59,6 +59,13 @@ from judge.schema import Passage, Query, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_QUERY = 10
+# What a dataset line holds (a passage's other fields are what judge adds: unused as input).
+DATASET_FIELDS: Any = {
+    "query_id": True,
+    "query": True,
+    "engine": True,
+    "passages": {"__all__": {"id", "text"}},
+}
 CONCURRENCY = 64
 
 
@@ -252,7 +259,7 @@ def cached_reruns(n: int, trials: int, work: Path, label: str, extra: Sequence[s
     dataset = work / "data.jsonl"
     with open(dataset, "w", encoding="utf-8") as fh:
         for q in queries:
-            fh.write(q.model_dump_json(include={"query_id", "query", "engine", "passages"}) + "\n")
+            fh.write(q.model_dump_json(include=DATASET_FIELDS) + "\n")
     toml = work / "judge.toml"
     toml.write_text(
         '[judge]\nprovider = "local"\nmodel = "bench-judge"\n'
@@ -293,7 +300,7 @@ def cli_at_defaults(n: int, latency: float, mode: str, trials: int, work: Path) 
     dataset = work / f"{mode}.jsonl"
     with open(dataset, "w", encoding="utf-8") as fh:
         for q in queries:
-            fh.write(q.model_dump_json(include={"query_id", "query", "engine", "passages"}) + "\n")
+            fh.write(q.model_dump_json(include=DATASET_FIELDS) + "\n")
     runs: list[dict[str, float]] = []
     bare: list[float] = []
     with serve(latency) as url:
