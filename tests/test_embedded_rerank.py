@@ -19,6 +19,8 @@ import io
 import json
 import logging
 import math
+import os
+import subprocess
 import sys
 import threading
 import zipfile
@@ -604,3 +606,28 @@ def test_real_provider_through_the_caller(tmp_path: Path) -> None:
     squirrels, captain, _ = scores
     assert captain > 0.5 > squirrels >= 0.0
     assert provider.stats.truncated == 2  # the long passage, cut and counted on each pass
+
+
+_BLAS = """
+import judge.cli  # what the judge command loads first: it starts OpenBLAS with one thread
+from threadpoolctl import threadpool_info
+from judge.providers.embedded.rerank import blas_threads
+with blas_threads(0):
+    inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+print(inside, after)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("threadpoolctl") is None, reason="needs [embedded]")
+def test_threads_0_is_a_thread_per_core_under_the_command(tmp_path: Path) -> None:
+    """The ``judge`` command starts numpy's OpenBLAS with one thread (its own numpy work is
+    small vectors); ``threads = 0`` still gives the embedded models one per core, as before."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["HOME"] = str(tmp_path)
+    shown = subprocess.run(
+        [sys.executable, "-c", _BLAS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    cores = len(os.sched_getaffinity(0))
+    assert shown.stdout.split() == [f"[{cores}]", "[1]"]

@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,11 +130,13 @@ def _require_packages() -> None:
 
 
 def blas_threads(threads: int) -> contextlib.AbstractContextManager[object]:
-    """BLAS limited to ``threads`` threads inside the block (0: left as it is)."""
-    if threads == 0:
-        return contextlib.nullcontext()
+    """BLAS at ``threads`` threads inside the block (0: one per core this process may use,
+    what OpenBLAS starts with, set outright: the ``judge`` command starts it with one)."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+    if threads == 0:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        threads = threads or os.cpu_count() or 1
     limits: contextlib.AbstractContextManager[object] = threadpool_limits(
         limits=threads, user_api="blas"
     )
