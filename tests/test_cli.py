@@ -386,3 +386,29 @@ def test_a_console_stream_whose_reader_left_sends_the_rest_to_the_null_device() 
         null = os.stat(os.devnull)
         now = os.fstat(stream.fileno())
         assert (now.st_dev, now.st_ino) == (null.st_dev, null.st_ino)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (
+            ["--repeats", "2", "--set", "run.repeats=3"],
+            "--repeats and --set run.repeats=3 disagree",
+        ),
+        (["--batch", "--set", "run.batch=false"], "--batch and --set run.batch=false disagree"),
+        (["--shards", "4"], "--shards shards a run on Ray: give --ray too"),
+    ],
+)
+def test_a_flag_a_set_contradicts_or_that_does_nothing_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    """``--repeats 2 --set run.repeats=3`` had quietly judged twice; ``--shards`` without
+    Ray had been ignored. Refused in one line, before anything is read or sent."""
+    config = write_config(tmp_path, '[judge]\nprovider = "local"\nmodel = "m"\n')
+    assert main(["run", str(config), SAMPLE, "--out", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "out").exists()
+    # The same value twice is no contradiction.
+    agreed = ["--repeats", "2", "--set", "run.repeats=2", "--dry-run"]
+    assert main(["run", str(config), SAMPLE, "--out", str(tmp_path / "out"), *agreed]) == 0

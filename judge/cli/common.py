@@ -4,6 +4,7 @@ the config and judged rows of a command over finished runs."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,14 @@ EXIT_CODES = """exit codes:
   4  the budget (--max-cost / --max-tokens) was reached; rerun with a larger one to resume"""
 
 
-def overrides(args: argparse.Namespace) -> dict[str, Any]:
+def overrides(
+    args: argparse.Namespace, flags: dict[str, tuple[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The config keys ``--set`` and the command's own flags set (``flags``: more of them, a
+    config key's flag and value). A flag and a ``--set`` of its key that disagree are
+    refused: neither is quietly the one that counts."""
     out: dict[str, Any] = dict(parse_override(s) for s in getattr(args, "set", None) or [])
+    given = dict(flags or {})
     mapping = {
         "repeats": "run.repeats",
         "sample": "run.sample",
@@ -43,7 +50,12 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     for attr, key in mapping.items():
         value = getattr(args, attr, None)
         if value is not None:
-            out[key] = value
+            given[key] = (f"--{attr.replace('_', '-')}", value)
+    for key, (flag, value) in given.items():
+        if key in out and out[key] != value:
+            said = json.dumps(out[key], default=str)
+            raise ConfigError(f"{flag} and --set {key}={said} disagree: give the value once")
+        out[key] = value
     return out
 
 

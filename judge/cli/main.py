@@ -83,8 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from judge.run.resume import resume_problem
     from judge.run.runner import run_async, signals_held
 
-    batch = {"run.batch": True} if args.batch else {}
-    config = load_config(args.config, overrides(args) | batch | ray_overrides(args))
+    batch = {"run.batch": ("--batch", True)} if args.batch else {}
+    config = load_config(args.config, overrides(args, batch | ray_overrides(args)))
+    if args.shards is not None and config.run.ray is None:
+        raise ConfigError("--shards shards a run on Ray: give --ray too (or [run] ray)")
     queries = sample_queries(load_queries(config, args.dataset), config.run.sample, config.run.seed)
     # The dataset's records (and, below, the run's rows) live until the summary is written: the
     # cyclic collector need not walk them again and again (reference counting still frees

@@ -32,13 +32,13 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     )
 
 
-def ray_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys ``--ray`` and ``--shards`` set."""
-    out: dict[str, Any] = {}
+def ray_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The config keys ``--ray`` and ``--shards`` set, each with its flag."""
+    out: dict[str, tuple[str, Any]] = {}
     if getattr(args, "ray", None) is not None:
-        out["run.ray"] = args.ray
+        out["run.ray"] = ("--ray", args.ray)
     if getattr(args, "shards", None) is not None:
-        out["run.ray_shards"] = args.shards
+        out["run.ray_shards"] = ("--shards", args.shards)
     return out
 
 
