@@ -395,7 +395,8 @@ def test_finish_run_from_python_writes_everything_a_run_leaves(tmp_path: Path) -
         assert (run / name).stat().st_size > 0, name
     assert load_summary(run / "summary.json") == summary
     assert summary.run is None and set(summary.engines) == {"bm25", "dense"}
-    assert summary.counts.repeats == 2 and summary.policy == config.metrics
+    assert summary.counts.repeats == 2
+    assert summary.policy == config.metrics.model_copy(update={"primary": "ndcg"})
     assert [r.out_dir for r in list_runs(history)] == [str(run)]
     qrels = (run / "qrels.txt").read_text(encoding="utf-8").splitlines()
     assert qrels and all(len(line.split()) == 4 for line in qrels)

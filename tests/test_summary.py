@@ -281,7 +281,8 @@ def test_summary_json_round_trips_and_carries_the_metric_policy(tmp_path: Path) 
     assert data["policy"]["gain"] == "exponential" and "gain" not in data
     assert data["run"] is None and data["config"]["scale"]["name"] == "binary"
     assert load_summary(path) == summary
-    assert summary.policy == config.metrics and summary.config.scale == Scale.binary()
+    assert summary.policy == config.metrics.model_copy(update={"primary": "ap"})
+    assert summary.config.scale == Scale.binary()
     assert summary.usage.cost_usd == pytest.approx((3000 * 1.0 + 600 * 2.0) / 1e6)
     assert summary.usage.prompt_tokens_per_passage == 1000
 
@@ -408,3 +409,14 @@ def test_a_baseline_of_another_judge_is_said_with_the_drop_checks(tmp_path: Path
         f"{baseline} was judged by openai old-judge, this run by openai new-judge: a drop may "
         "be the judge's"
     )
+
+
+def test_the_primary_metric_is_the_configs_not_one_earlier_rows_hold() -> None:
+    """A rerun into a directory whose rows hold metrics of an earlier config (ap here) had
+    led its verdict with one of those, not with a metric the config names."""
+    from judge.metrics.facts import primary_metric
+
+    config = load_config(None, {"metrics.names": ["relevancy_mean"]})
+    summary = build_summary(config, [judged([1, 0, 1], 0)], n_boot=50)
+    assert "ap" in summary.metric_names  # still shown
+    assert primary_metric(summary.metric_names, summary.policy.primary) == "relevancy_mean"

@@ -341,7 +341,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = [*results, *borrow_verdicts(report.queries, results, metrics, scale, policy)]
     _say_other_questions(results)
     _say_other_passages(results, metrics)
-    order, base, pairs = plan(args.sources, results, args.baseline or _leader(args, runs))
+    leader = None if args.baseline else _leader(args, runs)
+    order, base, pairs = plan(args.sources, results, args.baseline or leader)
     first = runs[0].stability if runs else None
     cmp = compare(
         results,
@@ -354,6 +355,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         n_permutations=args.permutations,
         seed=args.seed if args.seed is not None else (first.seed if first else 0),
         policy=policy,
+        best_of=leader is not None,
     )
     from judge.report.compared import headline_lines, worse_lines
 

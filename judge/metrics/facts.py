@@ -31,6 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from judge.errors import ConfigError
 from judge.metrics import coverage, label_based, ranked, soft, sources
+from judge.schema import MetricPolicy
 
 __all__ = [
     "METRICS",
@@ -166,3 +167,13 @@ def primary_metric(names: Sequence[str], chosen: str | None = None) -> str | Non
         if found is not None:
             return found
     return names[0] if names else None
+
+
+def primary_named(policy: MetricPolicy) -> MetricPolicy:
+    """``policy`` with its primary metric said outright (:func:`primary_metric` of its own
+    names): a summary's, so that rows of an earlier config, holding other metrics beside
+    the config's, never choose it (a rerun with other names had led its verdict with a
+    metric the config no longer named)."""
+    if policy.primary is not None:
+        return policy
+    return policy.model_copy(update={"primary": primary_metric(policy.names)})

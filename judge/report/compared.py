@@ -92,9 +92,12 @@ def pooled_counterpart(names: Sequence[str], chosen: str | None = None) -> list[
 
 
 def _p_short(d: PairedDiff) -> str:
-    if d.p_value is None:
+    """The p a verdict is read at: adjusted, and said so, when read against several pairs."""
+    p = d.p_read
+    if p is None:
         return "p —"
-    return "p < 0.001" if d.p_value < 0.001 else f"p = {d.p_value:.3f}"
+    said = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+    return f"{said} adjusted over {d.family} pairs of engines" if d.family > 1 else said
 
 
 def _left(d: PairedDiff) -> str:
@@ -111,9 +114,9 @@ def _left(d: PairedDiff) -> str:
 
 
 def decided(d: PairedDiff, p_value: float | None = None) -> bool:
-    """Whether ``d`` names a better engine: some query differs, p (``p_value``, when adjusted)
-    < 0.05 and the CI leaves out 0."""
-    p = d.p_value if p_value is None else p_value
+    """Whether ``d`` names a better engine: some query differs, p (``p_value``, when adjusted
+    over metrics; else the p it is read at) < 0.05 and the CI leaves out 0."""
+    p = d.p_read if p_value is None else p_value
     low, high = d.ci_low, d.ci_high
     return (
         d.diff is not None
@@ -127,9 +130,17 @@ def decided(d: PairedDiff, p_value: float | None = None) -> bool:
 
 
 def holm(diffs: Sequence[PairedDiff]) -> list[float | None]:
-    """Each diff's p-value adjusted by Holm's step-down over ``diffs`` (one pair of engines,
-    several metrics): what a claim of "some metric moved" may be read at."""
-    ranked = sorted((d.p_value, i) for i, d in enumerate(diffs) if d.p_value is not None)
+    """Each diff's p-value (as read: :attr:`PairedDiff.p_read`) adjusted by Holm's step-down
+    over ``diffs`` (one pair of engines, several metrics): what a claim of "some metric
+    moved" may be read at. A metric that could not reach p < 0.05 whatever the signs of its
+    differences (none differ, or too few: Tarone's rule) is not one of the tests, and
+    stays None: counting it had made 8 queries that all moved the same way on four
+    metrics, among eleven, too few to name any."""
+    ranked = sorted(
+        (d.p_read, i)
+        for i, d in enumerate(diffs)
+        if d.p_read is not None and d.wins + d.losses > 0 and not d.too_few
+    )
     adjusted: list[float | None] = [None] * len(diffs)
     running = 0.0
     for step, (p, i) in enumerate(ranked):
@@ -214,7 +225,7 @@ def headline_lines(cmp: Comparison, chosen: str | None = None) -> list[str]:
         floor = not top.exact and (top.p_value or 1.0) <= 1.0 / (cmp.n_permutations + 1)
         lines.append(
             f"largest significant change, p {'<' if floor else '='} {p:.2g} Holm-adjusted over "
-            f"{n} metrics: {verdict_line(top)}"
+            f"{n} metric{'' if n == 1 else 's'}: {verdict_line(top)}"
         )
     return lines
 

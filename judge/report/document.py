@@ -73,6 +73,7 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
     with the summary's resamples and seed (what ``judge compare`` on the run prints)."""
     if len({jq.query.engine for jq in results}) < 2:
         return None
+    leader = leading_engine(summary)
     return compare(
         results,
         list(
@@ -85,7 +86,8 @@ def run_comparison(summary: Summary, results: Sequence[JudgedQuery]) -> Comparis
             )
         ),
         summary.config.scale,
-        baseline=leading_engine(summary),
+        baseline=leader,
+        best_of=leader is not None,
         n_boot=summary.stability.n_boot,
         seed=summary.stability.seed,
         policy=summary.policy,

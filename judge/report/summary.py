@@ -42,7 +42,13 @@ from judge.analysis.stability import (
 from judge.config import RunConfig
 from judge.data.lines import write_atomic
 from judge.errors import NOT_SENT, InputError, JudgeError
-from judge.metrics.facts import family_of, lower_is_better, needs_judge, primary_metric
+from judge.metrics.facts import (
+    family_of,
+    lower_is_better,
+    needs_judge,
+    primary_metric,
+    primary_named,
+)
 from judge.providers import ADAPTERS, judges_by_score, resolve_spec
 from judge.report.queries import QueryRow, labels_on_scale, night_values, query_rows
 from judge.run.runner import RunOutcome
@@ -396,7 +402,7 @@ def build_summary(
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         config=SummaryConfig.model_validate({"source": config.source, **config.fingerprint()}),
         dataset=config.dataset.path or config.dataset.trec_run,
-        policy=config.metrics,
+        policy=primary_named(config.metrics),
         metric_names=tuple(names),
         counts=counts(results),
         usage=usage(results, config),
