@@ -19,7 +19,8 @@ body as the chat endpoint would, and the answers go to the output file. Injected
 (a create waits, before or after making its batch, until :meth:`release`: time for a test to
 kill the client), ``fail_retrieves`` (that many status checks answer 503), ``refuse_deletes``
 (every file delete answers 403), ``repeat_lines`` (the output file
-repeats that many of its lines, as a faulty provider might), ``expire_after``
+repeats that many of its lines, as a faulty provider might), ``foreign_lines`` (that many
+more lines, copies of its first under custom ids never sent), ``expire_after``
 (only that many lines run; the batch ends "expired" and the rest go to the error file as
 ``batch_expired``), ``fail_batch`` (the batch ends "failed" with that validation error and no
 files), ``cancel`` (the lines it answered before the cancel: ``answer_before_cancel``; the rest
@@ -91,6 +92,7 @@ class BatchServer(ScriptedServer):
         fail_retrieves: int = 0,
         refuse_deletes: bool = False,
         repeat_lines: int = 0,
+        foreign_lines: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -106,6 +108,7 @@ class BatchServer(ScriptedServer):
         self.fail_retrieves = fail_retrieves
         self.refuse_deletes = refuse_deletes
         self.repeat_lines = repeat_lines
+        self.foreign_lines = foreign_lines
         self._release = threading.Event()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -304,6 +307,10 @@ class BatchServer(ScriptedServer):
             output.append(_output_line(line, 200, body))
         output += [{**copy, "id": f"batch_req_{uuid.uuid4().hex[:8]}"} for copy in output][
             : self.repeat_lines
+        ]
+        output += [
+            {**output[0], "id": f"batch_req_{n}", "custom_id": f"never-sent-{n}"}
+            for n in range(self.foreign_lines if output else 0)
         ]
         view = batch["view"]
         view["status"] = status

@@ -224,6 +224,11 @@ def test_a_killed_run_polls_its_recorded_batch_and_never_submits_it_again(
     said = capsys.readouterr().err
     assert f"batch {record['batch_id']} may still answer" in said and "--batch" in said, said
     assert _chats(server) == []
+    # Nor does --fresh start over past it (the batch would still be billed), dry or not.
+    for dry in ([], ["--dry-run"]):
+        assert main(["run", str(config), "--out", str(out), "--fresh", *dry]) == 2
+        assert "may still answer" in capsys.readouterr().err
+    assert _chats(server) == [] and (out / "batch.json").is_file()
 
     server.polls_in_progress = 0  # the provider finishes it
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
@@ -654,3 +659,50 @@ def test_ctrl_c_while_a_batch_is_polled_ends_the_run_at_once_resumable(
     assert b"interrupted" in err and b"Traceback" not in err
     (record,) = _state(out)["batches"]
     assert record["batch_id"] in server.batches and not record["collected"]
+
+
+@pytest.mark.parametrize("reask", [True, False])
+def test_a_batch_answer_that_never_parses_is_paid_once_as_in_a_live_run(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str, reask: bool
+) -> None:
+    """An unreadable batch answer had not been cached: the run bought the first-round answer
+    again in real time (and, re-asking, the re-ask twice). Kept, it is read and re-asked
+    from as a live run would: one re-ask each, or none without re-asks."""
+    garbled = ("q1-p2", "q3-p4")
+    server = make_batch_server(responder=_garbled(*garbled), batch_responder=_garbled(*garbled))
+    config = _config(tmp_path, server, judge={"reask": reask})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) in (0, 1)
+    chats = _chats(server)
+    assert len(chats) == (len(garbled) if reask else 0)
+    assert all(c.messages[-2]["content"] == "I would rather not say." for c in chats)
+    bodies = [json.dumps(c.body, sort_keys=True) for c in chats]
+    assert len(set(bodies)) == len(bodies)  # nothing asked twice
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    unparsed = [v for r in rows for v in r["verdicts"] if v["status"] == "unparsed"]
+    assert len(unparsed) == (0 if reask else len(garbled))  # the re-ask reads here
+    before = len(server.requests)
+    assert main(["run", str(config), "--out", str(tmp_path / "again"), "--batch"]) in (0, 1)
+    assert len(server.requests) == before  # every answer, read or not, is in the cache
+
+
+def test_an_output_line_for_a_request_never_sent_is_not_stored(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A line whose custom_id the batch never held had been stored in the cache under that
+    id, unread: an answer to nothing, served to any request that id ever named."""
+    server = make_batch_server(foreign_lines=2)
+    config = _config(tmp_path, server)
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--batch"]) == 0
+    assert "2 output lines answer a custom_id the batch never held" in caplog.text
+    from judge.calling.cache import Cache
+
+    cache = Cache(tmp_path / "cache.sqlite")
+    try:
+        assert not cache.contains("never-sent-0") and not cache.contains("never-sent-1")
+    finally:
+        cache.close()
+    assert _chats(server) == []

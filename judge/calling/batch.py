@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from judge.calling.cache import Cache
+from judge.calling.cache import UNREAD, Cache, Reading
 from judge.calling.limits import (
     UNBOUNDED_COMPLETION,
     Budget,
@@ -132,23 +132,44 @@ def _status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+# The tag of what a batch's reader made of an answer it could not read: no run's own parser
+# has it, so a run reads such an answer again with its own (and says the same).
+BATCH_READ = "batch"
+
+
 def store_answer(
     cache: Cache,
     key: str,
-    alias: str,
+    alias: str | None,
     answer: Completion,
     model: str,
     parse: Callable[[Completion], object],
 ) -> ParseError | None:
     """Store a batch's ``answer`` under ``key`` (its request's content address), named by
-    ``alias`` (the first-round prompt it answers), when ``parse`` reads it; else the error,
-    and nothing is stored."""
+    ``alias`` (the first-round prompt it answers); the error when ``parse`` cannot read it.
+    One it cannot read is stored all the same, marked unread, as a live run keeps one (it
+    was paid): the run reads it and re-asks as a live run would, never buys it again."""
     try:
         parse(answer)
     except ParseError as exc:
+        keep_unread(cache, key, answer, model, exc, alias=alias)
         return exc
     cache.put(key, answer, kind="chat", model=model, alias=alias)
     return None
+
+
+def keep_unread(
+    cache: Cache,
+    key: str,
+    answer: Completion,
+    model: str,
+    error: ParseError,
+    *,
+    alias: str | None = None,
+) -> None:
+    """Keep a paid answer its parser could not read under ``key``, marked unread."""
+    unread = Reading(UNREAD + BATCH_READ, str(error))
+    cache.put(key, answer, kind="chat", model=model, alias=alias, reading=unread)
 
 
 def within(limits: Limits, spent_cost: float, spent_tokens: int) -> Limits:

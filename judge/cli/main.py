@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             check_batch(config)
     redo = frozenset(args.redo or ())
     if args.dry_run:  # refused as the run itself would refuse it
-        if not args.fresh and (problem := resume_problem(out_dir, config)) is not None:
+        if (problem := resume_problem(out_dir, config, fresh=args.fresh)) is not None:
             raise ConfigError(problem)
         return print_dry_run(estimate(config, queries, out_dir, fresh=args.fresh, redo=redo))
     run = on_ray(config, run_batched if config.run.batch else run_async)

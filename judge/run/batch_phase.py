@@ -16,7 +16,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from judge.calling.batch import BatchBudget, managed, store_answer, within, worst_of
+from judge.calling.batch import (
+    BatchBudget,
+    keep_unread,
+    managed,
+    store_answer,
+    within,
+    worst_of,
+)
 from judge.calling.cache import Cache
 from judge.calling.caller import Caller
 from judge.calling.retries import CallStats
@@ -271,12 +278,16 @@ class Phase:
         leftovers: dict[str, Leftover] = {}
         usage, answered = Usage(), 0
         seen: set[str] = set()
-        twice = unknown = kept = 0
+        sent = set(record.custom_ids)
+        twice = unknown = kept = foreign = 0
         for line in lines:
             if line.custom_id in seen:  # the first line of a custom id is its answer
                 twice += 1
                 continue
             seen.add(line.custom_id)
+            if line.custom_id not in sent:  # never asked in this batch: no answer of ours
+                foreign += 1
+                continue
             first = record.first_id(line.custom_id)
             if line.completion is None:  # an error line (an expired batch's say so)
                 leftovers[first] = Leftover(reason=reason, detail=line.error or "")
@@ -297,15 +308,23 @@ class Phase:
                 continue
             parse = parser(self.scale, item.ids)
             model = self.config.judge.model
+            # A re-ask that does not read is kept under its own request only: the first
+            # answer, which the run re-asks from, stays the one its prompt names.
+            first_asked = line.custom_id == item.custom_id
             error = store_answer(
-                self.cache, line.custom_id, item.alias, line.completion, model, parse
+                self.cache,
+                line.custom_id,
+                item.alias if first_asked else None,
+                line.completion,
+                model,
+                parse,
             )
             if error is None:
                 answered += 1
             else:
                 text = line.completion.text
                 leftovers[first] = Leftover(reason="unparsed", detail=str(error), answer=text)
-        _say_odd_lines(record, twice=twice, unknown=unknown, kept=kept)
+        _say_odd_lines(record, twice=twice, unknown=unknown, kept=kept, foreign=foreign)
         return leftovers, usage, answered
 
     def _left(self, round_: int) -> list[tuple[Item, Leftover]]:
@@ -316,7 +335,11 @@ class Phase:
                 continue
             for first, left in record.leftovers.items():
                 item = self.plan.get(first)
-                if item is not None and not self.cache.contains(item.alias, alias=True):
+                # An answer its parser could not read is stored (paid) but still left.
+                stored = item is not None and self.cache.contains(
+                    item.alias, alias=True, unread=False
+                )
+                if item is not None and not stored:
                     out.append((item, left))
         return out
 
@@ -361,8 +384,11 @@ class Phase:
                 )
             except (ProviderError, BudgetExceeded):
                 return  # the run asks it from the start, and meets the same budget
+            key = self.realtime.key(request, item.repeat)
             if got.error is None:
-                self.cache.add_alias(item.alias, self.realtime.key(request, item.repeat))
+                self.cache.add_alias(item.alias, key)
+            elif not got.call.cached:  # paid: the run's own re-ask finds it, never buys it
+                keep_unread(self.cache, key, got.call.answer, request.model, got.error)
 
         await asyncio.gather(*(one(item, left) for item, left in unparsed))
 
@@ -392,9 +418,19 @@ def _share(record: BatchRecord) -> Usage:
     )
 
 
-def _say_odd_lines(record: BatchRecord, *, twice: int, unknown: int, kept: int) -> None:
+def _say_odd_lines(
+    record: BatchRecord, *, twice: int, unknown: int, kept: int, foreign: int
+) -> None:
     """One warning for each kind of output line a batch's collection met and did not just
-    store: repeated custom ids, usage that is not a count, answers the run no longer needs."""
+    store: repeated custom ids, usage that is not a count, answers the run no longer needs,
+    custom ids the batch never held."""
+    if foreign:
+        log.warning(
+            "batch %s: %d output lines answer a custom_id the batch never held: not read, "
+            "not stored",
+            record.batch_id,
+            foreign,
+        )
     if twice:
         log.warning(
             "batch %s: %d output lines repeat a custom_id already answered; the first "

@@ -289,12 +289,16 @@ def _refusal(out_dir: Path, old: object, new: dict[str, Any]) -> str:
     )
 
 
-def resume_problem(out_dir: Path, config: RunConfig) -> str | None:
+def resume_problem(out_dir: Path, config: RunConfig, *, fresh: bool = False) -> str | None:
     """Why ``out_dir`` cannot be resumed with ``config`` (None: it can, or holds no run yet);
-    reads only (``judge run --dry-run`` says it as the run would)."""
+    ``fresh``: why it cannot be started over (a batch that may still answer, whatever
+    --fresh says: it would be paid twice). Reads only (``judge run --dry-run`` says it as
+    the run would)."""
     if not config.run.batch and (pending := _pending_batch(out_dir)) is not None:
         return pending
     run_file = out_dir / RUN_FILE
+    if fresh:
+        return None
     if not run_file.exists():
         return None
     try:
@@ -342,6 +346,8 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
     spend = {k: v for k, v in _run_file(out_dir).items() if k in ("spent", "spent_at_most")}
+    if (problem := resume_problem(out_dir, config, fresh=fresh)) is not None:
+        raise ConfigError(problem)
     if fresh:
         ours = run_file.is_file()  # a run directory: its finish files are the run's own
         for name in (RESULTS_FILE, RUN_FILE, PARTIAL_FILE, NUGGETS_FILE):
@@ -349,8 +355,6 @@ def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
         for name in FINISH_FILES if ours else ():
             if (out_dir / name).is_file():
                 (out_dir / name).unlink()
-    elif (problem := resume_problem(out_dir, config)) is not None:
-        raise ConfigError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The judging time of earlier invocations is kept (add_elapsed adds this one's).
     # An invocation's time adds to the earlier ones' (--fresh starts it over); its spend does
