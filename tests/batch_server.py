@@ -35,6 +35,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -129,7 +130,7 @@ class BatchServer(ScriptedServer):
                 lambda: self._upload(headers, raw),
             ),
             (method == "POST" and path == "/v1/batches", "create", lambda: self._create(raw)),
-            (method == "GET" and path == "/v1/batches", "list", self._list),
+            (method == "GET" and path == "/v1/batches", "list", lambda: self._list(handler.path)),
         ]
         if (batch := _BATCH.match(path)) is not None:
             batch_id, cancel = batch.group(1), batch.group(2) is not None
@@ -249,11 +250,28 @@ class BatchServer(ScriptedServer):
             return 500, openai_error(500)
         return 200, self.batches[batch_id]["view"]
 
-    def _list(self) -> tuple[int, Any]:
+    def _list(self, target: str) -> tuple[int, Any]:
+        """A page of batches, newest first: ``limit`` of them (20 by default, 100 at most)
+        after the one ``after`` names, as OpenAI pages them."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+        limit = min(int(query.get("limit", ["20"])[0]), 100)
         views = sorted(
-            (b["view"] for b in self.batches.values()), key=lambda v: -int(v["created_at"])
+            (b["view"] for b in self.batches.values()),
+            key=lambda v: -int(v["created_at"]),
         )
-        return 200, {"object": "list", "data": views, "has_more": False}
+        if after := query.get("after", [None])[0]:
+            ids = [v["id"] for v in views]
+            views = views[ids.index(after) + 1 :] if after in ids else []
+        page = views[:limit]
+        more = len(views) > limit
+        first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+        return 200, {
+            "object": "list",
+            "data": page,
+            "has_more": more,
+            "first_id": first,
+            "last_id": last,
+        }
 
     def _batch(self, batch_id: str, cancel: bool) -> tuple[int, Any]:
         batch = self.batches.get(batch_id)

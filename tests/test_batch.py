@@ -706,3 +706,25 @@ def test_an_output_line_for_a_request_never_sent_is_not_stored(
     finally:
         cache.close()
     assert _chats(server) == []
+
+
+def test_a_batch_made_before_a_busy_organisations_hundred_others_is_still_found(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    """Killed after its create made the batch, the run looks for it on rerun: 150 batches
+    made since by others had pushed it off the list's first page, and it was made again."""
+    server = make_batch_server(hold_create="after")
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    _killed_during_create(server, config, out)
+    (ours,) = server.batches
+    view = server.batches[ours]["view"]
+    for n in range(150):  # others' batches, newer than ours
+        other = {**view, "id": f"batch_other{n}", "input_file_id": f"file-other{n}"}
+        other["created_at"] = view["created_at"] + 1 + n
+        server.batches[other["id"]] = {"view": other, "lines": [], "polls": 0, "cancel": False}
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert server.calls["create"] == 1 and server.calls["upload"] == 1
+    assert len(server.executed) == 20 and _chats(server) == []
+    (record,) = _state(out)["batches"]
+    assert record["batch_id"] == ours and record["collected"]

@@ -309,6 +309,10 @@ def _error_of(body: bytes) -> tuple[str, str | None]:
     return (str(error) if error else message), code
 
 
+# How many of an organisation's latest batches are looked through for one made from a file.
+FIND_BATCHES = 5_000
+
+
 class OpenAICompatProvider:
     """A ChatProvider for any OpenAI-compatible ``/chat/completions`` endpoint.
 
@@ -431,11 +435,18 @@ class OpenAICompatProvider:
         return _job(batch)
 
     async def find_batch(self, input_file_id: str, *, timeout: float) -> BatchJob | None:
-        """The newest batch (of the latest hundred) made from ``input_file_id``: a create whose
-        answer was lost may have started one, which must not be started twice."""
-        page = await self._client.batches.list(limit=100, timeout=timeout)
-        found = [b for b in page.data if b.input_file_id == input_file_id]
-        return _job(max(found, key=lambda b: b.created_at)) if found else None
+        """The newest batch made from ``input_file_id`` (of the latest FIND_BATCHES, page by
+        page, newest first): a create whose answer was lost may have started one, which must
+        not be started twice (its first page alone had missed one a busy organisation's
+        hundred later batches had pushed off it)."""
+        seen = 0
+        async for batch in self._client.batches.list(limit=100, timeout=timeout):
+            if batch.input_file_id == input_file_id:
+                return _job(batch)
+            seen += 1
+            if seen >= FIND_BATCHES:
+                break
+        return None
 
     async def get_batch(self, batch_id: str, *, timeout: float) -> BatchJob:
         return _job(await self._client.batches.retrieve(batch_id, timeout=timeout))
