@@ -420,3 +420,23 @@ def test_the_primary_metric_is_the_configs_not_one_earlier_rows_hold() -> None:
     summary = build_summary(config, [judged([1, 0, 1], 0)], n_boot=50)
     assert "ap" in summary.metric_names  # still shown
     assert primary_metric(summary.metric_names, summary.policy.primary) == "relevancy_mean"
+
+
+def test_an_engine_the_baseline_has_and_tonight_lacks_is_said_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """An engine gone from tonight's run had dropped out of the drop checks without a word
+    (a new engine is said: "not in the baseline")."""
+    rows = [_on(f"q{i}", f"query {i}", [0, 1, 0]) for i in range(6)]
+    gone = [
+        r.model_copy(update={"query": r.query.model_copy(update={"engine": "old"})}) for r in rows
+    ]
+    baseline = tmp_path / "baseline.json"
+    write_summary(baseline, build_summary(load_config(None), [*rows, *gone], n_boot=10))
+    config = load_config(
+        None, {"thresholds.max_drop": {"ndcg": 0.05}, "thresholds.baseline": str(baseline)}
+    )
+    checks = [c for c in build_summary(config, rows, n_boot=10).thresholds.checks]
+    (said,) = [c for c in checks if c.engine == "old"]
+    assert not said.evaluated and said.ok
+    assert said.note == "not evaluated: in the baseline, but not in this run"

@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from judge.metrics.compute import metrics_for_queries
+from judge.metrics.facts import needs_judge
 from judge.schema import JudgedQuery, MetricPolicy, Record, Scale, Verdict
 
 __all__ = ["Estimate", "MetricPPI", "human_verdicts", "ppi_mean", "ppi_metrics"]
@@ -184,3 +185,20 @@ def ppi_metrics(
             )
         )
     return out
+
+
+def ppi_by_engine(
+    results: Sequence[JudgedQuery], names: Sequence[str], scale: Scale, policy: MetricPolicy
+) -> dict[str, tuple[MetricPPI, ...]]:
+    """:func:`ppi_metrics` per engine over the label-free metrics of ``names``, when any
+    query carries human labels (else none)."""
+    if not any(jq.query.labels for jq in results):
+        return {}
+    free = [n for n in names if needs_judge(n)]
+    by_engine: dict[str, list[JudgedQuery]] = {}
+    for jq in results:
+        by_engine.setdefault(jq.query.engine, []).append(jq)
+    return {
+        engine: tuple(ppi_metrics(rows, free, scale, policy))
+        for engine, rows in sorted(by_engine.items())
+    }

@@ -32,7 +32,7 @@ from judge.analysis.cascade import CascadeSummary, cascade_summary
 from judge.analysis.compare import N_BOOT, paired_diff, question
 from judge.analysis.coverage import CoverageSummary, coverage_summary
 from judge.analysis.health import JudgeHealth, judge_health
-from judge.analysis.ppi import MetricPPI, ppi_metrics
+from judge.analysis.ppi import MetricPPI, ppi_by_engine
 from judge.analysis.stability import (
     StabilityReport,
     majority_vote,
@@ -45,7 +45,6 @@ from judge.errors import NOT_SENT, InputError, JudgeError
 from judge.metrics.facts import (
     family_of,
     lower_is_better,
-    needs_judge,
     primary_metric,
     primary_named,
 )
@@ -411,7 +410,7 @@ def build_summary(
         stability=report,
         health=run_health(results, config),
         thresholds=ThresholdResult.of(()),
-        corrected=_corrected(results, names, config),
+        corrected=ppi_by_engine(results, names, config.scale(), config.metrics),
         cascade=cascade_summary(results, config),
         coverage=coverage_summary(results),
         queries=rows,
@@ -443,22 +442,6 @@ def run_health(results: Sequence[JudgedQuery], config: RunConfig) -> JudgeHealth
         served=ADAPTERS[decider.kind].languages,
         served_by=f"{role} ({decider.kind})",
     )
-
-
-def _corrected(
-    results: Sequence[JudgedQuery], names: Sequence[str], config: RunConfig
-) -> dict[str, tuple[MetricPPI, ...]]:
-    """PPI per engine over the label-free metrics, when any query carries human labels."""
-    if not any(jq.query.labels for jq in results):
-        return {}
-    free = [n for n in names if needs_judge(n)]
-    by_engine: dict[str, list[JudgedQuery]] = {}
-    for jq in results:
-        by_engine.setdefault(jq.query.engine, []).append(jq)
-    return {
-        engine: tuple(ppi_metrics(rows, free, config.scale(), config.metrics))
-        for engine, rows in sorted(by_engine.items())
-    }
 
 
 # --- [thresholds] ------------------------------------------------------------------------
@@ -594,7 +577,7 @@ def _unmade(check: str, engine: str, why: str) -> Check:
 
 def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) -> list[Check]:
     """Each engine's fall against the baseline (rise: lower-is-better), per metric; an engine
-    or metric the baseline lacks is said (:func:`_unmade`), never skipped in silence. When
+    or metric one night lacks is said (:func:`_unmade`), never skipped in silence. When
     tonight's queries are not the baseline's, both means are taken over the queries the two
     share (same id and text) when those are most of tonight's, said in the check's note:
     means over different queries move with the queries, not the engine. A night that shares
@@ -645,7 +628,10 @@ def _drop_checks(summary: Summary, base: Summary, max_drop: dict[str, float]) ->
                     note=note if drop is not None else f"{metric} is undefined for every query",
                 )
             )
-    return checks
+    gone = sorted(set(base.engines) - set(summary.engines))
+    return checks + [
+        _unmade("drop checks", e, "in the baseline, but not in this run") for e in gone
+    ]
 
 
 def _noise(metric: str, values: dict[str, dict[str, float]]) -> str | None:
