@@ -677,8 +677,13 @@ def test_human_labels_off_the_label_scale_are_refused_as_judge_run_refuses_them(
         with pytest.raises(InputError, match=r"field 'labels.q-e-0': 3 is not a grade of the"):
             j.judge_many(rows, progress=False)
         graded = j.judge_many(rows, progress=False, label_scale=Scale.named("graded"))
-    assert len(graded) == 1
-    assert chat_calls(yes_if_pale) == 1
+        # By name too, as Judge(scale=) and the config's label_scale take it (it had raised
+        # AttributeError); a name that is no scale is one ConfigError.
+        named = j.judge_many(rows, progress=False, label_scale="graded")
+        with pytest.raises(ConfigError, match="scale 'graeded' is not a built-in scale"):
+            j.judge_many(rows, progress=False, label_scale="graeded")
+    assert len(graded) == len(named) == 1
+    assert chat_calls(yes_if_pale) == 2  # this Judge has no cache: once each
 
 
 def test_a_closed_judge_refuses_to_judge_instead_of_paying_without_its_cache(

@@ -526,7 +526,7 @@ class Judge:
         *,
         repeats: int = 1,
         progress: bool = True,
-        label_scale: Scale | None = None,
+        label_scale: Scale | str | None = None,
         columns: Mapping[str, str] | None = None,
     ) -> Judgements:
         """Judge dataset rows (dicts in the dataset JSONL shape, judging/rows.py), Queries or a
@@ -539,6 +539,10 @@ class Judge:
         Jupyter cell both show as one updating line."""
         self._check_open()
         self.caller.stats.reachable_again()  # a server down before may be up now
+        if isinstance(label_scale, str):  # a built-in scale by name, as Judge(scale=) takes
+            label_scale = Scale.named(label_scale)
+        elif label_scale is not None and not isinstance(label_scale, Scale):
+            raise ConfigError(f"label_scale: expected a Scale or its name, got {label_scale!r}")
         work = self._judge_many(rows, repeats, progress, label_scale, columns)
         try:
             return await self._loop.call(work)
