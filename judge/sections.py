@@ -158,6 +158,10 @@ class ScaleSection(Record):
     labels: tuple[ScaleLabel, ...]
 
 
+# Characters of a passage judged: the rest is cut (``[dataset] max_passage_chars``; 0: none).
+DEFAULT_PASSAGE_CHARS = 8000
+
+
 class DatasetSection(Record):
     path: str | None = None
     # The file's columns onto the dataset fields, or a preset's name ("ragas", "ragas-legacy",
@@ -166,7 +170,7 @@ class DatasetSection(Record):
     # The scale the rows' human labels use, when it is not the judge's (e.g. 0-3 labels
     # with a yes/no judge: a label counts as relevant at that scale's threshold).
     label_scale: str | None = None
-    max_passage_chars: int = Field(default=8000, ge=0, strict=True)
+    max_passage_chars: int = Field(default=DEFAULT_PASSAGE_CHARS, ge=0, strict=True)
     # A TREC run + passage store + query texts instead of JSONL rows.
     trec_run: str | None = None
     passage_store: str | None = None

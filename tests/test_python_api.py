@@ -887,3 +887,28 @@ def test_a_cache_that_cannot_be_written_keeps_the_verdicts_and_the_judge_goes_on
     assert done.stdout.strip() == "['ok', 'ok', 'ok'] ['ok', 'ok']", done.stderr
     assert done.stderr.count("the answers are kept, not cached") == 1, done.stderr
     assert asked == 6  # each passage asked once
+
+
+@pytest.mark.parametrize("limit", [0, 20])
+def test_a_judge_from_a_config_cuts_passages_as_judge_run_does(
+    yes_if_pale: ScriptedServer, limit: int
+) -> None:
+    """``[dataset] max_passage_chars`` had been judge run's alone: Judge.from_config, its
+    judge() and judge_many() cut at 8,000 whatever the config said."""
+    config = load_config(
+        None,
+        {
+            "judge.provider": "local",
+            "judge.model": "judge-model",
+            "provider.base_url": yes_if_pale.openai_base_url,
+            "dataset.max_passage_chars": limit,
+        },
+    )
+    text = "pale " * 2000 + "end"  # 10,003 characters
+    with Judge.from_config(config, limits=FAST) as j:
+        one = j.judge("question?", [text])
+        (many,) = j.judge_many([row("q", "e", [text])], progress=False)
+    for judged in (one, many):
+        (passage,) = judged.query.passages
+        assert passage.truncated_from == (None if limit == 0 else len(text))
+        assert (passage.text == text) if limit == 0 else len(passage.text) < 40

@@ -53,6 +53,7 @@ from judge.data.results import REPEAT_POLICIES, append_result, read_qrels, read_
 from judge.data.trec import read_trec_run
 from judge.errors import ConfigError, InputError, JudgeError
 from judge.schema import Passage, Query, share_fields_sets
+from judge.sections import DEFAULT_PASSAGE_CHARS
 
 __all__ = [
     "MAX_ERRORS_SHOWN",
@@ -328,7 +329,7 @@ def read_queries(
     path: str | Path,
     *,
     columns: Mapping[str, str] | str | None = None,
-    max_passage_chars: int = 8000,
+    max_passage_chars: int = DEFAULT_PASSAGE_CHARS,
     passage_store: str | Path | None = None,
 ) -> DatasetReport:
     """Read a dataset JSONL (either shape) or Parquet file; raise one InputError listing
@@ -343,7 +344,7 @@ def validate(
     path: str | Path,
     *,
     columns: Mapping[str, str] | str | None = None,
-    max_passage_chars: int = 8000,
+    max_passage_chars: int = DEFAULT_PASSAGE_CHARS,
     passage_store: str | Path | None = None,
 ) -> ValidationResult:
     """Check a dataset like :func:`read_queries` does, returning every error instead of raising."""

@@ -16,6 +16,7 @@ from typing import Any
 from judge.data.lines import MISSING, Row, Sink, is_integer, json_lines, objects, text_lines
 from judge.data.passages import DatasetReport, check_limit, counts, cut, read_store, split_columns
 from judge.schema import Passage, Query
+from judge.sections import DEFAULT_PASSAGE_CHARS
 
 __all__ = ["read_trec_run"]
 
@@ -48,7 +49,7 @@ def read_trec_run(
     *,
     engine: str | None = None,
     columns: Mapping[str, str] | None = None,
-    max_passage_chars: int = 8000,
+    max_passage_chars: int = DEFAULT_PASSAGE_CHARS,
 ) -> DatasetReport:
     """Query rows from a TREC run (``qid Q0 docid rank score tag``), a store and query texts.
 

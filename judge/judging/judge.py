@@ -61,6 +61,7 @@ from judge.providers import (
 )
 from judge.providers.base import ChatProvider, ChatRequest, ProviderSpec, RerankProvider
 from judge.schema import BUILTIN_SCALES, JudgedQuery, MetricPolicy, Query, Scale, Usage, Verdict
+from judge.sections import DEFAULT_PASSAGE_CHARS
 
 __all__ = ["EMBEDDED_CONTEXT", "Judge", "Judged", "PassageLike", "as_passages"]
 
@@ -311,6 +312,7 @@ class Judge:
         self.model, self.mode = settings.model, settings.mode
         self.context_tokens, self.sanitise = settings.context_tokens, settings.sanitise
         self.policy = _policy(metrics)
+        self.max_passage_chars = DEFAULT_PASSAGE_CHARS  # longer passages are cut
         limits = _limits(limits)
         self.closed = False
         scorer = _score_judge(named, overrides, settings, rerank)
@@ -440,7 +442,7 @@ class Judge:
             else None
         )
         settings = j.model_copy(update={"context_tokens": j.context_tokens or preset_context(spec)})
-        return cls(
+        made = cls(
             settings,
             scale=config.scale(),
             metrics=config.metrics,
@@ -451,6 +453,8 @@ class Judge:
             **{d.name: getattr(config, d.name) for d in DIMENSIONS},
             **config.provider.overrides(),
         )
+        made.max_passage_chars = config.dataset.max_passage_chars  # as judge run cuts them
+        return made
 
     # ---- async core -------------------------------------------------------------------
 
@@ -467,7 +471,8 @@ class Judge:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
             raise InputError(f"repeat: expected a whole number >= 0, got {repeat!r}")
         answered = self.caller.stats.successes
-        judged = await self._loop.call(self.averdicts(as_query(query, passages), repeat))
+        whole = as_query(query, passages, max_passage_chars=self.max_passage_chars)
+        judged = await self._loop.call(self.averdicts(whole, repeat))
         done = self.finish_many([judged])[0]
         stats, failed = self.caller.stats, [v for v in done.verdicts if v.status == "error"]
         asked = sum(v.source != "empty" for v in done.verdicts)  # a blank passage is not
@@ -569,7 +574,7 @@ class Judge:
         the refusal stop share the loop's state."""
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise ConfigError(f"repeats: expected a whole number >= 1, got {repeats!r}")
-        queries = as_queries(rows, columns=columns)
+        queries = as_queries(rows, columns=columns, max_passage_chars=self.max_passage_chars)
         _check_labels(queries, labels or self.scale)
         units = [(q, r) for q in queries for r in range(repeats)]
         if units:

@@ -21,6 +21,7 @@ truncated again). pandas, datasets and pyarrow stay optional: nothing imports th
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,7 @@ from judge.data.lines import Row, Sink, id_text
 from judge.data.passages import check_limit, split_columns, truncate
 from judge.errors import InputError
 from judge.schema import Passage, Query
+from judge.sections import DEFAULT_PASSAGE_CHARS
 
 __all__ = ["PassageLike", "QueryRow", "Rows", "as_passages", "as_queries", "as_query"]
 
@@ -55,7 +57,7 @@ _TABLES = frozenset({"DataFrame", "Table", "Dataset", "DatasetDict"})
 
 
 def as_passages(
-    passages: Iterable[PassageLike], *, max_passage_chars: int = 8000
+    passages: Iterable[PassageLike], *, max_passage_chars: int = DEFAULT_PASSAGE_CHARS
 ) -> tuple[Passage, ...]:
     """Plain strings (ids "1".."n"), dicts or Passage records, each text cut to
     ``max_passage_chars`` as a dataset's are (0: uncut). Anything else, or one string or
@@ -110,17 +112,24 @@ def as_passages(
     return tuple(out)
 
 
-def as_query(query: str | Query, passages: Iterable[PassageLike] | None) -> Query:
-    """A Query from a query text and passages, or a Query (its passages replaced if given);
-    a query that is neither a non-empty string nor a Query is an InputError."""
+def as_query(
+    query: str | Query,
+    passages: Iterable[PassageLike] | None,
+    *,
+    max_passage_chars: int = DEFAULT_PASSAGE_CHARS,
+) -> Query:
+    """A Query from a query text and passages, or a Query (its passages replaced if given),
+    the passages cut at ``max_passage_chars`` (:func:`as_passages`); a query that is neither
+    a non-empty string nor a Query is an InputError."""
+    cut = functools.partial(as_passages, max_passage_chars=max_passage_chars)
     if isinstance(query, str):
         if not query.strip():
             raise InputError("query: empty; give the text the passages were retrieved for")
         given = () if passages is None else passages  # an array's truth value is an error
-        return Query(query_id="q", query=query, passages=as_passages(given))
+        return Query(query_id="q", query=query, passages=cut(given))
     if not isinstance(query, Query):
         raise InputError(f"query: expected a string or a Query, got {type(query).__name__}")
-    update = {} if passages is None else {"passages": as_passages(passages)}
+    update = {} if passages is None else {"passages": cut(passages)}
     return query.model_copy(update=update)
 
 
@@ -210,7 +219,7 @@ def as_queries(
     rows: Rows,
     *,
     columns: Mapping[str, str] | str | None = None,
-    max_passage_chars: int = 8000,
+    max_passage_chars: int = DEFAULT_PASSAGE_CHARS,
 ) -> list[Query]:
     """Every row (or a DataFrame's, a Dataset's, a dataset file's) as a Query, ``columns``
     renaming fields as a dataset file's do (or naming a preset), or one InputError naming
