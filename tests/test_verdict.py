@@ -56,7 +56,10 @@ def test_the_verdict_sentence_comes_first_in_console_report_summary_and_step_sum
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     verdict = summary["verdict"]
     assert verdict[0].startswith("good beats bad on ndcg@10: +")
-    assert "p < 0.001, better on 12, tied 0, worse 0 of 12 queries" in verdict[0]
+    assert (
+        "p = 0.001 adjusted over 3 pairs of engines, better on 12, tied 0, worse 0 of 12"
+        in verdict[0]
+    )
     # Three engines: each is compared with the best on the primary metric (twin and bad tie
     # with each other; each falls short of good on every query).
     assert verdict[1].startswith("good beats twin on ndcg@10: +")
@@ -145,10 +148,11 @@ def test_a_verdict_by_a_judge_found_unreliable_says_so_in_its_own_sentence(
     assert trust.startswith("Trust: ")
 
 
-def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_uninformative() -> None:
-    """The judge answered 'yes' to every passage of one engine (as it would to passages that
-    tell it to): that engine 'beats' the other, but its numbers say nothing of it. The
-    verdict line and the trust line say so where they are read (only a note said it)."""
+def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_one_sided() -> None:
+    """The judge answered 'yes' to every passage of one engine: that engine 'beats' the
+    other, earned (every passage relevant) or bought (passages that tell the judge to).
+    The verdict line and the trust line say both where they are read (only a note said it;
+    then they had called an engine that good "not informative")."""
     from judge.config import load_config
     from judge.metrics.compute import metrics_for_queries
     from judge.report.finish import complete_summary
@@ -183,8 +187,11 @@ def test_a_winner_the_judge_said_yes_to_throughout_is_said_to_be_uninformative()
     summary, _, _ = complete_summary(load_config(None, {"metrics.names": ["ndcg"]}), rows, None)
     first, trust = summary.verdict[0], summary.verdict[-1]
     assert first.startswith("zebra beats good on ndcg") or first.startswith("good ")
-    assert first.endswith("(the judge's verdicts on zebra are not informative: see Trust)")
-    assert trust.startswith("Trust: judge health ok overall, but not informative on zebra")
+    assert first.endswith(
+        "(the judge gave nearly every passage of zebra one label: an engine that good, or "
+        "verdicts its passages bought; see Trust)"
+    )
+    assert trust.startswith("Trust: judge health ok overall, but one-sided on zebra")
 
 
 def test_the_run_says_first_what_judge_compare_says_first() -> None:
@@ -221,7 +228,7 @@ def test_the_run_says_first_what_judge_compare_says_first() -> None:
     assert comparison is not None
     lead = headline_lines(comparison, "ndcg")
     assert lead[-1].startswith("largest significant change, p = ")
-    assert "Holm-adjusted over 5 metrics: b beats a on ap" in lead[-1]
+    assert "Holm-adjusted over 1 metric: b beats a on ap" in lead[-1]  # the rest tie throughout
     assert list(summary.verdict[:-1]) == lead  # then the trust line
 
 

@@ -311,7 +311,11 @@ def _stats(verdicts: Sequence[Verdict], scale: Scale, engine: str | None) -> Hea
         problems = [f"{who} {f}: the metrics are not informative. {_advice(scale)}" for f in found]
     else:
         who = f"On engine '{engine}' the judge"
-        problems = [f"{who} {f}: this engine's metrics are not informative." for f in found]
+        problems = [
+            f"{who} {f}: this engine's metrics cannot tell an engine that good from verdicts "
+            "its passages bought (see its flagged passages)."
+            for f in found
+        ]
     notes = []
     if len(verdicts) < MIN_VERDICTS:
         notes.append(

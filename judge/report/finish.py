@@ -87,9 +87,10 @@ def _verdict(summary: Summary, comparison: Comparison | None) -> list[str]:
     marked = []
     for line, d in zip(said, diffs, strict=True):
         which = [e for e in (d.engine, d.baseline) if e in suspect]
-        if which:  # its numbers say nothing of the engine: the verdict says so where it is read
+        if which:  # one label throughout: earned or bought, said where the verdict is read
             line += (
-                f" (the judge's verdicts on {' and '.join(which)} are not informative: see Trust)"
+                f" (the judge gave nearly every passage of {' and '.join(which)} one label: an "
+                "engine that good, or verdicts its passages bought; see Trust)"
             )
         marked.append(line)
     return [*marked, *more]

@@ -117,7 +117,7 @@ def trust_line(summary: Summary) -> str:
         given = c.ok - c.blank  # an empty passage's "no" was given without asking
         health = f"unknown (only {given} ok verdicts: at least {MIN_VERDICTS} are needed to tell)"
     elif suspect := uninformative(summary):
-        health = f"ok overall, but not informative on {', '.join(suspect)} (see the notes)"
+        health = f"ok overall, but one-sided on {', '.join(suspect)} (see the notes)"
     else:
         health = "ok"
     line = (
