@@ -625,6 +625,12 @@ def test_queries_left_out_of_the_pairs_are_said_beside_the_verdict() -> None:
     assert (d.n, d.left_out) == (6, 6)
     line = headline_lines(compare(rows, ["ndcg"], GRADED, n_boot=200))[0]
     assert line.endswith(
+        "of 6 queries; 6 more left out, 6 not judged fully by b (unparsed or failed verdicts)"
+    )
+    # Left out for another reason (one side does not hold them): the reasons it may be.
+    held = [r for r in rows if not (r.query.engine == "b" and r.query.query_id >= "q06")]
+    line = headline_lines(compare(held, ["ndcg"], GRADED, n_boot=200))[0]
+    assert line.endswith(
         "of 6 queries; 6 more left out, undefined for b or a (not judged fully, not held by "
         "both, or nothing relevant found by either)"
     )
@@ -990,3 +996,23 @@ def test_the_best_of_several_engines_is_read_against_every_pair_of_them() -> Non
     assert "p = 0.188 adjusted over 6 pairs of engines" in line
     two = compare([r for r in rows if r.query.engine in "ab"], ["ndcg"], GRADED, best_of=True)
     assert two.diffs[0].family == 1  # two engines: nothing was chosen
+
+
+def test_queries_left_out_because_one_side_failed_are_named_with_the_verdict() -> None:
+    """A winner over the queries where the other side's verdicts were unparsed (exactly those
+    it would have lost) had been said with "left out, undefined for ..." and three possible
+    reasons: the left-out queries are now counted as what they are."""
+    rows = []
+    for i in range(20):
+        broken = i % 2 == 0
+        rows.append(
+            judged(f"q{i}", "solid", [("s", "x"), ("t", "y")], [3, 0] if broken else [0, 3])
+        )
+        grades: list[int | str] = ["unparsed", 3] if broken else [3, 0]
+        rows.append(judged(f"q{i}", "flaky", [("f", "x"), ("g", "y")], grades))
+    cmp = compare(rows, ["ndcg"], GRADED, baseline="solid", n_boot=200)
+    (d,) = cmp.diffs
+    assert (d.n, d.left_out, d.unjudged) == (10, 10, (10, 0))
+    line = headline_lines(cmp)[0]
+    assert line.startswith("flaky beats solid on ndcg"), line
+    assert "; 10 more left out, 10 not judged fully by flaky (unparsed or failed verdicts)" in line

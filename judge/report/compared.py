@@ -103,7 +103,16 @@ def _p_short(d: PairedDiff) -> str:
 def _left(d: PairedDiff) -> str:
     """The queries the pairs leave out, said beside those they hold."""
     said, undefined = "", d.left_out - d.unlike
-    if undefined:
+    unjudged = [
+        f"{n} not judged fully by {who}"
+        for n, who in zip(d.unjudged, (d.engine, d.baseline), strict=True)
+        if n
+    ]
+    if unjudged:  # named: a lead over the rest may be owed to them
+        said += (
+            f"; {undefined} more left out, {' and '.join(unjudged)} (unparsed or failed verdicts)"
+        )
+    elif undefined:
         said += (
             f"; {undefined} more left out, undefined for {d.engine} or {d.baseline} (not "
             "judged fully, not held by both, or nothing relevant found by either)"
