@@ -440,3 +440,15 @@ def test_an_engine_the_baseline_has_and_tonight_lacks_is_said_not_skipped(
     (said,) = [c for c in checks if c.engine == "old"]
     assert not said.evaluated and said.ok
     assert said.note == "not evaluated: in the baseline, but not in this run"
+
+
+def test_the_console_leads_with_the_verdicts_metric_and_says_a_mean_over_fewer_queries() -> None:
+    """The console showed the first six metrics (with [metrics] primary = "mrr", never the
+    verdict's own) and a mean over half an engine's queries as if over all of them."""
+    from judge.cli.main import _means
+
+    config = load_config(None, {"metrics.names": ["relevancy_mean", "ap"]})
+    rows = [_on("q0", "first", [1, 0, 1]), _on("q1", "second", [0, 0, 0])]
+    summary = build_summary(config, rows, n_boot=10)
+    said = _means(summary.engines["e"], "ap")
+    assert said == "ap 0.8333 (1 of 2 queries), relevancy_mean 0.3333"

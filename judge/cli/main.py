@@ -41,7 +41,7 @@ from judge.version import __version__
 if TYPE_CHECKING:
     from judge.config import RunConfig
     from judge.judging.judge import Judge
-    from judge.report.summary import Summary
+    from judge.report.summary import EngineSummary, Summary
     from judge.run.runner import RunOutcome
     from judge.schema import JudgedQuery, Query
 
@@ -199,7 +199,22 @@ def _judged_line(outcome: RunOutcome, summary: Summary, out_dir: Path) -> str:
     )
 
 
+def _means(data: EngineSummary, primary: str | None) -> str:
+    """An engine's means on the console: the verdict's metric first, six in all; a mean over
+    fewer of the engine's queries says over how many (the report's table does)."""
+    names = sorted(data.metrics, key=lambda n: n != primary)[:6]
+    return ", ".join(
+        f"{name} —"
+        if (m := data.metrics[name]).mean is None
+        else f"{name} {m.mean:.4f}"
+        + (f" ({m.n_defined} of {data.n_queries} queries)" if m.n_defined < data.n_queries else "")
+        for name in names
+    )
+
+
 def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None:
+    from judge.metrics.facts import primary_metric
+
     c = summary.counts
     if outcome.resumed:
         print(
@@ -218,12 +233,9 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         else f" (of the {outcome.done} of {outcome.planned} query-repeats that ran before it "
         "stopped)"
     )
+    primary = primary_metric(summary.metric_names, summary.policy.primary)
     for engine, data in summary.engines.items():
-        shown = ", ".join(
-            f"{name} {m.mean:.4f}" if m.mean is not None else f"{name} —"
-            for name, m in list(data.metrics.items())[:6]
-        )
-        print(f"  {engine}: {shown}{part}")
+        print(f"  {engine}: {_means(data, primary)}{part}")
     if outcome.asked_alone:
         print(
             f"listwise: {outcome.asked_alone} passage(s) were asked one by one, a request "
