@@ -304,3 +304,21 @@ def test_repr_and_html_show_the_verdict_counts_and_engine_means() -> None:
         == "<Judgements: 0 judged queries, engines -; 0 verdicts: 0 ok, 0 unparsed, 0 error>"
     )
     assert "<table" not in empty._repr_html_()
+
+
+def test_compare_engines_computes_by_the_policy_of_the_judge_that_judged(
+    make_server: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """Metrics the Judge did not store (precision@1 here) had been computed under the default
+    [metrics] policy: with the Judge's relevance_threshold of 0.95, no 'yes' said 90% sure is
+    relevant, and no engine is better on precision@1 (judge compare's numbers)."""
+    from judge.schema import MetricPolicy
+
+    server = make_server(responder=keyword_responder({"pale": "yes"}, "no"))
+    rows = [json.loads(line) for line in two_engines(tmp_path / "d.jsonl").read_text().splitlines()]
+    strict = MetricPolicy(names=("ap",), relevance_threshold=0.95)
+    with make_judge(server, scale="binary", metrics=strict) as j:
+        got = j.judge_many(rows, progress=False)
+    table = plain(judge.compare_engines(got, metrics=["precision@1"]))
+    assert [(r["wins"], r["ties"], r["significant"]) for r in table] == [(0, 8, None)]
+    assert got[:4].policy == strict  # a slice keeps it

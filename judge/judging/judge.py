@@ -631,7 +631,7 @@ class Judge:
                 f"{kind}; for example: {verdicts[0].error}",
                 kind=kind,
             )
-        return Judgements(self.finish_many(judged))
+        return Judgements(self.finish_many(judged), policy=self.policy, scale=self.scale)
 
     def finish_many(self, judged: Sequence[Judged]) -> list[JudgedQuery]:
         """Attach metrics to each query's verdicts, in one vectorised pass (per query, its fixed

@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, overload
 
-from judge.schema import JudgedQuery, Passage, Verdict
+from judge.schema import JudgedQuery, MetricPolicy, Passage, Scale, Verdict
 
 __all__ = ["OPTIONAL_COLUMNS", "Judgements", "Kind", "pandas"]
 
@@ -198,10 +198,19 @@ def _cell(value: float | None) -> str:
 
 
 class Judgements(Sequence[JudgedQuery]):
-    """Judged queries in the order they were asked for (repeats of a query side by side)."""
+    """Judged queries in the order they were asked for (repeats of a query side by side).
+    ``policy`` and ``scale``: the Judge's, by which its metrics were computed (what
+    ``compare_engines`` computes any others by)."""
 
-    def __init__(self, judged: Iterable[JudgedQuery]) -> None:
+    def __init__(
+        self,
+        judged: Iterable[JudgedQuery],
+        *,
+        policy: MetricPolicy | None = None,
+        scale: Scale | None = None,
+    ) -> None:
         self._judged = tuple(judged)
+        self.policy, self.scale = policy, scale
 
     @overload
     def __getitem__(self, index: int) -> JudgedQuery: ...
@@ -211,7 +220,7 @@ class Judgements(Sequence[JudgedQuery]):
 
     def __getitem__(self, index: int | slice) -> JudgedQuery | Judgements:
         if isinstance(index, slice):
-            return Judgements(self._judged[index])
+            return Judgements(self._judged[index], policy=self.policy, scale=self.scale)
         return self._judged[index]
 
     def __len__(self) -> int:

@@ -105,6 +105,10 @@ def compare_engines(
     if not judged:
         raise InputError("no judged queries to compare")
     summary = judged.summary if isinstance(judged, JudgedRun) else None
+    # The policy and scale the metrics were computed by: a run's summary's, else a Judge's.
+    made = judged if isinstance(judged, Judgements) else None
+    policy = summary.policy if summary else (made.policy if made else None) or MetricPolicy()
+    scale = summary.config.scale if summary else (made.scale if made else None)
     if metrics is None:
         names = summary.metric_names if summary else tuple(judged[0].metrics)
         chosen = summary.policy.primary if summary else None
@@ -113,12 +117,12 @@ def compare_engines(
     cmp = compare(
         judged,
         list(metrics),
-        summary.config.scale if summary else resolve_scale(judged, None),
+        scale or resolve_scale(judged, None),
         baseline=baseline,
         n_boot=summary.stability.n_boot if summary else N_BOOT,
         n_permutations=N_PERMUTATIONS,
         seed=summary.stability.seed if summary else 0,
-        policy=summary.policy if summary else MetricPolicy(),
+        policy=policy,
     )
     records = [{**d.model_dump(), "significant": _significant(d)} for d in cmp.diffs]
     frame = pd.DataFrame.from_records(records, columns=list(COMPARE_COLUMNS))
