@@ -1012,7 +1012,7 @@ def test_queries_left_out_because_one_side_failed_are_named_with_the_verdict() -
         rows.append(judged(f"q{i}", "flaky", [("f", "x"), ("g", "y")], grades))
     cmp = compare(rows, ["ndcg"], GRADED, baseline="solid", n_boot=200)
     (d,) = cmp.diffs
-    assert (d.n, d.left_out, d.unjudged) == (10, 10, (10, 0))
+    assert (d.n, d.left_out, d.unjudged_engine, d.unjudged_baseline) == (10, 10, 10, 0)
     line = headline_lines(cmp)[0]
     assert line.startswith("flaky beats solid on ndcg"), line
     assert "; 10 more left out, 10 not judged fully by flaky (unparsed or failed verdicts)" in line

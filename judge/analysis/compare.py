@@ -116,9 +116,10 @@ class PairedDiff(Record):
     # Of those, ids both sides hold that ask different questions (two runs that number their
     # queries alike, say): pairing them would compare unrelated queries.
     unlike: int = 0
-    # Of those left out, ids each side (engine, baseline) holds but did not judge fully
-    # (unparsed or failed verdicts): a winner over the rest may owe its lead to them.
-    unjudged: tuple[int, int] = (0, 0)
+    # Of those left out, ids each side holds but did not judge fully (unparsed or failed
+    # verdicts): a winner over the rest may owe its lead to them.
+    unjudged_engine: int = 0
+    unjudged_baseline: int = 0
     # The pairs of engines p is read against (Bonferroni): every pair of k engines when the
     # baseline is the best of k >= 3 found after the fact (the best of several equal engines
     # beats the worst by chance alone: 17% of 4 equal engines' runs had claimed a winner).
@@ -401,7 +402,7 @@ def paired_diff(
         losses=int(np.count_nonzero(better < -_ZERO)),
         left_out=len(held_ids.difference(common)),
         unlike=len(unlike),
-        unjudged=_unjudged(held_ids.difference(common), held, judged),
+        **_unjudged(held_ids.difference(common), held, judged),
     )
 
 
@@ -409,13 +410,13 @@ def _unjudged(
     left: set[str],
     held: tuple[Collection[str], Collection[str]] | None,
     judged: tuple[Collection[str], Collection[str]] | None,
-) -> tuple[int, int]:
+) -> dict[str, int]:
     """Of the ids ``left`` out, how many each side holds but did not judge fully."""
     if held is None or judged is None:
-        return (0, 0)
+        return {}
     sides = [(set(h), set(j)) for h, j in zip(held, judged, strict=True)]
     ours, theirs = (sum(1 for q in left if q in h and q not in j) for h, j in sides)
-    return (ours, theirs)
+    return {"unjudged_engine": ours, "unjudged_baseline": theirs}
 
 
 def _pairs(

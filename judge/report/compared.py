@@ -105,7 +105,7 @@ def _left(d: PairedDiff) -> str:
     said, undefined = "", d.left_out - d.unlike
     unjudged = [
         f"{n} not judged fully by {who}"
-        for n, who in zip(d.unjudged, (d.engine, d.baseline), strict=True)
+        for n, who in ((d.unjudged_engine, d.engine), (d.unjudged_baseline, d.baseline))
         if n
     ]
     if unjudged:  # named: a lead over the rest may be owed to them

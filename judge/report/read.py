@@ -51,6 +51,9 @@ COMPARE_COLUMNS: dict[str, str] = {
     "losses": "Int64",
     "left_out": "Int64",
     "unlike": "Int64",
+    "unjudged_engine": "Int64",
+    "unjudged_baseline": "Int64",
+    "family": "Int64",
     "significant": "string",
 }
 
