@@ -1016,3 +1016,24 @@ def test_queries_left_out_because_one_side_failed_are_named_with_the_verdict() -
     line = headline_lines(cmp)[0]
     assert line.startswith("flaky beats solid on ndcg"), line
     assert "; 10 more left out, 10 not judged fully by flaky (unparsed or failed verdicts)" in line
+
+
+def test_compare_qualifies_its_verdict_when_a_runs_judge_was_found_unreliable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose judge said 'yes' to nearly everything leads its own verdict with "by a
+    judge found unreliable"; judge compare of the same run had said it unqualified."""
+    from judge.config import load_config
+    from judge.report.finish import finish_run
+
+    rows = []
+    for i in range(12):
+        rows.append(judged(f"q{i}", "a", [(f"a{i}", "x"), (f"b{i}", "y")], [3, 3]))
+        rows.append(judged(f"q{i}", "b", [(f"c{i}", "x"), (f"d{i}", "y")], [3, 0 if i < 2 else 3]))
+    run = write_run(tmp_path / "run", rows)
+    config = load_config(None, {"judge.scale": "graded", "run.history": str(tmp_path / "h.sqlite")})
+    assert finish_run(config, run).health.degenerate
+    capsys.readouterr()
+    assert run_cli(["compare", str(run), "--metric", "ndcg"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(f"(by a judge found unreliable in {run}: see its Trust line)"), lines

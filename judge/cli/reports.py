@@ -168,17 +168,17 @@ def plan(
     return order, runs[run][0], pairs
 
 
-def _summaries(sources: Sequence[str]) -> list[Summary]:
-    """The summary.json of every source that is a finished run directory."""
+def _summaries(sources: Sequence[str]) -> list[tuple[Path, Summary]]:
+    """The summary.json of every source that is a finished run directory, beside its path."""
     from judge.report.summary import SUMMARY_FILE, load_summary
 
     found = []
     for source in sources:
         _, path = split_source(source)
         if (path / SUMMARY_FILE).is_file():
-            found.append(load_summary(path / SUMMARY_FILE))
+            found.append((path, load_summary(path / SUMMARY_FILE)))
         elif path.is_file() and path.suffix == ".json":
-            found.append(load_summary(path))
+            found.append((path, load_summary(path)))
     return found
 
 
@@ -328,7 +328,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return load_engines(args.sources, read_source)
 
     config, results, scale = judged_input(args, read, no_rows)
-    runs = _summaries(args.sources)
+    named = _summaries(args.sources)
+    runs = [summary for _, summary in named]
     policy = _policy(config, runs)
     metrics = _held_by_summaries(args, _metrics(args, config, runs, results))
     _say_unlike_runs(args.sources, runs, metrics)
@@ -359,8 +360,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     from judge.report.compared import headline_lines, worse_lines
 
-    # What the exit code says first (--fail-if-worse), then the verdicts.
-    for line in [*worse_lines(cmp, args.fail_if_worse or ()), *headline_lines(cmp, policy.primary)]:
+    # What the exit code says first (--fail-if-worse), then the verdicts, qualified as the
+    # run's own are when a judge of theirs was found unreliable.
+    said = headline_lines(cmp, policy.primary)
+    if unreliable := [str(path) for path, run in named if run.health.degenerate]:
+        why = f"(by a judge found unreliable in {', '.join(unreliable)}: see its Trust line)"
+        said = [f"{line} {why}" for line in said]
+    for line in [*worse_lines(cmp, args.fail_if_worse or ()), *said]:
         print(line)
     print()
     print(format_table(cmp))
