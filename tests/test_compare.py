@@ -1037,3 +1037,22 @@ def test_compare_qualifies_its_verdict_when_a_runs_judge_was_found_unreliable(
     assert run_cli(["compare", str(run), "--metric", "ndcg"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith(f"(by a judge found unreliable in {run}: see its Trust line)"), lines
+
+
+def test_ids_that_are_only_ranks_do_not_pool_other_engines_passages() -> None:
+    """Rows without passage ids are numbered by rank ("1", "2", ...): bm25's "1" is not
+    dense's "1". Pooled by id, they had merged different passages, their opposite verdicts
+    tying to the lower grade (pooled_ndcg 1.0 for both engines here)."""
+    from judge.analysis.judged_pool import pooled_metrics
+
+    texts = ["pale fact", "dog fact", "oat fact"]
+    rows = []
+    for q in range(4):
+        for engine, order in (("dense", texts), ("bm25", texts[::-1])):
+            ranked = [(str(i), t) for i, t in enumerate(order, start=1)]
+            rows.append(
+                judged(f"q{q}", engine, ranked, [3 if t == "pale fact" else 0 for t in order])
+            )
+    values = pooled_metrics(rows, ["pooled_ndcg"], GRADED)
+    by_engine = {jq.query.engine: v["pooled_ndcg"] for jq, v in zip(rows, values, strict=True)}
+    assert by_engine == {"dense": pytest.approx(1.0), "bm25": pytest.approx(0.5)}

@@ -67,8 +67,18 @@ def parse_pooled(name: str) -> tuple[str, int | None] | None:
     return match.group(1), k
 
 
+def id_scope(query: Query) -> str:
+    """Where ``query``'s passage ids name a passage: everywhere (""), or, for ids that are
+    only its ranks ("1", "2", ... as a dataset without ids is numbered), its engine's list
+    alone: rank 1 of one engine is not rank 1 of another (pooling them by id had merged
+    other passages, and their opposite verdicts tied to the lower grade)."""
+    ranks = all(p.id == str(i) for i, p in enumerate(query.passages, start=1))
+    return query.engine if ranks and query.passages else ""
+
+
 class PassagePool:
-    """Union-find over passage keys: a passage's id and its normalised text are one passage."""
+    """Union-find over passage keys: a passage's id and its normalised text are one passage;
+    an id in a ``scope`` (:func:`id_scope`) only within it."""
 
     def __init__(self) -> None:
         self.parent: dict[tuple[str, str], tuple[str, str]] = {}
@@ -80,14 +90,14 @@ class PassagePool:
             key = self.parent[key]
         return key
 
-    def add(self, passage_id: str, text: str) -> None:
-        root = self.find(("id", passage_id))
+    def add(self, passage_id: str, text: str, scope: str = "") -> None:
+        root = self.root(passage_id, scope)
         norm = normalise_text(text)
         if norm:
             self.parent[root] = self.find(("text", norm))
 
-    def root(self, passage_id: str) -> tuple[str, str]:
-        return self.find(("id", passage_id))
+    def root(self, passage_id: str, scope: str = "") -> tuple[str, str]:
+        return self.find(("id", f"{scope}\x1f{passage_id}" if scope else passage_id))
 
 
 def _gain(grades: Sequence[float], gain: Gain) -> FloatArray:
@@ -104,12 +114,13 @@ def _build_pool(rows: Sequence[JudgedQuery]) -> tuple[PassagePool, dict[tuple[st
     pool = PassagePool()
     for jq in rows:
         for p in jq.query.passages:
-            pool.add(p.id, p.text)
+            pool.add(p.id, p.text, id_scope(jq.query))
     votes: dict[tuple[str, str], list[int]] = {}
     for jq in rows:
+        scope = id_scope(jq.query)
         for v in jq.verdicts:
             if v.status == "ok" and v.grade is not None:
-                votes.setdefault(pool.root(v.passage_id), []).append(v.grade)
+                votes.setdefault(pool.root(v.passage_id, scope), []).append(v.grade)
     return pool, {root: majority_grade(grades) for root, grades in votes.items()}
 
 
@@ -130,6 +141,7 @@ def pooled_metrics(
         ideal = _gain(sorted(pooled.values(), reverse=True), policy.gain)
         n_relevant = sum(1 for g in pooled.values() if scale.relevant(g))
         for i in members:
+            scope = id_scope(results[i].query)
             ordered = sorted(results[i].verdicts, key=lambda v: v.rank)
             failed = any(v.status != "ok" for v in ordered)
             grades: list[int] = []
@@ -138,7 +150,7 @@ def pooled_metrics(
             for v in ordered:
                 if v.status != "ok" or v.grade is None:
                     continue
-                root = pool.root(v.passage_id)
+                root = pool.root(v.passage_id, scope)
                 fresh = root not in seen
                 seen.add(root)
                 grade = pooled[root]  # the pool's grade, as trec_eval reads qrels.txt
@@ -189,25 +201,26 @@ def borrow_verdicts(
                 query.engine,
             )
         for repeat in repeats:
-            pool = PassagePool()
-            for p in [
-                *query.passages,
-                *(p for jq in groups[(query.query_id, repeat)] for p in jq.query.passages),
-            ]:
-                pool.add(p.id, p.text)
+            pool, ours = PassagePool(), id_scope(query)
+            for p in query.passages:
+                pool.add(p.id, p.text, ours)
+            for jq in groups[(query.query_id, repeat)]:
+                for p in jq.query.passages:
+                    pool.add(p.id, p.text, id_scope(jq.query))
             best: dict[tuple[str, str], Verdict] = {}
             for jq in groups[(query.query_id, repeat)]:
+                scope = id_scope(jq.query)
                 for v in jq.verdicts:
-                    root = pool.root(v.passage_id)
+                    root = pool.root(v.passage_id, scope)
                     if v.status == "ok" and (v.grade or 0) >= (
                         best[root].grade or 0 if root in best else -1
                     ):
                         best[root] = v
             verdicts = tuple(
-                best[pool.root(p.id)].model_copy(
+                best[pool.root(p.id, ours)].model_copy(
                     update={"passage_id": p.id, "rank": rank, "cached": True}
                 )
-                if pool.root(p.id) in best
+                if pool.root(p.id, ours) in best
                 else Verdict(passage_id=p.id, rank=rank, status="error", error=UNJUDGED, attempts=0)
                 for rank, p in enumerate(query.passages, start=1)
             )

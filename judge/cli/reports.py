@@ -32,7 +32,7 @@ from judge.analysis.compare import (
     check_metric,
     compare,
 )
-from judge.analysis.judged_pool import borrow_verdicts, parse_pooled
+from judge.analysis.judged_pool import borrow_verdicts, id_scope, parse_pooled
 from judge.cli.common import (
     EXIT_OK,
     EXIT_THRESHOLD,
@@ -241,14 +241,16 @@ def _say_other_passages(results: Sequence[JudgedQuery], metrics: Sequence[str]) 
     if not any(parse_pooled(m) is not None for m in metrics):
         return
     # A hash of each text as the pool normalises it (the pool's own sameness), not a copy.
-    texts: dict[tuple[str, str], dict[int, str]] = {}
+    texts: dict[tuple[str, str, str], dict[int, str]] = {}
     for jq in results:
+        scope = id_scope(jq.query)  # ids that are ranks name a passage in their list alone
         for p in jq.query.passages:
             said = hash(normalise_text(p.text))
-            texts.setdefault((jq.query.query_id, p.id), {}).setdefault(said, jq.query.engine)
+            key = (jq.query.query_id, scope, p.id)
+            texts.setdefault(key, {}).setdefault(said, jq.query.engine)
     other = [key for key, found in texts.items() if len(found) > 1]
     if other:
-        (qid, pid), (ea, eb) = other[0], list(texts[other[0]].values())[:2]
+        (qid, _, pid), (ea, eb) = other[0], list(texts[other[0]].values())[:2]
         print(
             f"judge: {len(other)} passage id(s) hold different texts in different engines or "
             f"runs ('{pid}' of query '{qid}' in {ea} and {eb}): pooled metrics grade each id "
