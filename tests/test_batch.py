@@ -728,3 +728,20 @@ def test_a_batch_made_before_a_busy_organisations_hundred_others_is_still_found(
     assert len(server.executed) == 20 and _chats(server) == []
     (record,) = _state(out)["batches"]
     assert record["batch_id"] == ours and record["collected"]
+
+
+def test_answers_a_batch_gave_that_the_cache_no_longer_holds_are_batched_again(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    """Rerun with --fresh and another cache, the directory's collected batch had counted as
+    asking them: nothing was batched, and every request went in real time at list price."""
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(server.executed) == 20 and _chats(server) == []
+    other = ["--cache", str(tmp_path / "other.sqlite")]
+    assert main(["run", str(config), "--out", str(out), "--batch", "--fresh", *other]) == 0
+    assert len(server.executed) == 40 and _chats(server) == []  # batched again, at half price
+    assert server.calls["create"] == 2
+    assert len(verdict_labels(out)) == 20

@@ -90,9 +90,16 @@ class Phase:
         await self._adopt()
         pending = [i for i, b in enumerate(self.state.batches) if not b.collected]
         await self._finish(pending)
-        asked = self.state.in_round(0)
-        fresh = [Line(i.custom_id, i.request, i.custom_id) for i in self.plan.values()]
-        await self._round(0, [line for line in fresh if line.first not in asked])
+        # Asked in a first round and left there: the follow-up's. One a batch answered that
+        # the cache no longer holds (cleared, another --cache) is batched again: in real time
+        # it would be paid at list price.
+        left = self.state.left_in_round(0)
+        fresh = [
+            Line(i.custom_id, i.request, i.custom_id)
+            for i in self.plan.values()
+            if i.custom_id not in left and not self.cache.contains(i.alias, alias=True)
+        ]
+        await self._round(0, fresh)
         if self.config.run.batch_followup == "batch":
             try:
                 await self._round(1, self._followups())

@@ -84,6 +84,16 @@ class BatchState(Record):
         """The first-round custom ids some batch of ``round_`` was asked about."""
         return {b.first_id(c) for b in self.batches if b.round == round_ for c in b.custom_ids}
 
+    def left_in_round(self, round_: int) -> set[str]:
+        """The first-round custom ids a batch of ``round_`` was asked about and did not answer
+        (or has not yet: not collected)."""
+        return {
+            first
+            for b in self.batches
+            if b.round == round_
+            for first in (b.leftovers if b.collected else map(b.first_id, b.custom_ids))
+        }
+
 
 def load_state(out_dir: Path) -> BatchState | None:
     """The run directory's batch record (None: no batch was ever prepared there)."""
