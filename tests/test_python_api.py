@@ -912,3 +912,33 @@ def test_a_judge_from_a_config_cuts_passages_as_judge_run_does(
         (passage,) = judged.query.passages
         assert passage.truncated_from == (None if limit == 0 else len(text))
         assert (passage.text == text) if limit == 0 else len(passage.text) < 40
+
+
+def test_async_with_and_aclose_release_the_loop_thread_and_the_cache(
+    yes_if_pale: ScriptedServer, tmp_path: Path
+) -> None:
+    """``async with Judge(...)`` had been a TypeError, and ``await aclose()`` had left the
+    Judge's loop thread running and its cache file open (only close() released them)."""
+    import os
+
+    def held() -> tuple[int, int]:
+        loops = sum(t.name == "judge-loop" for t in threading.enumerate())
+        paths = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # closed since it was listed (the listing's own, say)
+                continue
+        return loops, sum(str(tmp_path) in path for path in paths)
+
+    async def cell() -> None:
+        async with make_judge(yes_if_pale, cache=tmp_path / "c.sqlite") as j:
+            await j.ajudge("pale sky?", ["pale one"])
+            assert held()[0] >= 1 and held()[1] >= 1
+        other = make_judge(yes_if_pale, cache=tmp_path / "d.sqlite")
+        await other.ajudge("pale sky?", ["pale two"])
+        await other.aclose()
+
+    before = held()
+    asyncio.run(cell())
+    assert held() == before

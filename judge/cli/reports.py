@@ -360,15 +360,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         policy=policy,
         best_of=leader is not None,
     )
-    from judge.report.compared import headline_lines, worse_lines
-
-    # What the exit code says first (--fail-if-worse), then the verdicts, qualified as the
-    # run's own are when a judge of theirs was found unreliable.
-    said = headline_lines(cmp, policy.primary)
-    if unreliable := [str(path) for path, run in named if run.health.degenerate]:
-        why = f"(by a judge found unreliable in {', '.join(unreliable)}: see its Trust line)"
-        said = [f"{line} {why}" for line in said]
-    for line in [*worse_lines(cmp, args.fail_if_worse or ()), *said]:
+    for line in _said_first(cmp, policy, named, args.fail_if_worse or ()):
         print(line)
     print()
     print(format_table(cmp))
@@ -381,6 +373,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.html).write_text(page, encoding="utf-8")
         print(args.html)
     return _check_worse(cmp, args.fail_if_worse or ())
+
+
+def _said_first(
+    cmp: Comparison,
+    policy: MetricPolicy,
+    named: Sequence[tuple[Path, Summary]],
+    fail_if_worse: Sequence[str],
+) -> list[str]:
+    """What compare prints first: what the exit code says (--fail-if-worse), then the
+    verdicts, qualified as a run's own are when a judge of a run compared was found
+    unreliable (they had been said plain)."""
+    from judge.report.compared import headline_lines, worse_lines
+
+    said = headline_lines(cmp, policy.primary)
+    if unreliable := [str(path) for path, run in named if run.health.degenerate]:
+        why = f"(by a judge found unreliable in {', '.join(unreliable)}: see its Trust line)"
+        said = [f"{line} {why}" for line in said]
+    return [*worse_lines(cmp, fail_if_worse), *said]
 
 
 def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]) -> None:

@@ -12,6 +12,7 @@ listwise, re-asks) lives in :mod:`judge.judging.relevance`; every question goes 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import re
@@ -719,10 +720,23 @@ class Judge:
     rerank_relevancy = _sync(arerank_relevancy)
 
     async def aclose(self) -> None:
-        """Close the clients, on the loop they live on (the Judge's own once an async or sync
-        method ran); :meth:`close` also stops that loop."""
+        """What :meth:`close` does, awaited: the clients closed on the loop they live on (the
+        Judge's own once an async or sync method ran), then that loop's thread stopped and the
+        cache closed, off the caller's loop (aclose had left both open)."""
         self.closed = True
-        await (self._loop.call(self._aclose()) if self._loop.started else self._aclose())
+        own = self._loop.started
+        await (self._loop.call(self._aclose()) if own else self._aclose())
+        if own and self._loop.on_it():  # called from the Judge's own loop: close() stops it
+            return
+        self._release.detach()
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        """Stop the Judge's loop and close its cache (the clients are closed already)."""
+        if self._loop.started:
+            self._loop.close()
+        if self._cache is not None:
+            self._cache.close()
 
     async def _aclose(self) -> None:
         if self._chat is not None:
@@ -752,6 +766,12 @@ class Judge:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Judge:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
 
 
 def _release(loop: OwnLoop, clients: list[Any], cache: Cache | None) -> None:

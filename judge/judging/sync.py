@@ -124,6 +124,13 @@ class OwnLoop:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
+    def on_it(self) -> bool:
+        """Whether the caller runs on the private loop itself."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def close(self) -> None:
         """Cancel what is left on the loop, stop its thread and close it."""
         with self._lock:
