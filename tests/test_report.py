@@ -403,6 +403,24 @@ def test_finish_run_from_python_writes_everything_a_run_leaves(tmp_path: Path) -
     assert "## Metrics (mean, 95% CI)" in (run / "report.md").read_text(encoding="utf-8")
 
 
+def test_finish_run_of_rows_judged_in_python_into_a_new_directory_writes_them_too(
+    tmp_path: Path,
+) -> None:
+    """finish_run(config, new_dir, results=rows) had written the summary and reports, and no
+    verdicts.jsonl: read_run, judge report and compare of that directory then failed."""
+    from judge import read_run
+
+    rows = sample_results(repeats=1)
+    config = load_config(
+        None, {"judge.scale": "graded", "run.history": str(tmp_path / "history.sqlite")}
+    )
+    run = tmp_path / "new"
+    summary = finish_run(config, run, None, results=rows)
+    again = read_run(run)
+    assert list(again) == rows and again.summary == summary
+    assert run_cli(["report", str(run)]) == 0
+
+
 def test_cli_report_renders_a_version_1_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -114,6 +114,10 @@ def finish_run(
     yet.
     """
     out_dir = Path(out_dir)
+    if results and not (out_dir / RESULTS_FILE).exists():  # judged in Python, a new directory:
+        # its rows are written too, as a run leaves them (read_run, report and compare read them)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(out_dir / RESULTS_FILE, "".join(f"{jq.model_dump_json()}\n" for jq in results))
     current = _made_from(config, out_dir, plan)
     if outcome is not None and outcome.resumed == outcome.planned and _still(out_dir, current):
         log.info("nothing new to judge: %s's summary and reports are current", out_dir)
