@@ -633,6 +633,14 @@ def test_the_api_checks_limits_metrics_and_repeat_before_any_request(
     srv = yes_if_pale
     with pytest.raises(ConfigError, match=r"Judge: limits: max_cost needs the model's price"):
         make_judge(srv, limits={"max_cost": 0.0005})
+    # Keywords that belong in limits= or params= say where (they had been "unknown provider
+    # settings", and max_cost's hint had named price= as if a keyword of Judge).
+    with pytest.raises(ConfigError, match=r"Judge: price is a limit: Judge\(\.\.\., limits="):
+        make_judge(srv, price={"prompt": 1.0, "completion": 2.0})
+    with pytest.raises(ConfigError, match=r"temperature is a sampling setting: .*params="):
+        make_judge(srv, temperature=0.5)
+    priced = {"max_cost": 1.0, "price": {"prompt": 1.0, "completion": 2.0}}
+    make_judge(srv, limits=priced).close()  # the way the hint says works
     with pytest.raises(ConfigError, match=r"limits\.concurrency: Input should be greater"):
         make_judge(srv, limits={"concurrency": 0})
     with pytest.raises(ConfigError, match="limits: expected a Limits or a dict, got int"):

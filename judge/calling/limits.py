@@ -58,8 +58,9 @@ class Limits(Record):
     def _priced(self) -> Limits:
         if self.max_cost > 0 and self.price is None:  # a dollar cap that could never be met
             raise ValueError(
-                "max_cost needs the model's price (price=Price(prompt=..., completion=...), "
-                "USD per 1M tokens); or cap tokens with max_tokens"
+                "max_cost needs the model's price beside it (Limits(max_cost=..., "
+                "price=Price(prompt=..., completion=...)), USD per 1M tokens; or a limits dict's "
+                "'price': {'prompt': ..., 'completion': ...}); or cap tokens with max_tokens"
             )
         return self
 

@@ -101,6 +101,22 @@ def _check_kinds(provider: object, model: object, scale: object, cache: object) 
             raise ConfigError(f"Judge: {name}: expected {what}, got {type(value).__name__}")
 
 
+# Keywords users give Judge that belong in one of its arguments: said where (they had been
+# refused as unknown provider settings, and a max_cost's hint named price= as a keyword).
+_ELSEWHERE = {
+    **dict.fromkeys(
+        ("price", "max_cost", "concurrency", "timeout_s", "max_attempts", "requests_per_minute"),
+        "is a limit: Judge(..., limits={...}) or Limits(...)",
+    ),
+    **dict.fromkeys(
+        ("temperature", "top_p", "seed", "logprobs", "top_logprobs", "stop"),
+        "is a sampling setting: Judge(..., params={...})",
+    ),
+    "max_tokens": "is a sampling setting (params={'max_tokens': ...}) or, as a token budget, "
+    "a limit (limits={'max_tokens': ...})",
+}
+
+
 def _read_knobs(
     provider: object, model: str | None, scale: str | Scale | None, knobs: Mapping[str, Any]
 ) -> tuple[JudgeSection, dict[str, Any], dict[str, Any]]:
@@ -110,6 +126,8 @@ def _read_knobs(
     settings = {k: v for k, v in knobs.items() if k in _SETTINGS}
     sections = {k: v for k, v in knobs.items() if k in _DIMENSION_NAMES}
     overrides = {k: v for k, v in knobs.items() if k not in _SETTINGS | _DIMENSION_NAMES}
+    if misplaced := [f"{k} {_ELSEWHERE[k]}" for k in overrides if k in _ELSEWHERE]:
+        raise ConfigError(f"Judge: {'; '.join(misplaced)}")
     if isinstance(provider, JudgeSection):
         if model is not None or settings:
             raise ConfigError("Judge(settings): give the settings record alone, or keywords")
