@@ -24,7 +24,6 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
-from pydantic import ValidationError
 from tqdm import tqdm
 
 from judge.aspects import Aspects
@@ -33,6 +32,7 @@ from judge.calling.caller import Caller
 from judge.calling.limits import Limits
 from judge.config import CascadeSection, JudgeSection, RunConfig
 from judge.errors import BudgetExceeded, ConfigError, InputError, ProviderError
+from judge.judging.arguments import as_limits, as_policy, check_kinds, read_knobs, with_window
 from judge.judging.ask import AskContext
 from judge.judging.cascade import Band, Cascade, rerank_scores
 from judge.judging.context import (
@@ -51,7 +51,6 @@ from judge.judging.sync import OwnLoop
 from judge.judging.tables import Judgements
 from judge.judging.units import Judged, judge_units, refusal
 from judge.metrics.compute import metrics_for_queries
-from judge.metrics.facts import parse_metric_name
 from judge.providers import (
     ADAPTERS,
     judges_by_score,
@@ -73,96 +72,10 @@ _AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "mean": statistics.fmean,
     "median": statistics.median,
 }
-# The keywords Judge(...) reads into its settings record, besides provider and model.
-_SETTINGS = frozenset(JudgeSection.model_fields) - {"provider", "model"}
-_DIMENSION_NAMES = frozenset(d.name for d in DIMENSIONS)
 
 
 # The answers that refuse every request alike: no key or a wrong one, no model, no such URL.
 _REFUSED = re.compile(r"HTTP (401|403|404)\b")
-
-
-def _check_kinds(provider: object, model: object, scale: object, cache: object) -> None:
-    """ConfigError naming the argument when one is of a kind Judge cannot read (an int as the
-    provider had failed deep inside, as an AttributeError)."""
-    kinds: tuple[tuple[str, object, tuple[type, ...], str], ...] = (
-        ("cache", cache, (str, Path, Cache, type(None)), "a path or a Cache"),
-        (
-            "provider",
-            provider,
-            (str, ProviderSpec, ChatProvider, JudgeSection),
-            "a preset name, a ProviderSpec, a ChatProvider or a JudgeSection",
-        ),
-        ("model", model, (str, type(None)), "a model name"),
-        ("scale", scale, (str, Scale, type(None)), "a scale name or a Scale"),
-    )
-    for name, value, allowed, what in kinds:
-        if not isinstance(value, allowed):
-            raise ConfigError(f"Judge: {name}: expected {what}, got {type(value).__name__}")
-
-
-# Keywords users give Judge that belong in one of its arguments: said where (they had been
-# refused as unknown provider settings, and a max_cost's hint named price= as a keyword).
-_ELSEWHERE = {
-    **dict.fromkeys(
-        ("price", "max_cost", "concurrency", "timeout_s", "max_attempts", "requests_per_minute"),
-        "is a limit: Judge(..., limits={...}) or Limits(...)",
-    ),
-    **dict.fromkeys(
-        ("temperature", "top_p", "seed", "logprobs", "top_logprobs", "stop"),
-        "is a sampling setting: Judge(..., params={...})",
-    ),
-    "max_tokens": "is a sampling setting (params={'max_tokens': ...}) or, as a token budget, "
-    "a limit (limits={'max_tokens': ...})",
-}
-
-
-def _read_knobs(
-    provider: object, model: str | None, scale: str | Scale | None, knobs: Mapping[str, Any]
-) -> tuple[JudgeSection, dict[str, Any], dict[str, Any]]:
-    """Judge's keywords as its settings record (given whole, or the keywords validated into
-    it: ConfigError naming each bad one), the dimensions' tables by name, and the provider
-    preset's overrides (every other keyword)."""
-    settings = {k: v for k, v in knobs.items() if k in _SETTINGS}
-    sections = {k: v for k, v in knobs.items() if k in _DIMENSION_NAMES}
-    overrides = {k: v for k, v in knobs.items() if k not in _SETTINGS | _DIMENSION_NAMES}
-    if misplaced := [f"{k} {_ELSEWHERE[k]}" for k in overrides if k in _ELSEWHERE]:
-        raise ConfigError(f"Judge: {'; '.join(misplaced)}")
-    if isinstance(provider, JudgeSection):
-        if model is not None or settings:
-            raise ConfigError("Judge(settings): give the settings record alone, or keywords")
-        return provider, sections, overrides
-    data = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
-    data["provider"] = provider if isinstance(provider, str) else "custom"
-    if model is not None:
-        data["model"] = model
-    if scale is not None:
-        data["scale"] = scale if isinstance(scale, str) else scale.name
-    try:
-        return JudgeSection.model_validate(data), sections, overrides
-    except ValidationError as exc:
-        raise ConfigError(f"Judge: {_problems(exc, 'settings')}") from None
-
-
-def _problems(exc: ValidationError, whole: str, prefix: str = "") -> str:
-    """A validation error's problems on one line, each named by its field (``prefix`` before
-    it; ``whole`` for the record's own checks)."""
-    return "; ".join(
-        f"{prefix + '.'.join(map(str, e['loc'])) if e['loc'] else whole}: "
-        f"{e['msg'].removeprefix('Value error, ')}"
-        for e in exc.errors()
-    )
-
-
-def _with_window(
-    settings: JudgeSection, named: object, overrides: Mapping[str, Any]
-) -> JudgeSection:
-    """``settings`` with the context window its provider preset declares (the embedded
-    server's), when it gives none: as :meth:`Judge.from_config` fills it in."""
-    if settings.context_tokens is not None or not isinstance(named, str | ProviderSpec):
-        return settings
-    window = preset_context(resolve_spec(named, overrides) if isinstance(named, str) else named)
-    return settings.model_copy(update={"context_tokens": window}) if window else settings
 
 
 def _check_labels(queries: Sequence[Query], scale: Scale) -> None:
@@ -179,42 +92,6 @@ def _check_labels(queries: Sequence[Query], scale: Scale) -> None:
     if bad:
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
         raise InputError(f"{bad[0]}{more}; pass label_scale= if the labels use another scale")
-
-
-def _limits(limits: Limits | Mapping[str, Any] | None) -> Limits | None:
-    """``limits`` as given, or a mapping of its fields checked as a Limits (one ConfigError
-    naming each bad field: a dollar cap without a price, a concurrency of 0, ...)."""
-    if limits is None or isinstance(limits, Limits):
-        return limits
-    if not isinstance(limits, Mapping):
-        raise ConfigError(
-            f"Judge: limits: expected a Limits or a dict, got {type(limits).__name__}"
-        )
-    try:
-        return Limits.model_validate(dict(limits))
-    except ValidationError as exc:
-        raise ConfigError(f"Judge: {_problems(exc, 'limits', 'limits.')}") from None
-
-
-def _policy(metrics: str | Sequence[str] | MetricPolicy) -> MetricPolicy:
-    """``metrics`` as a policy, every name checked before anything is judged (one name given
-    as a string is one metric, not its characters)."""
-    if not isinstance(metrics, MetricPolicy):
-        if not isinstance(metrics, str | Iterable) or isinstance(metrics, Mapping):
-            raise ConfigError(
-                f"Judge: metrics: expected metric names or a MetricPolicy, got "
-                f"{type(metrics).__name__}"
-            )
-        names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
-        if not all(isinstance(n, str) for n in names):
-            raise ConfigError(f"Judge: metrics: expected metric names, got {list(names)!r}")
-        try:
-            metrics = MetricPolicy(names=names)
-        except ValidationError as exc:
-            raise ConfigError(f"Judge: {_problems(exc, 'metrics', 'metrics.')}") from None
-    for name in metrics.names:
-        parse_metric_name(name)  # ConfigError: unknown, with the valid names
-    return metrics
 
 
 def _score_judge(
@@ -323,16 +200,16 @@ class Judge:
         ``language``, ``params``, ``reask``, ``context_tokens``, ``sanitise``, ``cascade``,
         ...), a dimension's table by name (``nuggets=True``, ``credibility=...``:
         judging/dimensions.py), and overrides of the provider preset (``base_url``)."""
-        _check_kinds(provider, model, scale, cache)
-        settings, sections, overrides = _read_knobs(provider, model, scale, knobs)
+        check_kinds(provider, model, scale, cache)
+        settings, sections, overrides = read_knobs(provider, model, scale, knobs)
         named = provider if not isinstance(provider, JudgeSection | str) else settings.provider
-        self.settings = settings = _with_window(settings, named, overrides)
+        self.settings = settings = with_window(settings, named, overrides)
         self.scale = scale if isinstance(scale, Scale) else Scale.named(settings.scale)
         self.model, self.mode = settings.model, settings.mode
         self.context_tokens, self.sanitise = settings.context_tokens, settings.sanitise
-        self.policy = _policy(metrics)
+        self.policy = as_policy(metrics)
         self.max_passage_chars = DEFAULT_PASSAGE_CHARS  # longer passages are cut
-        limits = _limits(limits)
+        limits = as_limits(limits)
         self.closed = False
         scorer = _score_judge(named, overrides, settings, rerank)
         chat: ChatProvider | None
