@@ -625,15 +625,12 @@ def test_queries_left_out_of_the_pairs_are_said_beside_the_verdict() -> None:
     assert (d.n, d.left_out) == (6, 6)
     line = headline_lines(compare(rows, ["ndcg"], GRADED, n_boot=200))[0]
     assert line.endswith(
-        "of 6 queries; 6 more left out, 6 not judged fully by b (unparsed or failed verdicts)"
+        "of 6 queries; 6 more left out: 6 not judged fully by b (unparsed or failed verdicts)"
     )
-    # Left out for another reason (one side does not hold them): the reasons it may be.
+    # Left out for another reason: queries one side does not hold (another night's, say).
     held = [r for r in rows if not (r.query.engine == "b" and r.query.query_id >= "q06")]
     line = headline_lines(compare(held, ["ndcg"], GRADED, n_boot=200))[0]
-    assert line.endswith(
-        "of 6 queries; 6 more left out, undefined for b or a (not judged fully, not held by "
-        "both, or nothing relevant found by either)"
-    )
+    assert line.endswith("of 6 queries; 6 more left out: 6 held by one side only")
 
 
 def test_the_leading_engine_is_not_one_asked_a_few_easy_queries() -> None:
@@ -1015,7 +1012,7 @@ def test_queries_left_out_because_one_side_failed_are_named_with_the_verdict() -
     assert (d.n, d.left_out, d.unjudged_engine, d.unjudged_baseline) == (10, 10, 10, 0)
     line = headline_lines(cmp)[0]
     assert line.startswith("flaky beats solid on ndcg"), line
-    assert "; 10 more left out, 10 not judged fully by flaky (unparsed or failed verdicts)" in line
+    assert "; 10 more left out: 10 not judged fully by flaky (unparsed or failed verdicts)" in line
 
 
 def test_compare_qualifies_its_verdict_when_a_runs_judge_was_found_unreliable(

@@ -120,6 +120,12 @@ class PairedDiff(Record):
     # verdicts): a winner over the rest may owe its lead to them.
     unjudged_engine: int = 0
     unjudged_baseline: int = 0
+    # Of those left out, ids only one side holds (another night's queries, say).
+    held_by_one: int = 0
+    # Whether the reasons above were counted: the sides' held ids were given (and, for the
+    # unjudged counts, their fully judged ones: ``judged_known``).
+    reasons: bool = False
+    judged_known: bool = False
     # The pairs of engines p is read against (Bonferroni): every pair of k engines when the
     # baseline is the best of k >= 3 found after the fact (the best of several equal engines
     # beats the worst by chance alone: 17% of 4 equal engines' runs had claimed a winner).
@@ -402,7 +408,7 @@ def paired_diff(
         losses=int(np.count_nonzero(better < -_ZERO)),
         left_out=len(held_ids.difference(common)),
         unlike=len(unlike),
-        **_unjudged(held_ids.difference(common), held, judged),
+        **_unjudged(held_ids.difference(common) - unlike, held, judged),
     )
 
 
@@ -410,13 +416,26 @@ def _unjudged(
     left: set[str],
     held: tuple[Collection[str], Collection[str]] | None,
     judged: tuple[Collection[str], Collection[str]] | None,
-) -> dict[str, int]:
-    """Of the ids ``left`` out, how many each side holds but did not judge fully."""
-    if held is None or judged is None:
+) -> dict[str, int | bool]:
+    """Why the ids ``left`` out (other questions aside) are: held by one side only, else (when
+    ``judged`` is known) not judged fully by the engine, else by the baseline (each id counted
+    once, by its first reason)."""
+    if held is None:
         return {}
-    sides = [(set(h), set(j)) for h, j in zip(held, judged, strict=True)]
-    ours, theirs = (sum(1 for q in left if q in h and q not in j) for h, j in sides)
-    return {"unjudged_engine": ours, "unjudged_baseline": theirs}
+    ours, theirs = set(held[0]), set(held[1])
+    one = {q for q in left if (q in ours) != (q in theirs)}
+    if judged is None:
+        return {"held_by_one": len(one), "reasons": True}
+    done, done_too = set(judged[0]), set(judged[1])
+    mine = {q for q in left - one if q not in done}
+    other = {q for q in left - one - mine if q not in done_too}
+    return {
+        "held_by_one": len(one),
+        "unjudged_engine": len(mine),
+        "unjudged_baseline": len(other),
+        "reasons": True,
+        "judged_known": True,
+    }
 
 
 def _pairs(

@@ -101,17 +101,24 @@ def _p_short(d: PairedDiff) -> str:
 
 
 def _left(d: PairedDiff) -> str:
-    """The queries the pairs leave out, said beside those they hold."""
+    """The queries the pairs leave out, said beside those they hold, each by its reason."""
     said, undefined = "", d.left_out - d.unlike
-    unjudged = [
-        f"{n} not judged fully by {who}"
-        for n, who in ((d.unjudged_engine, d.engine), (d.unjudged_baseline, d.baseline))
-        if n
-    ]
-    if unjudged:  # named: a lead over the rest may be owed to them
-        said += (
-            f"; {undefined} more left out, {' and '.join(unjudged)} (unparsed or failed verdicts)"
-        )
+    if d.reasons and undefined:
+        unjudged = d.unjudged_engine + d.unjudged_baseline
+        reasons = [
+            (d.held_by_one, "held by one side only"),
+            (d.unjudged_engine, f"not judged fully by {d.engine}"),
+            (d.unjudged_baseline, f"not judged fully by {d.baseline}"),
+            (
+                undefined - d.held_by_one - unjudged,
+                "nothing relevant found by either"
+                if d.judged_known
+                else "not judged fully, or nothing relevant found by either",
+            ),
+        ]
+        why = ", ".join(f"{n} {reason}" for n, reason in reasons if n > 0)
+        failed = " (unparsed or failed verdicts)" if unjudged else ""
+        said += f"; {undefined} more left out: {why}{failed}"
     elif undefined:
         said += (
             f"; {undefined} more left out, undefined for {d.engine} or {d.baseline} (not "

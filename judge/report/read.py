@@ -53,6 +53,9 @@ COMPARE_COLUMNS: dict[str, str] = {
     "unlike": "Int64",
     "unjudged_engine": "Int64",
     "unjudged_baseline": "Int64",
+    "held_by_one": "Int64",
+    "reasons": "boolean",
+    "judged_known": "boolean",
     "family": "Int64",
     "significant": "string",
 }
