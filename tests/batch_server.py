@@ -20,7 +20,8 @@ body as the chat endpoint would, and the answers go to the output file. Injected
 kill the client), ``fail_retrieves`` (that many status checks answer 503), ``refuse_deletes``
 (every file delete answers 403), ``repeat_lines`` (the output file
 repeats that many of its lines, as a faulty provider might), ``foreign_lines`` (that many
-more lines, copies of its first under custom ids never sent), ``expire_after``
+more lines, copies of its first under custom ids never sent), ``garble_lines`` (that many
+of its answered lines, billed, hold a body that is no chat completion), ``expire_after``
 (only that many lines run; the batch ends "expired" and the rest go to the error file as
 ``batch_expired``), ``fail_batch`` (the batch ends "failed" with that validation error and no
 files), ``cancel`` (the lines it answered before the cancel: ``answer_before_cancel``; the rest
@@ -94,6 +95,7 @@ class BatchServer(ScriptedServer):
         refuse_deletes: bool = False,
         repeat_lines: int = 0,
         foreign_lines: int = 0,
+        garble_lines: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -110,6 +112,7 @@ class BatchServer(ScriptedServer):
         self.refuse_deletes = refuse_deletes
         self.repeat_lines = repeat_lines
         self.foreign_lines = foreign_lines
+        self.garble_lines = garble_lines
         self._release = threading.Event()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -322,6 +325,8 @@ class BatchServer(ScriptedServer):
                 continue
             self.executed.append(line["custom_id"])  # answered: billed
             body = _CHAT.body(item, request)
+            if len(self.executed) <= self.garble_lines:  # billed, and unreadable
+                body = {"id": "garbled", "object": "chat.completion", "usage": body.get("usage")}
             output.append(_output_line(line, 200, body))
         output += [{**copy, "id": f"batch_req_{uuid.uuid4().hex[:8]}"} for copy in output][
             : self.repeat_lines

@@ -745,3 +745,23 @@ def test_answers_a_batch_gave_that_the_cache_no_longer_holds_are_batched_again(
     assert len(server.executed) == 40 and _chats(server) == []  # batched again, at half price
     assert server.calls["create"] == 2
     assert len(verdict_labels(out)) == 20
+
+
+def test_billed_lines_without_a_readable_answer_count_at_their_worst_case(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two output lines ran (billed) with a 200 body that is no chat completion: they had
+    counted nothing, so the batch's spend was short of its bill. Each counts its share of
+    the batch's worst case, and is asked again."""
+    server = make_batch_server(garble_lines=2)
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    (record,) = _state(out)["batches"]
+    share = -(-record["reserved"]["prompt_tokens"] // 20)
+    assert record["usage"]["prompt_tokens"] == 18 * PROMPT + 2 * share
+    assert "2 output lines ran (billed) but hold no readable answer" in caplog.text
+    assert len(_chats(server)) == 2 and len(verdict_labels(out)) == 20

@@ -83,6 +83,9 @@ class BatchLine(Record):
     custom_id: str
     completion: Completion | None = None
     error: str | None = None
+    # A line of the output file that could not be read as an answer (a 200 whose body is no
+    # chat completion): it ran, so it is billed, its usage unknown.
+    billed: bool = False
 
 
 def _job(batch: Any) -> BatchJob:
@@ -120,7 +123,7 @@ def read_batch_lines(content: bytes, model: str) -> list[BatchLine]:
                 answer = _completion(response.get("body"), model)
                 out.append(BatchLine(custom_id=custom_id, completion=answer))
             except ResponseError as exc:
-                out.append(BatchLine(custom_id=custom_id, error=str(exc)))
+                out.append(BatchLine(custom_id=custom_id, error=str(exc), billed=True))
             continue
         body = response.get("body") if isinstance(response, dict) else None
         error = data.get("error") or (body.get("error") if isinstance(body, dict) else None)

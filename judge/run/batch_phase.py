@@ -286,7 +286,7 @@ class Phase:
         usage, answered = Usage(), 0
         seen: set[str] = set()
         sent = set(record.custom_ids)
-        twice = unknown = kept = foreign = 0
+        twice = unknown = kept = foreign = garbled = 0
         for line in lines:
             if line.custom_id in seen:  # the first line of a custom id is its answer
                 twice += 1
@@ -298,6 +298,9 @@ class Phase:
             first = record.first_id(line.custom_id)
             if line.completion is None:  # an error line (an expired batch's say so)
                 leftovers[first] = Leftover(reason=reason, detail=line.error or "")
+                if line.billed:  # it ran and was billed, its usage unreadable: the worst case
+                    garbled += 1
+                    usage = usage + _share(record)
                 continue
             if line.completion.usage_known:
                 usage = usage + line.completion.usage  # billed, wanted or not
@@ -331,7 +334,8 @@ class Phase:
             else:
                 text = line.completion.text
                 leftovers[first] = Leftover(reason="unparsed", detail=str(error), answer=text)
-        _say_odd_lines(record, twice=twice, unknown=unknown, kept=kept, foreign=foreign)
+        odd = {"twice": twice, "unknown": unknown, "kept": kept, "foreign": foreign}
+        _say_odd_lines(record, garbled=garbled, **odd)
         return leftovers, usage, answered
 
     def _left(self, round_: int) -> list[tuple[Item, Leftover]]:
@@ -426,11 +430,18 @@ def _share(record: BatchRecord) -> Usage:
 
 
 def _say_odd_lines(
-    record: BatchRecord, *, twice: int, unknown: int, kept: int, foreign: int
+    record: BatchRecord, *, twice: int, unknown: int, kept: int, foreign: int, garbled: int
 ) -> None:
     """One warning for each kind of output line a batch's collection met and did not just
     store: repeated custom ids, usage that is not a count, answers the run no longer needs,
     custom ids the batch never held."""
+    if garbled:
+        log.warning(
+            "batch %s: %d output lines ran (billed) but hold no readable answer: each is "
+            "counted at its share of the batch's worst case, and asked again",
+            record.batch_id,
+            garbled,
+        )
     if foreign:
         log.warning(
             "batch %s: %d output lines answer a custom_id the batch never held: not read, "
