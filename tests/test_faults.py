@@ -621,3 +621,33 @@ def test_a_file_that_cannot_be_written_after_paying_is_incomplete_not_bad_input(
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{blocked / 'report.html'}: is a directory" in said
     assert len(server.requests) == before and not (blocked / "summary.json").exists()
+
+
+def test_means_of_a_run_whose_every_unit_ran_do_not_say_it_stopped_before_them(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every unit ran, one passage's verdict failed for good: the run is incomplete, and its
+    means had been said to be "of the 24 of 24 query-repeats that ran before it stopped"."""
+    inner = hashed_responder()
+
+    def one_fails(request: Recorded) -> Item:
+        failing = "text 1 answering question 0" in request.prompt
+        return Fault("status", 500) if failing else inner(request)
+
+    server = make_server(responder=one_fails)
+    dataset = write_dataset(tmp_path / "d.jsonl", n_queries=4, n_passages=3)
+    config = write_config(
+        tmp_path / "c.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {
+            "dataset": {"path": str(dataset), "label_scale": "binary"},
+            "run": {"max_attempts": 2, "backoff_base_s": 0.01},
+        },
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "o")]) == EXIT_INCOMPLETE
+    out = capsys.readouterr().out
+    assert "that ran before it stopped" not in out
+    assert re.search(r"^  bm25: .*\(every query-repeat ran; those with failed", out, re.M), out

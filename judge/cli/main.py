@@ -230,6 +230,8 @@ def _print_outcome(outcome: RunOutcome, summary: Summary, out_dir: Path) -> None
         if outcome.status == "complete"
         else " (no passage was judged before it stopped)"
         if not c.ok
+        else " (every query-repeat ran; those with failed verdicts are asked again on a rerun)"
+        if outcome.done >= outcome.planned
         else f" (of the {outcome.done} of {outcome.planned} query-repeats that ran before it "
         "stopped)"
     )
