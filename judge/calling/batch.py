@@ -144,15 +144,19 @@ def store_answer(
     answer: Completion,
     model: str,
     parse: Callable[[Completion], object],
+    *,
+    alias_unread: bool = True,
 ) -> ParseError | None:
     """Store a batch's ``answer`` under ``key`` (its request's content address), named by
     ``alias`` (the first-round prompt it answers); the error when ``parse`` cannot read it.
     One it cannot read is stored all the same, marked unread, as a live run keeps one (it
-    was paid): the run reads it and re-asks as a live run would, never buys it again."""
+    was paid): the run reads it and re-asks as a live run would, never buys it again;
+    ``alias_unread`` False: such an answer is not named by ``alias`` (a re-ask's: the first
+    answer, which the run re-asks from, stays the one the prompt names)."""
     try:
         parse(answer)
     except ParseError as exc:
-        keep_unread(cache, key, answer, model, exc, alias=alias)
+        keep_unread(cache, key, answer, model, exc, alias=alias if alias_unread else None)
         return exc
     cache.put(key, answer, kind="chat", model=model, alias=alias)
     return None

@@ -652,9 +652,7 @@ class Judge:
         self._release.detach()  # done here, not again when it is collected
         if self._loop.started:
             self._loop.run(self._aclose())
-            self._loop.close()
-        if self._cache is not None:
-            self._cache.close()
+        self._stop()
 
     def __enter__(self) -> Judge:
         return self

@@ -318,16 +318,15 @@ class Phase:
                 continue
             parse = parser(self.scale, item.ids)
             model = self.config.judge.model
-            # A re-ask that does not read is kept under its own request only: the first
-            # answer, which the run re-asks from, stays the one its prompt names.
-            first_asked = line.custom_id == item.custom_id
+            first_asked = line.custom_id == item.custom_id  # not a re-ask
             error = store_answer(
                 self.cache,
                 line.custom_id,
-                item.alias if first_asked else None,
+                item.alias,
                 line.completion,
                 model,
                 parse,
+                alias_unread=first_asked,
             )
             if error is None:
                 answered += 1
