@@ -765,3 +765,68 @@ def test_billed_lines_without_a_readable_answer_count_at_their_worst_case(
     assert record["usage"]["prompt_tokens"] == 18 * PROMPT + 2 * share
     assert "2 output lines ran (billed) but hold no readable answer" in caplog.text
     assert len(_chats(server)) == 2 and len(verdict_labels(out)) == 20
+
+
+def _worst_usd(config: Path, out: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> float:
+    """The dry run's worst case for ``config`` into ``out`` (with ``flags``)."""
+    assert main(["run", str(config), "--out", str(out), "--dry-run", *flags]) == 0
+    printed = capsys.readouterr().out
+    found = re.search(r"worst case, \$(\d+\.\d+)", printed)
+    assert found, printed
+    return float(found.group(1))
+
+
+def test_what_batches_spent_counts_against_the_budget_of_a_later_real_time_run(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    batch_cost = 20 * EACH / 2
+    assert _summary(out)["run"]["cost_usd"] == pytest.approx(batch_cost)
+    # The same run asked again in real time (another cache, so nothing is free): a cap that
+    # holds a few requests' worst case (prompt bound and max_tokens 512), but not beside the
+    # batch's tokens, pays nothing.
+    again = _config(tmp_path / "again", server)
+    cap = str(20 * (PROMPT + COMPLETION) + 500)
+    assert main(["run", str(again), "--out", str(out), "--fresh", "--max-tokens", cap]) == 4
+    assert "earlier invocations of this run" in capsys.readouterr().err
+    assert _chats(server) == []
+    # The dry run says what the directory spent, the batch's tokens included.
+    assert main(["run", str(again), "--out", str(out), "--fresh", "--dry-run"]) == 0
+    assert f"earlier invocations of this run spent {20 * (PROMPT + COMPLETION)} tokens" in (
+        capsys.readouterr().out
+    )
+
+
+def test_what_real_time_runs_spent_counts_against_the_budget_of_a_later_batch(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    assert len(_chats(server)) == 20
+    spent = 20 * EACH
+    # Again as a batch, from another cache: its worst case fits the cap alone, not beside
+    # what the real-time run spent. Refused before anything is uploaded.
+    again = _config(tmp_path / "again", server)
+    worst = _worst_usd(again, tmp_path / "elsewhere", capsys, "--batch")
+    cap = f"{worst + spent / 2:.6f}"
+    args = ["run", str(again), "--out", str(out), "--fresh", "--batch", "--max-cost", cap]
+    assert main(args) == 4
+    assert "worst case" in capsys.readouterr().err
+    assert server.calls["upload"] == 0 and server.calls["create"] == 0
+    # With room for both, the batch runs and the ledger keeps what it spent beside the rest.
+    args[-1] = f"{worst + spent * 1.01:.6f}"
+    assert main(args) == 0
+    ledger = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert ledger["batched"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
+    assert ledger["spent"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}

@@ -451,6 +451,11 @@ class Budget:
         # Whether ``earlier`` is at most what they spent: one was killed outright with requests
         # in flight, counted at their worst case.
         self.earlier_at_most = False
+        # Spent by earlier invocations at other prices (a run's batches at batch prices, a
+        # batch phase's real-time asks at list price): counted against the caps, not in
+        # ``usage``, whose cost is at this budget's price.
+        self.elsewhere = Usage()
+        self.elsewhere_cost = 0.0
         self._reserved_tokens = 0
         self._reserved_cost = 0.0
         self._reserved_prompt = 0  # of _reserved_tokens, the prompts'
@@ -473,7 +478,12 @@ class Budget:
 
     def _committed(self) -> tuple[float, int]:
         """The cost and tokens spent, and held for the requests in flight."""
-        return self.cost + self._reserved_cost, self.usage.total + self._reserved_tokens
+        return self.cost + self._reserved_cost, self.spent_tokens + self._reserved_tokens
+
+    @property
+    def spent_tokens(self) -> int:
+        """Tokens spent, at this budget's price or elsewhere (:meth:`count_earlier`)."""
+        return self.usage.total + self.elsewhere.total
 
     def _fits(self, usage: Usage, cost: float) -> bool:
         lim, (held_cost, held_tokens) = self.limits, self._committed()
@@ -551,10 +561,19 @@ class Budget:
         self.spend(spent)
         self._settled.set()
 
-    def count_earlier(self, usage: Usage, at_most: bool = False) -> None:
+    def count_earlier(
+        self,
+        usage: Usage,
+        at_most: bool = False,
+        *,
+        elsewhere: Usage | None = None,
+        elsewhere_cost: float = 0.0,
+    ) -> None:
         """Count ``usage``, spent by earlier invocations of this run, against the caps;
-        ``at_most``: an upper bound (requests in flight when one was killed, at worst)."""
+        ``at_most``: an upper bound (requests in flight when one was killed, at worst).
+        ``elsewhere``: what they spent at another price, which cost ``elsewhere_cost``."""
         self.earlier, self.earlier_at_most = usage, at_most
+        self.elsewhere, self.elsewhere_cost = elsewhere or Usage(), elsewhere_cost
         self.spend(usage)
 
     @property
@@ -574,7 +593,7 @@ class Budget:
         self.usage = self.usage + usage
         # The price is linear in tokens: the cost of everything spent, not a running float sum,
         # so the same answers cost the same to the last bit in whatever order they came.
-        self.cost = self._cost(self.usage)
+        self.cost = self._cost(self.usage) + self.elsewhere_cost
 
     def reached_message(self, next_tokens: int = 0, next_cost: float = 0.0) -> str:
         """Why a request of this worst case is refused, with what was spent so far."""
@@ -603,8 +622,10 @@ class Budget:
             if worst_counted
             else ""
         )
-        if self.earlier.total:
-            before = f"${self._cost(self.earlier):.4f}" if by == "cost" else f"{self.earlier.total}"
+        if self.earlier.total or self.elsewhere.total:
+            before_cost = self._cost(self.earlier) + self.elsewhere_cost
+            before_tokens = self.earlier.total + self.elsewhere.total
+            before = f"${before_cost:.4f}" if by == "cost" else f"{before_tokens}"
             bound = (
                 ", at most: one was stopped outright, its requests in flight counted at their "
                 "worst case"
@@ -614,4 +635,4 @@ class Budget:
             why += f" ({before} of it by earlier invocations of this run{bound})"
         if by == "cost":
             return f"cost budget reached: {spent} ${self.cost:.4f} of ${lim.max_cost:.4f}{why}"
-        return f"token budget reached: {spent} {self.usage.total} of {lim.max_tokens} tokens{why}"
+        return f"token budget reached: {spent} {self.spent_tokens} of {lim.max_tokens} tokens{why}"

@@ -36,7 +36,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from judge.calling.batch import within
 from judge.calling.cache import open_cache
 from judge.calling.limits import Limits
 from judge.config import RunConfig
@@ -46,7 +45,15 @@ from judge.judging.judge import Judge
 from judge.providers import resolve_spec, why_no_batch
 from judge.run.batch_phase import BatchPending, Phase
 from judge.run.batch_plan import plan_requests
-from judge.run.resume import Redo, add_elapsed, check_fingerprint, finished_units, run_lock
+from judge.run.resume import (
+    Redo,
+    add_elapsed,
+    check_fingerprint,
+    finished_units,
+    record_spent,
+    run_lock,
+    spent_before,
+)
 from judge.run.runner import RunOutcome, run_async
 from judge.schema import Query
 
@@ -95,15 +102,14 @@ async def run_batched(
         finally:
             add_elapsed(out_dir, time.monotonic() - start)
     realtime = phase.realtime.budget
-    spent_cost = phase.money.spent_cost + realtime.cost
-    spent = phase.money.spent + realtime.usage
-    limits = within(phase.limits, spent_cost, spent.total)
-    run = config.run.model_copy(
-        update={"max_cost": limits.max_cost, "max_tokens": limits.max_tokens}
-    )
-    outcome = await run_async(
-        config.model_copy(update={"run": run}), queries, out_dir, redo=redo, ledger=False
-    )
+    # This invocation's: the ledgers (run.json) hold earlier ones' too, and the run counts
+    # them all against the caps: the real-time re-asks are kept with the real-time spend.
+    spent_cost = phase.money.budget.this_run_cost + realtime.cost
+    spent = phase.money.budget.this_run + realtime.usage
+    if realtime.usage.total:
+        earlier, at_most = spent_before(out_dir)
+        record_spent(out_dir, earlier + realtime.usage, at_most=at_most)
+    outcome = await run_async(config, queries, out_dir, redo=redo)
     reason = outcome.reason
     if outcome.stopped_by == "budget" and spent_cost > 0:
         reason = f"{reason} (after ${spent_cost:.4f} spent by batch mode before the run)"

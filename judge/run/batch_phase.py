@@ -44,6 +44,7 @@ from judge.run.batch_state import (
     load_state,
     save_state,
 )
+from judge.run.resume import batched_before, record_batched, spent_before
 from judge.schema import Usage
 
 __all__ = ["BatchPending", "Phase"]
@@ -69,6 +70,13 @@ class Phase:
         self.provider, self.scale = provider, judge.scale
         self.limits = judge.caller.limits
         self.money = BatchBudget(self.limits, provider.spec.extra_body)
+        # The cap is the run directory's: earlier batches (at batch prices) and real-time
+        # asks (at list price) into it count (run.json's ledgers).
+        earlier, at_most = spent_before(out_dir)
+        list_cost = self.limits.price.cost(earlier) if self.limits.price is not None else 0.0
+        self.money.budget.count_earlier(
+            batched_before(out_dir), at_most, elsewhere=earlier, elsewhere_cost=list_cost
+        )
         self.stats = CallStats()  # the Batch API's own calls (files, batches)
         self.realtime = Caller(provider, cache=cache, limits=self.limits)  # replaced when used
         self.sent = self.answered = 0
@@ -252,6 +260,7 @@ class Phase:
             if custom_id not in seen:
                 leftovers[record.first_id(custom_id)] = Leftover(reason=reason, detail=detail)
         cost = self.money.spend(usage)
+        record_batched(self.out_dir, self.money.spent)  # before it is said: the ledger first
         self.answered += answered
         update = {"status": job.status, "collected": True, "answered": answered}
         update |= {"usage": usage, "cost": cost, "leftovers": leftovers}
@@ -383,7 +392,7 @@ class Phase:
         unparsed = [(i, lf) for i, lf in self._left(0) if lf.answer is not None]
         if not unparsed or not self.config.judge.reask:  # without re-asks: the run asks again
             return
-        limits = within(self.limits, self.money.spent_cost, self.money.spent.total)
+        limits = within(self.limits, self.money.spent_cost, self.money.budget.spent_tokens)
         self.realtime = Caller(self.provider, cache=self.cache, limits=limits)
 
         async def one(item: Item, left: Leftover) -> None:

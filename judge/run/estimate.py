@@ -56,7 +56,7 @@ from judge.judging.dimensions import PlanFor, Planned
 from judge.judging.judge import Judge
 from judge.providers import planning_only, resolve_spec, why_no_batch
 from judge.providers.base import ChatRequest, RerankResult, request_key
-from judge.run.resume import Redo, finished_units, spent_before
+from judge.run.resume import Redo, batched_before, finished_units, spent_before
 from judge.schema import Query, Record, Usage
 
 # Per query with passages: its first-round LLM prompts and how many passages they judge.
@@ -190,7 +190,9 @@ def estimate(
         batch=config.run.batch,
         **(_batch_costs(price, batched, usage, worst) if _has_batch(config) else {}),
         **cascade,
-        earlier=None if not (spent := spent_before(out_dir)[0]).total else spent,
+        earlier=None
+        if not (spent := spent_before(out_dir)[0] + batched_before(out_dir)).total
+        else spent,
     )
 
 

@@ -199,14 +199,24 @@ def add_elapsed(out_dir: Path, seconds: float) -> float:
 
 
 def spent_before(out_dir: Path) -> tuple[Usage, bool]:
-    """What earlier invocations into ``out_dir`` spent (run.json's ledger, which the runner
-    keeps as it goes: a budget caps the run directory, not one invocation, nor one --fresh
-    start), and whether that is at most so (a run killed outright left requests in flight,
-    counted at their worst case)."""
-    data = _run_file(out_dir)
-    found = data.get("spent")
+    """What earlier invocations into ``out_dir`` spent in real time (run.json's ledger, which
+    the runner keeps as it goes: a budget caps the run directory, not one invocation, nor one
+    --fresh start), and whether that is at most so (a run killed outright left requests in
+    flight, counted at their worst case). Batches' spend is :func:`batched_before`'s."""
+    usage = _ledger(out_dir, "spent")
+    return usage, bool(_run_file(out_dir).get("spent_at_most")) and usage.total > 0
+
+
+def batched_before(out_dir: Path) -> Usage:
+    """What batches of earlier invocations into ``out_dir`` used (run.json's ``batched``,
+    priced at batch prices): the budget caps the directory whichever way it was paid."""
+    return _ledger(out_dir, "batched")
+
+
+def _ledger(out_dir: Path, field: str) -> Usage:
+    found = _run_file(out_dir).get(field)
     if found is None:  # none kept yet: the run spent less than a step of its ledger
-        return Usage(), False
+        return Usage()
     counts = [found.get(k) for k in Usage.model_fields] if isinstance(found, dict) else [None]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
         raise InputError(
@@ -214,19 +224,27 @@ def spent_before(out_dir: Path) -> tuple[Usage, bool]:
             "earlier runs into this directory spent is unknown, and the budget caps the "
             "directory; restore the file, or give another --out",
             file=str(out_dir / RUN_FILE),
-            field="spent",
+            field=field,
         )
-    usage = Usage.model_validate(found)
-    return usage, bool(data.get("spent_at_most")) and usage.total > 0
+    return Usage.model_validate(found)
 
 
 def record_spent(out_dir: Path, total: Usage, *, at_most: bool = False) -> None:
-    """Keep ``total`` (earlier invocations' spend and this one's so far) as the ledger;
-    ``at_most``: it counts requests in flight at their worst case."""
+    """Keep ``total`` (earlier invocations' real-time spend and this one's so far) as the
+    ledger; ``at_most``: it counts requests in flight at their worst case."""
     data = _run_file(out_dir)
     ledger = total.model_dump()
     if data.get("spent") != ledger or bool(data.get("spent_at_most")) != at_most:
         data["spent"], data["spent_at_most"] = ledger, at_most
+        write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def record_batched(out_dir: Path, total: Usage) -> None:
+    """Keep ``total`` (what every batch into ``out_dir`` used, read from their output) as the
+    batches' ledger beside the real-time one."""
+    data = _run_file(out_dir)
+    if data.get("batched") != (ledger := total.model_dump()):
+        data["batched"] = ledger
         write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -342,10 +360,15 @@ def _pending_batch(out_dir: Path) -> str | None:
 FINISH_FILES = ("summary.json", "report.md", "report.html", "qrels.txt", "finished.json")
 
 
+# run.json's ledgers (what the directory spent in real time, whether at most, in batches):
+# --fresh keeps them, for a budget caps the directory.
+_LEDGERS = ("spent", "spent_at_most", "batched")
+
+
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
     run_file = out_dir / RUN_FILE
     fingerprint = config.fingerprint()
-    spend = {k: v for k, v in _run_file(out_dir).items() if k in ("spent", "spent_at_most")}
+    spend = {k: v for k, v in _run_file(out_dir).items() if k in _LEDGERS}
     if (problem := resume_problem(out_dir, config, fresh=fresh)) is not None:
         raise ConfigError(problem)
     if fresh:

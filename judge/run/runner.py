@@ -51,6 +51,7 @@ from judge.run.resume import (
     RUN_FILE,
     Redo,
     add_elapsed,
+    batched_before,
     check_fingerprint,
     partial_line,
     partial_units,
@@ -302,7 +303,12 @@ class _Batch:
         if self.judge.dimensions is not None:
             self.judge.dimensions.load(self.queries, self.results_path.parent)
         if self.ledger:  # the cap is the run's (a Ray shard's, a batch run's: the driver's)
-            self.caller.budget.count_earlier(*spent_before(self.results_path.parent))
+            out_dir, price = self.results_path.parent, self.caller.limits.price
+            batched = batched_before(out_dir)  # at batch prices
+            batched_cost = price.batch().cost(batched) if price is not None else 0.0
+            self.caller.budget.count_earlier(
+                *spent_before(out_dir), elsewhere=batched, elsewhere_cost=batched_cost
+            )
             self.caller.budget.on_bound = self._keep_bound
         self.progress = Progress(
             total_units=len(self.units),
