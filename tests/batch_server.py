@@ -21,7 +21,9 @@ kill the client), ``fail_retrieves`` (that many status checks answer 503), ``ref
 (every file delete answers 403), ``repeat_lines`` (the output file
 repeats that many of its lines, as a faulty provider might), ``foreign_lines`` (that many
 more lines, copies of its first under custom ids never sent), ``garble_lines`` (that many
-of its answered lines, billed, hold a body that is no chat completion), ``expire_after``
+of its answered lines, billed, hold a body that is no chat completion), ``list_lag`` (a
+batch made shows in that many list calls only after them, as a busy provider's list may lag its
+create), ``expire_after``
 (only that many lines run; the batch ends "expired" and the rest go to the error file as
 ``batch_expired``), ``fail_batch`` (the batch ends "failed" with that validation error and no
 files), ``cancel`` (the lines it answered before the cancel: ``answer_before_cancel``; the rest
@@ -96,6 +98,7 @@ class BatchServer(ScriptedServer):
         repeat_lines: int = 0,
         foreign_lines: int = 0,
         garble_lines: int = 0,
+        list_lag: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -113,6 +116,7 @@ class BatchServer(ScriptedServer):
         self.repeat_lines = repeat_lines
         self.foreign_lines = foreign_lines
         self.garble_lines = garble_lines
+        self.list_lag = list_lag
         self._release = threading.Event()
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -247,6 +251,7 @@ class BatchServer(ScriptedServer):
             "lines": lines,
             "polls": 0,
             "cancel": False,
+            "hidden_lists": self.list_lag,  # list calls that do not show it yet
         }
         if self.lose_create_answers > 0:  # made, but the client never learns its id
             self.lose_create_answers -= 1
@@ -258,8 +263,11 @@ class BatchServer(ScriptedServer):
         after the one ``after`` names, as OpenAI pages them."""
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
         limit = min(int(query.get("limit", ["20"])[0]), 100)
+        listed = [b for b in self.batches.values() if b.get("hidden_lists", 0) <= 0]
+        for batch in self.batches.values():
+            batch["hidden_lists"] = batch.get("hidden_lists", 0) - 1
         views = sorted(
-            (b["view"] for b in self.batches.values()),
+            (b["view"] for b in listed),
             key=lambda v: -int(v["created_at"]),
         )
         if after := query.get("after", [None])[0]:

@@ -830,3 +830,36 @@ def test_what_real_time_runs_spent_counts_against_the_budget_of_a_later_batch(
     ledger = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert ledger["batched"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
     assert ledger["spent"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
+
+
+def test_a_create_whose_answer_is_lost_and_that_the_list_shows_late_is_never_made_twice(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    # The create makes the batch but answers 500; the next list does not show it yet.
+    server = make_batch_server(lose_create_answers=1, list_lag=1)
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01})
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--batch"]) == 0
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    assert server.calls["list"] == 3  # before the create, then until it showed
+    assert len(server.executed) == 20 and _chats(server) == []
+
+
+def test_a_batch_that_may_exist_but_never_shows_leaves_the_run_incomplete_not_made_twice(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    attempts = 3
+    server = make_batch_server(lose_create_answers=1, list_lag=attempts)
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01, "max_attempts": attempts})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    err = capsys.readouterr().err
+    assert "lists no batch made from it yet" in err and "rerun" in err and "Traceback" not in err
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    assert _chats(server) == []
+    # The rerun looks for it first, finds it, and polls it: still one batch, one create.
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(server.batches) == 1 and server.calls["create"] == 1 and server.calls["upload"] == 1
+    assert len(server.executed) == 20 and _chats(server) == []

@@ -8,7 +8,9 @@ provider's Batch API at its batch price, before the run reads everything from th
    in ``batch.json`` (judge/run/batch_state.py), upload the input file (purpose "batch"), record
    its id, create the batch (24 h window) and record its id; each step recorded before the next
    can fail. A recorded batch is polled, never submitted again: a rerun after a kill looks for
-   it first, and a create whose answer was lost is looked up by its input file before retrying.
+   it first, and a create whose answer was lost is looked up by its input file before retrying;
+   one that may have reached the provider (a timeout, a server error) is never sent again: its
+   batch is looked for until the list shows it, and a rerun looks again (a list may lag).
 3. Poll with growing waits (``[run] batch_poll_s`` .. ``batch_max_poll_s``) and a progress line;
    then read the output and error files and store every answer that parses, as the caller
    stores a live one. What the answers used is charged at batch prices.

@@ -32,7 +32,7 @@ from judge.errors import BatchGone, BatchPending, BudgetExceeded, ProviderError
 from judge.judging.judge import Judge
 from judge.judging.verdicts import reask_messages
 from judge.providers import resolve_spec
-from judge.providers.base import ChatRequest
+from judge.providers.base import ChatRequest, ProviderStatusError, RetryDecision, never_sent
 from judge.providers.openai_compat import BatchJob, BatchLine, OpenAICompatProvider
 from judge.providers.openai_compat import read_batch_lines as read_lines
 from judge.run.batch_plan import Item, Line, chunks, parser
@@ -56,6 +56,20 @@ FILE_TIMEOUT_S = 600.0  # an upload or download of up to 200 MB
 GROWTH = 1.5  # each wait between status checks is this much longer than the last
 # Why a request left unanswered by a batch that ended so gets no answer (else "failed").
 _ENDED: dict[str, LeftReason] = {"expired": "expired", "cancelled": "cancelled"}
+
+
+# A batch record's status after a create whose answer never came and whose batch the provider
+# did not list: it may exist, so it is looked for again before anything is created.
+MAYBE_MADE = "maybe made"
+
+
+def _fate_unknown(exc: BaseException, decision: RetryDecision) -> bool:
+    """Whether a create that failed so may still have made its batch: the request may have
+    reached the provider (a timeout, a dropped connection, a server error, an answer that is
+    not the protocol's), as against one refused as it stands (a client error, a rate limit)
+    or never sent (no connection was made)."""
+    kinds = ("timeout", "server", "connection", "protocol")
+    return decision.kind in kinds and not never_sent(exc)
 
 
 class Phase:
@@ -165,12 +179,47 @@ class Phase:
         timeout = self.limits.timeout_s
         metadata = {"made_by": "judge run --batch", "run_dir": str(self.out_dir)[-500:]}
 
-        async def find_or_create() -> BatchJob:
-            found = await self.provider.find_batch(file_id, timeout=timeout)
-            return found or await self.provider.create_batch(file_id, metadata, timeout=timeout)
+        maybe_made: list[str] = []  # a create whose answer never came: the batch may exist
 
-        job = await self._call(f"creating a batch from {file_id}", find_or_create)
+        async def find_or_create() -> BatchJob:
+            if maybe_made:  # not listed yet is not never made: look again, never create again
+                return await self._listed(file_id, maybe_made[0])
+            found = await self.provider.find_batch(file_id, timeout=timeout)
+            if found is not None:
+                return found
+            try:
+                return await self.provider.create_batch(file_id, metadata, timeout=timeout)
+            except Exception as exc:
+                if _fate_unknown(exc, self.provider.classify(exc)):
+                    maybe_made.append(str(exc)[:200] or type(exc).__name__)
+                raise
+
+        try:
+            job = await self._call(f"creating a batch from {file_id}", find_or_create)
+        except ProviderError:
+            if not maybe_made:
+                raise
+            # Incomplete, not failed: the record keeps the input file, and the rerun looks for
+            # the batch made from it (_adopt) before anything is created again.
+            self._save(index, record.model_copy(update={"status": MAYBE_MADE}))
+            raise ProviderError(
+                f"creating a batch from {file_id} at {self.provider.identity}: its answer never "
+                f"came ({maybe_made[0]}), and the provider lists no batch made from it yet; one "
+                "is never created twice: rerun to look for it again",
+                kind="unreachable",
+            ) from None
         self._save(index, record.model_copy(update={"batch_id": job.id, "status": job.status}))
+
+    async def _listed(self, file_id: str, why: str) -> BatchJob:
+        """The batch made from ``file_id``, which a create that failed so (``why``) may have
+        made; retried as a 503 while the provider's list does not show it."""
+        found = await self.provider.find_batch(file_id, timeout=self.limits.timeout_s)
+        if found is None:
+            raise ProviderStatusError(
+                f"a batch from {file_id} may have been made ({why}) but is not listed yet",
+                status=503,
+            )
+        return found
 
     async def _adopt(self) -> None:
         """An input file an earlier invocation uploaded but did not see a batch made from: the
@@ -183,6 +232,8 @@ class Phase:
                 timeout = self.limits.timeout_s
                 find = functools.partial(self.provider.find_batch, file_id, timeout=timeout)
                 job = await self._follow(f"looking for a batch made from {file_id}", find)
+                if job is None and record.status == MAYBE_MADE:  # look a while longer
+                    job = await self._looked_again(file_id)
                 if job is None:
                     continue
                 record = record.model_copy(update={"batch_id": job.id, "status": job.status})
@@ -190,6 +241,19 @@ class Phase:
         if kept != list(self.state.batches):
             self.state = self.state.model_copy(update={"batches": tuple(kept)})
             save_state(self.out_dir, self.state)
+
+    async def _looked_again(self, file_id: str) -> BatchJob | None:
+        """A batch an earlier invocation's create may have made (its answer never came),
+        looked for again as retries go; None once they are spent: nothing was made, and its
+        requests are planned again."""
+        why = "an earlier create's answer never came"
+        try:
+            return await self._call(
+                f"looking for a batch made from {file_id}", lambda: self._listed(file_id, why)
+            )
+        except ProviderError as exc:
+            log.warning("%s; taken as never made: its requests are asked again", exc)
+            return None
 
     async def _finish(self, indices: list[int]) -> None:
         """Wait for every batch to end, then read each one."""

@@ -52,7 +52,9 @@ class BatchRecord(Record):
     reserved_cost: float = 0.0
     input_file_id: str | None = None
     batch_id: str | None = None
-    # "prepared" (recorded, not uploaded), "uploaded", then the provider's statuses.
+    # "prepared" (recorded, not uploaded), "uploaded", "maybe made" (a create whose answer
+    # never came, its batch not listed yet: looked for again before anything is created),
+    # then the provider's statuses.
     status: str = "prepared"
     collected: bool = False  # output read and stored; nothing more to do with this batch
     answered: int = 0  # answers that parsed and are in the cache
