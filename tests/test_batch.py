@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from judge.cli.main import main
+from judge.run.batch_state import LIST_LAG_S
 from tests.batch_server import BatchServer
 from tests.servers import Item, Recorded, Responder, hashed_responder, listing_responder
 from tests.test_runner import verdict_labels, write_config, write_dataset
-from tests.wire import Answer
+from tests.wire import Answer, Fault, openai_error
 
 PROMPT, COMPLETION = 100, 10  # tokens every answer reports using
 PRICE = {"prompt": 10.0, "completion": 30.0}  # USD per 1M tokens
@@ -289,7 +290,10 @@ def test_a_run_killed_while_creating_adopts_the_batch_or_starts_it_once(
     (record,) = _state(out)["batches"]
     assert record["input_file_id"] in server.files and record["batch_id"] is None
     assert len(server.batches) == (1 if made else 0)
-
+    if not made:  # its fate unknown: looked for, never created again, while a list may lag
+        assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+        assert server.calls["create"] == 0 and server.calls["upload"] == 1
+        _age_creates(out)  # ... and taken as never made once it would have shown
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
     assert len(server.batches) == 1  # never two batches for one run
     # Made: found and polled. Not made: nothing was started, so the requests went again.
@@ -298,6 +302,15 @@ def test_a_run_killed_while_creating_adopts_the_batch_or_starts_it_once(
     assert len(server.executed) == 20 and _chats(server) == []
     (record,) = _state(out)["batches"]
     assert record["collected"] and record["answered"] == 20
+
+
+def _age_creates(out: Path) -> None:
+    """Date batch.json's creates sent back by LIST_LAG_S, as if that long had passed."""
+    state = _state(out)
+    for record in state["batches"]:
+        if record["create_sent"] is not None:
+            record["create_sent"] -= LIST_LAG_S
+    (out / "batch.json").write_text(json.dumps(state), encoding="utf-8")
 
 
 def test_a_create_whose_answer_is_lost_is_found_not_made_twice(
@@ -828,8 +841,9 @@ def test_what_real_time_runs_spent_counts_against_the_budget_of_a_later_batch(
     args[-1] = f"{worst + spent * 1.01:.6f}"
     assert main(args) == 0
     ledger = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    assert ledger["batched"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
     assert ledger["spent"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
+    (batch,) = _state(out)["batches"]
+    assert batch["usage"] == {"prompt_tokens": 20 * PROMPT, "completion_tokens": 20 * COMPLETION}
 
 
 def test_a_create_whose_answer_is_lost_and_that_the_list_shows_late_is_never_made_twice(
@@ -859,7 +873,131 @@ def test_a_batch_that_may_exist_but_never_shows_leaves_the_run_incomplete_not_ma
     assert "lists no batch made from it yet" in err and "rerun" in err and "Traceback" not in err
     assert len(server.batches) == 1 and server.calls["create"] == 1
     assert _chats(server) == []
-    # The rerun looks for it first, finds it, and polls it: still one batch, one create.
+    assert _state(out)["batches"][0]["status"] == "maybe made"
+    # A rerun looks for it first; not listed yet, it ends the same way (never creating).
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    assert "rerun in a few minutes" in capsys.readouterr().err
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    # The next finds it and polls it: still one batch, one create.
     assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
     assert len(server.batches) == 1 and server.calls["create"] == 1 and server.calls["upload"] == 1
     assert len(server.executed) == 20 and _chats(server) == []
+
+
+def test_a_maybe_made_batch_is_never_made_again_while_the_list_lags_nor_when_it_fails(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    server = make_batch_server(lose_create_answers=1, list_lag=10)  # made; listed late
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01, "max_attempts": 2})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3  # still not listed
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    # The provider unreachable on the next rerun: the record is kept, not taken as never made.
+    real_list = server._list
+    server._list = lambda target: (503, openai_error(503))  # type: ignore[method-assign]
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    assert _state(out)["batches"][0]["status"] == "maybe made"
+    # So a run without --batch is still refused: the batch may answer, and bill.
+    server._list = real_list  # type: ignore[method-assign]
+    assert main(["run", str(config), "--out", str(out)]) == 2
+    assert _chats(server) == [] and len(server.batches) == 1
+
+
+def test_batch_status_and_cancel_look_up_a_batch_whose_create_answer_never_came(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server(lose_create_answers=1, list_lag=2)
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01, "max_attempts": 2})
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3
+    (made,) = server.batches
+    capsys.readouterr()
+    assert main(["batch", "status", str(out)]) == 0  # not listed yet (one list call)
+    assert "its create's answer never came" in capsys.readouterr().out
+    assert main(["batch", "cancel", str(out)]) == 0  # listed now: found, and cancelled
+    printed = capsys.readouterr().out
+    assert server.calls["cancel"] == 1 and made in printed
+    assert _state(out)["batches"][0]["batch_id"] == made
+
+
+def test_cancel_gives_up_a_maybe_made_batch_the_provider_never_lists(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server(hold_create="before")  # the create never makes it
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    _killed_during_create(server, config, out)
+    assert server.batches == {} and _state(out)["batches"][0]["status"] == "maybe made"
+    assert main(["batch", "cancel", str(out)]) == 0
+    assert "given up" in capsys.readouterr().out and server.calls["cancel"] == 0
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0  # asked again
+    assert len(server.batches) == 1 and len(server.executed) == 20
+
+
+def test_a_run_killed_while_its_create_is_in_flight_never_creates_twice_when_the_list_lags(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    server = make_batch_server(hold_create="after", list_lag=1)
+    config = _config(tmp_path, server, run={"backoff_base_s": 0.01})
+    out = tmp_path / "out"
+    _killed_during_create(server, config, out)  # made; the client never heard so
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 3  # not listed yet
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 0
+    assert len(server.batches) == 1 and server.calls["create"] == 1
+    assert len(server.executed) == 20 and _chats(server) == []
+
+
+def test_ctrl_c_during_the_batch_phase_re_asks_keeps_what_they_spent_in_the_ledger(
+    make_batch_server: Callable[..., BatchServer], tmp_path: Path, fake_key: str
+) -> None:
+    good, seen = metered(), []
+
+    def realtime(request: Recorded) -> Item:  # the first re-ask answers; the second hangs
+        seen.append(request)
+        return good(request) if len(seen) == 1 else Fault("hang", seconds=60)
+
+    server = make_batch_server(responder=realtime, batch_responder=_garbled("q1-p2", "q3-p4"))
+    config = _config(tmp_path, server, run={"hedge_share": 0.0, "concurrency": 1})
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "judge", "run", str(config), "--out", str(out), "--batch"]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + 60
+        while len(seen) < 2:  # one re-ask answered, the other in flight
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    ledger = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    # The answered re-ask at least, and the one in flight at its worst case: "at most".
+    assert ledger["spent"]["prompt_tokens"] > PROMPT and ledger["spent_at_most"]
+
+
+def test_a_budget_stop_after_the_batch_names_the_batch_as_what_was_spent_before(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def huge(request: Recorded) -> Item:  # real-time answers use a lot: the run stops
+        got = metered()(request)
+        assert isinstance(got, Answer)
+        return dataclasses.replace(got, usage=(200_000, 10))
+
+    server = make_batch_server(
+        responder=huge, batch_responder=metered(), fail_when=_about("q0-p1", "q2-p3", "q3-p0")
+    )
+    config = _config(tmp_path, server, run={"concurrency": 1, "hedge_share": 0.0})
+    out = tmp_path / "out"  # a new directory: its first invocation
+    worst = _worst_usd(config, tmp_path / "elsewhere", capsys, "--batch")
+    args = ["run", str(config), "--out", str(out), "--batch", "--max-cost", f"{worst + 0.05:.6f}"]
+    assert main(args) == 4
+    err = capsys.readouterr().err
+    assert "of it by this run's batches)" in err and "earlier invocations" not in err

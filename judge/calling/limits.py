@@ -432,6 +432,11 @@ BOUND_STEPS = 50
 UNCAPPED_STEP = 10_000
 
 
+# Who spent what a budget counted before its first request (:meth:`Budget.count_earlier`), as
+# its messages say it (a batch run names its own batch phase instead: judge/run/batch.py).
+EARLIER = "by earlier invocations of this run"
+
+
 class Budget:
     """A hard cap on cost and tokens: reserve each request's worst case, settle it after.
 
@@ -632,7 +637,7 @@ class Budget:
                 if self.earlier_at_most
                 else ""
             )
-            why += f" ({before} of it by earlier invocations of this run{bound})"
+            why += f" ({before} of it {EARLIER}{bound})"
         if by == "cost":
             return f"cost budget reached: {spent} ${self.cost:.4f} of ${lim.max_cost:.4f}{why}"
         return f"token budget reached: {spent} {self.spent_tokens} of {lim.max_tokens} tokens{why}"

@@ -20,17 +20,57 @@ from judge.errors import BatchGone, ConfigError
 
 if TYPE_CHECKING:
     from judge.providers.openai_compat import BatchJob
-    from judge.run.batch_state import BatchState
+    from judge.run.batch_state import BatchRecord, BatchState
 
 
 def _pending(out_dir: Path) -> tuple[BatchState, list[str]]:
-    """The recorded state and the ids of its batches not yet read."""
-    from judge.run.batch_state import STATE_FILE, load_state
+    """The recorded state and the ids of its batches not yet read. A batch whose create's
+    answer never came ("maybe made") is looked for by its input file first: found, its id is
+    recorded (the next run reads it); not listed, it is left out."""
+    from judge.run.batch_state import STATE_FILE, load_state, save_state
 
     state = load_state(out_dir)
     if state is None:
         raise ConfigError(f"{out_dir / STATE_FILE}: no batch was recorded in this run directory")
+    maybe = [i for i, b in enumerate(state.batches) if _maybe_made(b)]
+    if maybe:
+        found = asyncio.run(_find(state, [state.batches[i].input_file_id or "" for i in maybe]))
+        for index, job in zip(maybe, found, strict=True):
+            if job is not None:
+                update = {"batch_id": job.id, "status": job.status}
+                state = state.with_batch(index, state.batches[index].model_copy(update=update))
+        save_state(out_dir, state)
     return state, [b.batch_id for b in state.batches if not b.collected and b.batch_id]
+
+
+def _maybe_made(record: BatchRecord) -> bool:
+    """A record whose create was sent and whose answer never named the batch."""
+    from judge.run.batch_state import MAYBE_MADE
+
+    return not record.collected and record.batch_id is None and record.status == MAYBE_MADE
+
+
+async def _find(state: BatchState, file_ids: list[str]) -> list[BatchJob | None]:
+    """The batch the provider lists as made from each of ``file_ids`` (None: none listed)."""
+    from judge.calling.batch import managed
+    from judge.calling.limits import Limits
+    from judge.calling.retries import CallStats
+    from judge.providers.openai_compat import OpenAICompatProvider
+
+    provider = OpenAICompatProvider(state.provider)
+    limits, stats = Limits(max_attempts=3, backoff_base_s=0.5), CallStats()
+    try:
+        out: list[BatchJob | None] = []
+        for file_id in file_ids:
+
+            async def call(f: str = file_id) -> BatchJob | None:
+                return await provider.find_batch(f, timeout=30.0)
+
+            what = f"looking for a batch made from {file_id}"
+            out.append(await managed(call, provider.classify, limits, stats, what))
+        return out
+    finally:
+        await provider.aclose()
 
 
 async def _ask(state: BatchState, ids: list[str], cancel: bool) -> list[BatchJob | BatchGone]:
@@ -80,10 +120,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             if b.collected
             else f"not read yet; worst case ${b.reserved_cost:.4f}"
         )
-        print(
-            f"  #{i} round {b.round}: {b.batch_id or '(not created)'} {b.status}, "
-            f"{len(b.custom_ids)} requests; {read}"
+        name = b.batch_id or (
+            "(its create's answer never came; not listed)" if _maybe_made(b) else "(not created)"
         )
+        print(f"  #{i} round {b.round}: {name} {b.status}, {len(b.custom_ids)} requests; {read}")
     jobs = asyncio.run(_ask(state, pending, cancel=False)) if pending else []
     for batch_id, job in zip(pending, jobs, strict=True):
         if isinstance(job, BatchGone):
@@ -103,6 +143,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     out_dir = Path(args.run_dir)
     state, pending = _pending(out_dir)
+    for record in filter(_maybe_made, state.batches):
+        _give_up(out_dir, record.input_file_id, "its create's answer never came; given up")
+        print(
+            f"the batch of {record.input_file_id}: its create's answer never came and the "
+            "provider lists none made from it; given up: the next run asks its requests again "
+            "(if it shows later, it is billed: check the provider's batches)"
+        )
     if not pending:
         print(f"{out_dir}: no batch in flight; nothing to cancel")
         return EXIT_OK
@@ -123,14 +170,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _give_up(out_dir: Path, batch_id: str, why: str) -> None:
-    """Record the batch ``batch_id`` as read, every request of it left over ("given up")."""
+def _give_up(out_dir: Path, batch_id: str | None, why: str) -> None:
+    """Record the batch ``batch_id`` (or the one of that input file, not created) as read,
+    every request of it left over ("given up")."""
     from judge.run.batch_state import Leftover, load_state, save_state
 
     state = load_state(out_dir)
     assert state is not None  # read by _pending just before
     for index, record in enumerate(state.batches):
-        if record.batch_id == batch_id:
+        if batch_id in (record.batch_id, record.input_file_id) and not record.collected:
             left = {
                 record.first_id(c): Leftover(reason="given up", detail=why)
                 for c in record.custom_ids

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from judge.calling.cache import open_cache
-from judge.calling.limits import Limits
+from judge.calling.limits import EARLIER, Limits
 from judge.config import RunConfig
 from judge.data.results import RESULTS_FILE
 from judge.errors import ConfigError
@@ -54,7 +54,6 @@ from judge.run.resume import (
     finished_units,
     record_spent,
     run_lock,
-    spent_before,
 )
 from judge.run.runner import RunOutcome, run_async
 from judge.schema import Query
@@ -109,12 +108,13 @@ async def run_batched(
     spent_cost = phase.money.budget.this_run_cost + realtime.cost
     spent = phase.money.budget.this_run + realtime.usage
     if realtime.usage.total:
-        earlier, at_most = spent_before(out_dir)
-        record_spent(out_dir, earlier + realtime.usage, at_most=at_most)
+        record_spent(out_dir, phase.earlier + realtime.usage, at_most=phase.earlier_at_most)
     outcome = await run_async(config, queries, out_dir, redo=redo)
     reason = outcome.reason
-    if outcome.stopped_by == "budget" and spent_cost > 0:
-        reason = f"{reason} (after ${spent_cost:.4f} spent by batch mode before the run)"
+    if outcome.stopped_by == "budget" and reason is not None and spent.total:
+        before = phase.earlier.total or phase.money.budget.earlier.total
+        said = "by this run's batches" + (" and earlier invocations" if before else "")
+        reason = reason.replace(EARLIER, said)  # the run counted them all as spent before it
     log.info(
         "batch mode: %d request(s) sent in batches this run, %d answer(s) stored; "
         "%d tokens, $%.4f (batches at batch prices, re-asks at list price)",

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +38,8 @@ from judge.providers.openai_compat import BatchJob, BatchLine, OpenAICompatProvi
 from judge.providers.openai_compat import read_batch_lines as read_lines
 from judge.run.batch_plan import Item, Line, chunks, parser
 from judge.run.batch_state import (
+    LIST_LAG_S,
+    MAYBE_MADE,
     BatchRecord,
     BatchState,
     Leftover,
@@ -44,7 +47,7 @@ from judge.run.batch_state import (
     load_state,
     save_state,
 )
-from judge.run.resume import batched_before, record_batched, spent_before
+from judge.run.resume import batched_before, record_spent, spent_before
 from judge.schema import Usage
 
 __all__ = ["BatchPending", "Phase"]
@@ -56,11 +59,6 @@ FILE_TIMEOUT_S = 600.0  # an upload or download of up to 200 MB
 GROWTH = 1.5  # each wait between status checks is this much longer than the last
 # Why a request left unanswered by a batch that ended so gets no answer (else "failed").
 _ENDED: dict[str, LeftReason] = {"expired": "expired", "cancelled": "cancelled"}
-
-
-# A batch record's status after a create whose answer never came and whose batch the provider
-# did not list: it may exist, so it is looked for again before anything is created.
-MAYBE_MADE = "maybe made"
 
 
 def _fate_unknown(exc: BaseException, decision: RetryDecision) -> bool:
@@ -86,10 +84,15 @@ class Phase:
         self.money = BatchBudget(self.limits, provider.spec.extra_body)
         # The cap is the run directory's: earlier batches (at batch prices) and real-time
         # asks (at list price) into it count (run.json's ledgers).
-        earlier, at_most = spent_before(out_dir)
-        list_cost = self.limits.price.cost(earlier) if self.limits.price is not None else 0.0
+        # What earlier invocations spent in real time: this one's real-time re-asks are kept
+        # beside it in run.json as they go (:meth:`_keep_bound`).
+        self.earlier, self.earlier_at_most = spent_before(out_dir)
+        price = self.limits.price
         self.money.budget.count_earlier(
-            batched_before(out_dir), at_most, elsewhere=earlier, elsewhere_cost=list_cost
+            batched_before(out_dir),
+            self.earlier_at_most,
+            elsewhere=self.earlier,
+            elsewhere_cost=price.cost(self.earlier) if price is not None else 0.0,
         )
         self.stats = CallStats()  # the Batch API's own calls (files, batches)
         self.realtime = Caller(provider, cache=cache, limits=self.limits)  # replaced when used
@@ -172,13 +175,15 @@ class Phase:
 
     async def _create(self, index: int) -> None:
         """Create the batch over the recorded input file, unless one was already created from
-        it (a create whose answer was lost, or a kill before its id was recorded)."""
+        it. Written ahead: the record says "maybe made" (and when) before the create is sent,
+        so a kill, a lost answer or a list that lags behind never leads to a second batch
+        (:meth:`_adopt` looks for it on the rerun); a create refused as it stands (a client
+        error, no connection made) puts it back to "uploaded"."""
         record = self.state.batches[index]
         file_id = record.input_file_id
         assert file_id is not None
         timeout = self.limits.timeout_s
         metadata = {"made_by": "judge run --batch", "run_dir": str(self.out_dir)[-500:]}
-
         maybe_made: list[str] = []  # a create whose answer never came: the batch may exist
 
         async def find_or_create() -> BatchJob:
@@ -187,11 +192,15 @@ class Phase:
             found = await self.provider.find_batch(file_id, timeout=timeout)
             if found is not None:
                 return found
+            sent = {"status": MAYBE_MADE, "create_sent": time.time()}
+            self._save(index, record.model_copy(update=sent))
             try:
                 return await self.provider.create_batch(file_id, metadata, timeout=timeout)
             except Exception as exc:
                 if _fate_unknown(exc, self.provider.classify(exc)):
                     maybe_made.append(str(exc)[:200] or type(exc).__name__)
+                else:
+                    self._save(index, record)  # refused as it stands: nothing was made
                 raise
 
         try:
@@ -199,14 +208,10 @@ class Phase:
         except ProviderError:
             if not maybe_made:
                 raise
-            # Incomplete, not failed: the record keeps the input file, and the rerun looks for
-            # the batch made from it (_adopt) before anything is created again.
-            self._save(index, record.model_copy(update={"status": MAYBE_MADE}))
-            raise ProviderError(
+            raise BatchPending(
                 f"creating a batch from {file_id} at {self.provider.identity}: its answer never "
                 f"came ({maybe_made[0]}), and the provider lists no batch made from it yet; one "
-                "is never created twice: rerun to look for it again",
-                kind="unreachable",
+                "is never created twice: rerun to look for it again"
             ) from None
         self._save(index, record.model_copy(update={"batch_id": job.id, "status": job.status}))
 
@@ -232,8 +237,8 @@ class Phase:
                 timeout = self.limits.timeout_s
                 find = functools.partial(self.provider.find_batch, file_id, timeout=timeout)
                 job = await self._follow(f"looking for a batch made from {file_id}", find)
-                if job is None and record.status == MAYBE_MADE:  # look a while longer
-                    job = await self._looked_again(file_id)
+                if job is None and record.status == MAYBE_MADE:
+                    self._not_listed_yet(record, file_id)  # within LIST_LAG_S: BatchPending
                 if job is None:
                     continue
                 record = record.model_copy(update={"batch_id": job.id, "status": job.status})
@@ -242,18 +247,25 @@ class Phase:
             self.state = self.state.model_copy(update={"batches": tuple(kept)})
             save_state(self.out_dir, self.state)
 
-    async def _looked_again(self, file_id: str) -> BatchJob | None:
-        """A batch an earlier invocation's create may have made (its answer never came),
-        looked for again as retries go; None once they are spent: nothing was made, and its
-        requests are planned again."""
-        why = "an earlier create's answer never came"
-        try:
-            return await self._call(
-                f"looking for a batch made from {file_id}", lambda: self._listed(file_id, why)
+    def _not_listed_yet(self, record: BatchRecord, file_id: str) -> None:
+        """A batch an earlier create may have made (its answer never came) that the provider
+        does not list: BatchPending while it may yet show (:data:`LIST_LAG_S` since the create
+        was sent); after that, taken as never made (the record goes, its requests are planned
+        again)."""
+        age = time.time() - (record.create_sent or record.created)
+        if age < LIST_LAG_S:
+            raise BatchPending(
+                f"a batch may have been made from {file_id} {age:.0f} s ago (its create's answer "
+                f"never came), and {self.provider.identity} does not list it yet; one is never "
+                "created twice: rerun in a few minutes to look again, or `judge batch cancel "
+                f"{self.out_dir}` gives it up"
             )
-        except ProviderError as exc:
-            log.warning("%s; taken as never made: its requests are asked again", exc)
-            return None
+        log.warning(
+            "no batch made from %s is listed %.0f min after its create was sent: taken as never "
+            "made; its requests are asked again",
+            file_id,
+            age / 60,
+        )
 
     async def _finish(self, indices: list[int]) -> None:
         """Wait for every batch to end, then read each one."""
@@ -324,7 +336,6 @@ class Phase:
             if custom_id not in seen:
                 leftovers[record.first_id(custom_id)] = Leftover(reason=reason, detail=detail)
         cost = self.money.spend(usage)
-        record_batched(self.out_dir, self.money.spent)  # before it is said: the ledger first
         self.answered += answered
         update = {"status": job.status, "collected": True, "answered": answered}
         update |= {"usage": usage, "cost": cost, "leftovers": leftovers}
@@ -450,6 +461,18 @@ class Phase:
                 lines.append(Line(item.custom_id, item.request, item.custom_id))
         return lines
 
+    def _keep_bound(self, bound: Usage) -> None:
+        """Keep what the real-time re-asks may have spent (at their worst while in flight)
+        beside what earlier invocations spent, in run.json, before each request that takes
+        it a step further: a kill or Ctrl-C leaves it counted."""
+        caller = self.realtime  # at most: in flight at their worst, or given up so
+        at_most = self.earlier_at_most or bound != caller.budget.usage
+        at_most = at_most or caller.stats.worst_counted > 0
+        try:
+            record_spent(self.out_dir, self.earlier + bound, at_most=at_most)
+        except OSError as exc:
+            log.warning("%s: cannot keep what the run spent: %s", self.out_dir, exc.strerror)
+
     async def _reask_now(self) -> None:
         """``batch_followup = "realtime"``: re-ask the unparsed answers now, under what is left
         of the budget; the run asks the failed and expired ones itself."""
@@ -458,6 +481,7 @@ class Phase:
             return
         limits = within(self.limits, self.money.spent_cost, self.money.budget.spent_tokens)
         self.realtime = Caller(self.provider, cache=self.cache, limits=limits)
+        self.realtime.budget.on_bound = self._keep_bound
 
         async def one(item: Item, left: Leftover) -> None:
             request = self._reask(item, left)
@@ -473,7 +497,10 @@ class Phase:
             elif not got.call.cached:  # paid: the run's own re-ask finds it, never buys it
                 keep_unread(self.cache, key, got.call.answer, request.model, got.error)
 
-        await asyncio.gather(*(one(item, left) for item, left in unparsed))
+        try:
+            await asyncio.gather(*(one(item, left) for item, left in unparsed))
+        finally:  # a Ctrl-C included: what they may have spent is kept
+            self.realtime.budget.tell_bound()
 
 
 def _show(jobs: list[BatchJob], next_s: float | None) -> None:

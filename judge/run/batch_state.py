@@ -41,6 +41,13 @@ class Leftover(Record):
     answer: str | None = None
 
 
+# A batch record's status from the moment its create is sent until the answer names the
+# batch: a create whose answer never came may have made it, so it is looked for before
+# anything is created again, for LIST_LAG_S seconds (a provider's list may lag its creates).
+MAYBE_MADE = "maybe made"
+LIST_LAG_S = 600.0
+
+
 class BatchRecord(Record):
     """One provider batch, from its requests to its outcome."""
 
@@ -52,10 +59,11 @@ class BatchRecord(Record):
     reserved_cost: float = 0.0
     input_file_id: str | None = None
     batch_id: str | None = None
-    # "prepared" (recorded, not uploaded), "uploaded", "maybe made" (a create whose answer
-    # never came, its batch not listed yet: looked for again before anything is created),
-    # then the provider's statuses.
+    # "prepared" (recorded, not uploaded), "uploaded", "maybe made" (its create was sent at
+    # ``create_sent`` and no answer named the batch yet: looked for before anything is
+    # created again), then the provider's statuses.
     status: str = "prepared"
+    create_sent: float | None = None
     collected: bool = False  # output read and stored; nothing more to do with this batch
     answered: int = 0  # answers that parsed and are in the cache
     usage: Usage = Usage()  # what its answers used (billed), at batch prices below

@@ -208,9 +208,11 @@ def spent_before(out_dir: Path) -> tuple[Usage, bool]:
 
 
 def batched_before(out_dir: Path) -> Usage:
-    """What batches of earlier invocations into ``out_dir`` used (run.json's ``batched``,
-    priced at batch prices): the budget caps the directory whichever way it was paid."""
-    return _ledger(out_dir, "batched")
+    """What the batches read into ``out_dir`` used (batch.json's records, which --fresh
+    keeps: priced at batch prices): the budget caps the directory whichever way it was
+    paid."""
+    state = load_state(out_dir)
+    return sum((b.usage for b in state.batches if b.collected) if state else (), Usage())
 
 
 def _ledger(out_dir: Path, field: str) -> Usage:
@@ -236,15 +238,6 @@ def record_spent(out_dir: Path, total: Usage, *, at_most: bool = False) -> None:
     ledger = total.model_dump()
     if data.get("spent") != ledger or bool(data.get("spent_at_most")) != at_most:
         data["spent"], data["spent_at_most"] = ledger, at_most
-        write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
-
-
-def record_batched(out_dir: Path, total: Usage) -> None:
-    """Keep ``total`` (what every batch into ``out_dir`` used, read from their output) as the
-    batches' ledger beside the real-time one."""
-    data = _run_file(out_dir)
-    if data.get("batched") != (ledger := total.model_dump()):
-        data["batched"] = ledger
         write_atomic(out_dir / RUN_FILE, json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -360,9 +353,9 @@ def _pending_batch(out_dir: Path) -> str | None:
 FINISH_FILES = ("summary.json", "report.md", "report.html", "qrels.txt", "finished.json")
 
 
-# run.json's ledgers (what the directory spent in real time, whether at most, in batches):
-# --fresh keeps them, for a budget caps the directory.
-_LEDGERS = ("spent", "spent_at_most", "batched")
+# run.json's ledger (what the directory spent in real time, and whether at most): --fresh
+# keeps it, for a budget caps the directory (batches' spend is in batch.json, kept too).
+_LEDGERS = ("spent", "spent_at_most")
 
 
 def check_fingerprint(out_dir: Path, config: RunConfig, *, fresh: bool) -> None:
