@@ -261,3 +261,8 @@ def test_a_tracking_server_that_is_down_is_said_at_once_with_its_cause(
     (exc,) = caught
     assert "Connection refused" in str(exc) and len(str(exc)) < 500
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # put back as it was
+
+
+def test_judged_results_in_memory_are_refused_with_the_way_to_log_them() -> None:
+    with pytest.raises(TypeError, match=r"not a Judgements: .*finish_run"):
+        judge.log_to_mlflow(judge.Judgements([]))  # type: ignore[arg-type]

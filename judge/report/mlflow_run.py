@@ -115,6 +115,12 @@ def check_mlflow() -> None:
 
 
 def _run_dir(run: str | Path | JudgedRun) -> Path:
+    if not isinstance(run, str | Path | JudgedRun):  # judge_many's results, a summary, ...
+        raise TypeError(
+            f"log_to_mlflow logs a run directory (or read_run's result), not a "
+            f"{type(run).__name__}: write judged results to one first with "
+            "judge.finish_run(config, run_dir, results=...), then log that directory"
+        )
     path = run.path if isinstance(run, JudgedRun) else Path(run)
     return path.parent if path.is_file() else path
 
