@@ -932,3 +932,41 @@ def test_baseline_set_says_when_the_run_it_takes_did_not_pass(
     assert main(["baseline", "set", night, "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "note: that run FAILED (" in out and "later nights compare with it" in out
+
+
+def test_a_night_line_that_finds_no_difference_carries_the_drop_check_that_failed(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The shared queries tie, but the engine's mean over all tonight's queries fell past
+    max_drop: the line that leads says both, not "no query differs" above a FAILED."""
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    baseline = tmp_path / "baseline.json"
+    tables = {"thresholds": {"baseline": str(baseline)}}
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite", tables)
+    with config.open("a", encoding="utf-8") as fh:
+        fh.write('[metrics]\nnames = ["ndcg", "ap"]\n[thresholds.max_drop]\nndcg = 0.1\n')
+
+    def night(name: str, ids: range, answer_first: bool) -> Path:
+        rows = []
+        for i in ids:
+            found = {"id": f"a{i}", "text": f"A kettle boils water, {i}."}
+            other = {"id": f"b{i}", "text": f"Tea is a drink, {i}."}
+            passages = [found, other] if answer_first or i < 8 else [other, found]
+            row = {"query_id": f"q{i}", "query": f"kettles {i}", "engine": "bm25"}
+            rows.append({**row, "passages": passages})
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        return path
+
+    first = str(tmp_path / "night1")
+    argv = ["run", str(config), str(night("n1", range(8), True)), "--out", first, "--first-night"]
+    assert main(argv) == 0
+    assert main(["baseline", "set", first, "--config", str(config)]) == 0
+    capsys.readouterr()
+    tonight = str(night("n2", range(3, 14), False))  # q3..q7 shared, all tied; 6 new, worse
+    assert main(["run", str(config), tonight, "--out", str(tmp_path / "n2")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("bm25 vs the baseline: no query differs"), out[1]
+    assert "; but its drop check failed: drop ndcg (bm25): fell" in out[1], out[1]

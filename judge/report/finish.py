@@ -42,7 +42,7 @@ from judge.report.compared import (
 )
 from judge.report.document import run_comparison, write_reports
 from judge.report.history import HistoryRow, history_rows_for_report, record_run, source_key
-from judge.report.status import outcome_of, trust_line, uninformative
+from judge.report.status import describe_check, outcome_of, trust_line, uninformative
 from judge.report.summary import (
     SUMMARY_FILE,
     Summary,
@@ -228,13 +228,28 @@ def complete_summary(
         summary = summary.model_copy(update={"dataset": dataset})
     comparison = run_comparison(summary, results)
     nights = nights_of(config, summary)
-    moved = night_lines(nights)
+    moved = [
+        _with_breach(line, engine, summary)
+        for engine, line in zip(nights, night_lines(nights), strict=True)
+    ]
     if summary.health.degenerate:
         moved = [f"{line} (by a judge found unreliable: see Trust)" for line in moved]
     said = [*_verdict(summary, comparison), *moved]
     summary = summary.model_copy(update={"verdict": (*said, trust_line(summary))})
     summary = summary.model_copy(update={"outcome": outcome_of(summary)})
     return summary, comparison, nights
+
+
+def _with_breach(line: str, engine: str, summary: Summary) -> str:
+    """An engine's line against the baseline, and the drop checks of it that failed: those
+    read its mean over all its queries tonight, the line only the queries both runs hold, so
+    it may find nothing where a check fails (and the line leads, the check comes last)."""
+    failed = [
+        describe_check(c)
+        for c in summary.thresholds.breaches
+        if c.engine == engine and c.evaluated and c.check.startswith(("drop ", "rise "))
+    ]
+    return line + "".join(f"; but its drop check failed: {f}" for f in failed)
 
 
 def nights_of(config: RunConfig, summary: Summary) -> Nights:
