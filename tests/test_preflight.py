@@ -970,3 +970,44 @@ def test_a_night_line_that_finds_no_difference_carries_the_drop_check_that_faile
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("bm25 vs the baseline: no query differs"), out[1]
     assert "; but its drop check failed: drop ndcg (bm25): fell" in out[1], out[1]
+
+
+def test_a_baseline_without_the_primary_metric_is_said_so_not_that_no_query_is_shared(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    baseline = tmp_path / "baseline.json"
+    tables = {"thresholds": {"baseline": str(baseline)}}
+    configs = {}
+    for names in ('["ap"]', '["ndcg", "ap"]'):
+        config = write_config(
+            tmp_path / f"c{len(configs)}.toml", server, tmp_path / "cache.sqlite", tables
+        )
+        with config.open("a", encoding="utf-8") as fh:
+            fh.write(f"[metrics]\nnames = {names}\n")
+        configs[names] = config
+    rows = [
+        {
+            "query_id": f"q{i}",
+            "query": f"kettles {i}",
+            "engine": "bm25",
+            "passages": [{"id": f"a{i}", "text": f"A kettle boils water, {i}."}],
+        }
+        for i in range(4)
+    ]
+    data = tmp_path / "n.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    first = str(tmp_path / "night1")
+    argv = ["run", str(configs['["ap"]']), str(data), "--out", first, "--first-night"]
+    assert main(argv) == 0
+    assert main(["baseline", "set", first, "--config", str(configs['["ap"]'])]) == 0
+    capsys.readouterr()
+    argv = ["run", str(configs['["ndcg", "ap"]']), str(data), "--out", str(tmp_path / "n2")]
+    main(argv)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "bm25 vs the baseline: the baseline has no ndcg (it was summarised with other "
+        "[metrics] names): nothing to pair"
+    )

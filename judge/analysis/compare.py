@@ -130,6 +130,9 @@ class PairedDiff(Record):
     # baseline is the best of k >= 3 found after the fact (the best of several equal engines
     # beats the worst by chance alone: 17% of 4 equal engines' runs had claimed a winner).
     family: int = Field(default=1, ge=1)
+    # Whether the baseline never computed ``metric`` (a summary made with other [metrics]
+    # names): nothing could be paired, and that is why.
+    baseline_lacks: bool = False
 
     @property
     def p_read(self) -> float | None:

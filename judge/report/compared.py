@@ -172,6 +172,11 @@ def verdict_line(d: PairedDiff, *, moved: bool = False) -> str:
     is said as the metric rising or falling, better or worse, not as a side winning."""
     counts = f"better on {d.wins}, tied {d.ties}, worse {d.losses} of {d.n} queries{_left(d)}"
     if d.diff is None or d.n == 0:
+        if d.baseline_lacks:
+            return (
+                f"{d.baseline} has no {d.metric} (it was summarised with other [metrics] "
+                "names): nothing to pair"
+            )
         if d.unlike:
             return (
                 f"{d.engine} and {d.baseline} share no query where {d.metric} is defined: "
@@ -431,6 +436,8 @@ def night_diffs(summary: Summary, baseline: Summary) -> Nights:
             held=(held["tonight"], held["baseline"]),
             asked=(asked[0], asked[1]),
         )
+        if metric not in baseline.metric_names:
+            d = d.model_copy(update={"baseline_lacks": True})
         out[engine] = (d, now, before)
     return out
 
