@@ -289,25 +289,31 @@ class Caller:
         return got
 
     def cached(
-        self, requests: Sequence[Prompt], repeat: int, parse: Reader[P], *, count: bool = True
+        self,
+        requests: Sequence[Prompt],
+        repeat: int,
+        parse: Reader[P] | Sequence[Reader[P]],
+        *,
+        count: bool = True,
     ) -> list[ChatAnswer[P] | None]:
         """The cached answer to each of ``requests`` now, without a task or a wait, looked up
         together; None for one that must be asked (or is being asked) through :meth:`complete`.
-        ``count``: count the hits in :attr:`stats` (not for a second look at answers that a
-        run has already counted)."""
+        ``parse``: one reader for all, or one each. ``count``: count the hits in :attr:`stats`
+        (not for a second look at answers that a run has already counted)."""
+        readers = [parse] * len(requests) if isinstance(parse, Reader) else parse
         if self.chat is None:
             return [None] * len(requests)
         keys = [self.key(r, repeat) for r in requests]
         found = self.cache.get_stored_many([k for k in keys if k not in self._inflight], Completion)
         hits: list[ChatAnswer[P] | None] = []
-        for key, request in zip(keys, requests, strict=True):
+        for key, request, reader in zip(keys, requests, readers, strict=True):
             stored = found.get(key)
             if key in self._inflight:
                 hit = None
             elif stored is not None:
-                hit = self._read(stored, parse)
+                hit = self._read(stored, reader)
             else:  # not under its digest (looked up just now): under its rendered request?
-                hit = self._cached(key, request, repeat, parse, digest_missed=True)
+                hit = self._cached(key, request, repeat, reader, digest_missed=True)
             if (stored is not None or hit is not None) and (hit is None or hit.value is None):
                 hits.append(None)  # unread, or to ask anew: complete() reads it, or asks
                 continue

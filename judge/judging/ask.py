@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 from judge.calling.caller import Caller, Prompt, Reader
 from judge.config import JudgeSection
 from judge.errors import ParseError, ProviderError
-from judge.judging.jsonscan import Node, values
+from judge.judging.jsonscan import NOTHING_SHOWN, Node, Quoted, values
 from judge.judging.prompts import MARK
 from judge.judging.verdicts import reask_messages
 from judge.providers.base import ChatRequest, Completion
@@ -233,10 +233,18 @@ def answer_field(pairs: dict[str, Node], names: Sequence[str]) -> Node | None:
     return next((folded[n] for n in names if n in folded), None)
 
 
-def answer_entries(completion: Completion, list_keys: Sequence[str], shape: str) -> list[Node]:
+def answer_entries(
+    completion: Completion,
+    list_keys: Sequence[str],
+    shape: str,
+    quoted: Quoted = NOTHING_SHOWN,
+) -> list[Node]:
     """The list of entries in an answer: a bare JSON list, or one under any of ``list_keys``;
-    ParseError naming the expected ``shape`` when there is none."""
+    ParseError naming the expected ``shape`` when there is none. A value ``quoted`` from what
+    the judge was shown as data (a passage's own list of supports) is passed over."""
     for node in values(completion.text, answer_start(completion), "{["):
+        if quoted(completion.text[node.start : node.end]):
+            continue
         if isinstance(node.value, list):
             return node.value
         listed = answer_field(node.value, list_keys)

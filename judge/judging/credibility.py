@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from judge.aspects import Credibility
 from judge.judging.ask import AskContext, answer_room, ask, aspect_params
 from judge.judging.context import fit_to_context
-from judge.judging.prompts import PromptTemplate, neutralise
+from judge.judging.jsonscan import shown_as_data
+from judge.judging.prompts import PromptTemplate, neutralise, one_line
 from judge.judging.verdicts import parse_pointwise
 from judge.providers.base import ChatRequest
 from judge.schema import Passage, Query, Scale, Usage
@@ -65,7 +66,7 @@ class CredibilityAsker:
 
     def _render(self, query: Query, passage: Passage) -> ChatRequest:
         # The URL is printed outside the fence: it is untrusted text too.
-        shown = passage.model_copy(update={"url": neutralise(passage.url or "") or None})
+        shown = passage.model_copy(update={"url": one_line(neutralise(passage.url or "")) or None})
         messages = self.template.render_pointwise(
             query, shown, CREDIBILITY, max_reason_words=self.ctx.max_reason_words
         )
@@ -86,12 +87,20 @@ class CredibilityAsker:
 
     async def grades(self, query: Query, repeat: int) -> tuple[tuple[Credibility, ...], Usage]:
         """Every passage's credibility, in rank order, and the tokens they took."""
-        parse = functools.partial(parse_pointwise, scale=CREDIBILITY)
         ctx = self.ctx
         asked = await asyncio.gather(
             *(
-                ask(ctx.caller, r, repeat, parse, reask=ctx.reask, language=ctx.language)
-                for r in self.requests(query)
+                ask(
+                    ctx.caller,
+                    r,
+                    repeat,
+                    functools.partial(
+                        parse_pointwise, scale=CREDIBILITY, quoted=shown_as_data((p,))
+                    ),
+                    reask=ctx.reask,
+                    language=ctx.language,
+                )
+                for r, p in zip(self.requests(query), query.passages, strict=True)
             )
         )
         out: list[Credibility] = []

@@ -34,6 +34,7 @@ from judge.data.nuggets import NUGGETS_FILE, given_sets, same_query, write_nugge
 from judge.errors import BudgetExceeded, ConfigError, ParseError
 from judge.judging.ask import AskContext, ask
 from judge.judging.credibility import CredibilityAsker
+from judge.judging.jsonscan import shown_as_data
 from judge.judging.nuggets import NuggetPrompt, parse_nuggets, pool
 from judge.judging.prompts import load_template
 from judge.judging.support import Assigner
@@ -190,7 +191,9 @@ class NuggetsDimension(Dimension):
             self.failures[key] = ("unparsed", "no passages to write nuggets from")
             return
         pooled = first.model_copy(update={"passages": passages, "engine": "pool"})
-        parse = functools.partial(parse_nuggets, max_nuggets=self.section.max_nuggets)
+        parse = functools.partial(
+            parse_nuggets, max_nuggets=self.section.max_nuggets, quoted=shown_as_data(passages)
+        )
         ctx = self.ctx
         request = self.maker.request(pooled)
         asked = await ask(ctx.caller, request, 0, parse, reask=ctx.reask, language=ctx.language)

@@ -4,20 +4,31 @@ Unlike :func:`json.loads`, :func:`scan` reads the value at a position of a longe
 answer with prose or a code fence around its JSON), records where every value starts and ends
 (so the verdict token can be found in the logprobs), tolerates a trailing comma, and returns
 a value cut off by the token limit as far as it got (``Node.complete`` False) instead of
-failing. :func:`values` walks the top-level values of a text.
+failing. :func:`values` walks the top-level values of a text. :class:`Quoted` tells a piece
+of an answer that the judge quoted from a passage it was shown.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from judge.schema import whole_text
+from judge.schema import Passage, whole_text
 
-__all__ = ["Malformed", "Node", "scan", "values"]
+__all__ = [
+    "NOTHING_SHOWN",
+    "QUOTE_MIN",
+    "Malformed",
+    "Node",
+    "Quoted",
+    "scan",
+    "shown_as_data",
+    "values",
+]
 
 
 @dataclass
@@ -142,3 +153,49 @@ def values(text: str, start: int, openers: str) -> Iterator[Node]:
         if not node.complete:
             return
         start = node.end
+
+
+# Brackets a prompt neutralises in a passage (judging/prompts.py neutralise), read back as
+# what the passage wrote; white space and the datamark ("^") are left out of the comparison.
+_UNMARK = str.maketrans({"\u2039": "<", "\uff3b": "["})
+_BLANKS = re.compile(r"[\s^]+")
+# A piece of an answer shorter than this (compared as :func:`_plain`) is not taken for a
+# quote: a label alone ("yes", "Relevance: 1") is in many honest passages.
+QUOTE_MIN = 12
+
+
+def _plain(text: str) -> str:
+    return _BLANKS.sub("", unicodedata.normalize("NFKC", text).translate(_UNMARK)).casefold()
+
+
+class Quoted:
+    """Whether a piece of a judge's answer is quoted from text it was shown as data.
+
+    A passage may write a verdict for itself (``{"verdict":"yes"}``, a verdict list,
+    ``</think>`` before one) and a judge may quote the passage in its answer: what it quotes
+    is the passage's, never the judge's own, so the parsers pass over it. A class-level test
+    (no list of phrasings): the piece, without white space, datamarks and neutralised
+    brackets, occurs in a passage shown. Pieces under :data:`QUOTE_MIN` characters so
+    compared are not quotes. The passages are compared only when an answer is parsed."""
+
+    def __init__(self, shown: Sequence[str]) -> None:
+        self._shown = shown
+        self._plain: tuple[str, ...] | None = None
+
+    def __call__(self, piece: str) -> bool:
+        if not self._shown:
+            return False
+        plain = _plain(piece)
+        if len(plain) < QUOTE_MIN:
+            return False
+        if self._plain is None:
+            self._plain = tuple(_plain(text) for text in self._shown)
+        return any(plain in text for text in self._plain)
+
+
+NOTHING_SHOWN = Quoted(())
+
+
+def shown_as_data(passages: Iterable[Passage]) -> Quoted:
+    """What ``passages`` show a judge as data (titles and texts), as :class:`Quoted`."""
+    return Quoted(tuple(text for p in passages for text in (p.title or "", p.text) if text))

@@ -30,7 +30,7 @@ from judge.judging.ask import (
     aspect_params,
 )
 from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
-from judge.judging.jsonscan import Node
+from judge.judging.jsonscan import NOTHING_SHOWN, Node, Quoted
 from judge.judging.prompts import PromptTemplate
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, SamplingParams, Scale
@@ -108,12 +108,14 @@ def _read(entry: Node, i: int) -> tuple[str, bool] | None:
     return text.value.strip(), IMPORTANCE.relevant(label.grade)
 
 
-def parse_nuggets(completion: Completion, max_nuggets: int) -> tuple[Nugget, ...]:
+def parse_nuggets(
+    completion: Completion, max_nuggets: int, quoted: Quoted = NOTHING_SHOWN
+) -> tuple[Nugget, ...]:
     """The nuggets in an answer, vital ones first, repeats dropped, at most ``max_nuggets``,
     numbered ``n1..``; ParseError (the re-ask text) when there is none."""
     found: dict[str, tuple[str, bool]] = {}
     for i, entry in enumerate(
-        answer_entries(completion, _LIST_KEYS, '{"nuggets": [{"text": ..., ...}, ...]}')
+        answer_entries(completion, _LIST_KEYS, '{"nuggets": [{"text": ..., ...}, ...]}', quoted)
     ):
         read = _read(entry, i)
         if read is not None:

@@ -68,23 +68,46 @@ _SPACE = re.compile(r"\s+")
 # Chinese has no spaces between words: the mark goes after each CJK punctuation mark instead.
 _CJK_STOP = re.compile(r"(?<=[\u3001\u3002\uff01\uff0c\uff1a\uff1b\uff1f])(?!\s|$)")
 
-# "<passage", "</passage", "< / Query" ... : any opening of one of our fence tags.
-# Fence tags, and chat-template control tokens (``<|im_end|>``, ``<|start_header_id|>``): some
-# local servers tokenise the whole chat with special tokens on, so such text inside a passage
-# would end the user's turn and forge the assistant's.
-_MARKER = re.compile(r"<(?=\s*/?\s*(?:passage|query|title)|\|)", re.IGNORECASE)
+# Any tag-like opener: "<" (or its full-width and small forms) before a name, "/" or "|":
+# our fence tags ("</passage", "< / Query"), a reasoning model's "</think>" (the parser reads
+# the answer after the last one), HTML-like tags, and chat-template control tokens
+# (``<|im_end|>``, ``<｜end▁of▁sentence｜>``, ``<end_of_turn>``, ``</s>``): some local servers
+# tokenise the whole chat with special tokens on, so such text inside a passage would end the
+# user's turn and forge the assistant's. A class, not a list of names: the next tag is new.
+_MARKER = re.compile(
+    r"[<\uff1c\ufe64](?=[^\W\d_]|\s*/|\s*(?:passage|query|title|think)\b|\s*[|\uff5c])",
+    re.IGNORECASE,
+)
+# "[INST]", "[/INST]": Llama-2 and Mistral turns, written in brackets.
+_INST = re.compile(r"\[(?=\s*/?\s*INST\s*\])", re.IGNORECASE)
+# Characters that show nothing (zero-width spaces and joiners, soft hyphens, word joiners,
+# bidi controls: Unicode's format class) could split a tag so that no pattern sees it; they
+# carry no meaning a judge needs, and are taken out of the text it is shown.
+_INVISIBLE = re.compile(
+    r"[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f\ufeff]"
+)
 _NEUTRAL = "‹"  # U+2039, visibly not "<"
 _CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 def neutralise(text: str) -> str:
-    """``text`` with every fence-tag opener ``<`` (passage, query, title) and every ``<|`` of a
-    chat control token replaced by ``‹``.
+    """``text`` as untrusted data: invisible format characters out, every tag-like opener
+    ``<`` (a fence tag, ``</think>``, an HTML tag, ``<|`` of a chat control token) and the
+    bracket of ``[INST]`` replaced by a look-alike (``‹``, ``［``). The words stay: a judge
+    reads ``‹div>`` as it would ``<div>``.
 
     Forged answers inside a passage (``{"verdict": "yes"}``) are left as they are: written as
     ``{‹verdict›: "yes"}`` they moved the embedded judge's P(yes) further, not less (probe of
     30 attacked pairs: fence +0.175 vs +0.110, instruction +0.190 vs +0.164)."""
-    return _MARKER.sub(_NEUTRAL, text)
+    text = _INVISIBLE.sub("", text)
+    return _INST.sub("\uff3b", _MARKER.sub(_NEUTRAL, text))
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of white space (line breaks included) as one space: a field
+    shown on a line of its own (a query, a title, a URL) cannot start lines that read as
+    the prompt's."""
+    return " ".join(text.split())
 
 
 def datamark(text: str, mark: str) -> str:
@@ -110,9 +133,9 @@ def fence(passage: Passage, mark: str = "") -> str:
         lines = [f"<passage id={neutralise(json.dumps(passage.id, ensure_ascii=False))}>"]
     else:
         lines = ["<passage>"]
-    if passage.title:
-        lines.append(f"<title>{neutralise(datamark(passage.title, mark))}</title>")
-    lines.append(neutralise(datamark(passage.text, mark)))
+    if passage.title:  # one line, whatever it held: a title cannot start lines of its own
+        lines.append(f"<title>{datamark(one_line(neutralise(passage.title)), mark)}</title>")
+    lines.append(datamark(neutralise(passage.text), mark))  # a tag split by a line break too
     lines.append("</passage>")
     return "\n".join(lines)
 
@@ -333,7 +356,7 @@ class PromptTemplate:
         if clash:
             raise TemplateError(f"option(s) {sorted(clash)} are reserved template variables")
         text = query.query if isinstance(query, Query) else query
-        context = {**DEFAULT_OPTIONS, **options, **variables, "query": neutralise(text)}
+        context = {**DEFAULT_OPTIONS, **options, **variables, "query": one_line(neutralise(text))}
         context["scale"] = scale
         context["datamark"] = self.mark
         if self.mark:

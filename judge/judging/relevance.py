@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from judge.calling.caller import CallResult, Prompt, Reader
 from judge.judging.ask import AskContext, Asked, ask
+from judge.judging.jsonscan import shown_as_data
 from judge.judging.keys import PromptKeys, parser_tag
 from judge.judging.prompts import AnswerShape, PromptTemplate, json_schema_for, numbered
 from judge.judging.units import admitted, told
@@ -97,9 +98,15 @@ class Asker:
             self._point_keys = PromptKeys(
                 self.pointwise_template, self.scale, options, self.ctx.model, self.pointwise_params
             )
-        self._point_reader = Reader(
-            lambda c: parse_pointwise(c, self.scale),
-            parser_tag("pointwise", self.scale),
+        self._point_tag = parser_tag("pointwise", self.scale)
+
+    def _point_reader(self, passage: Passage) -> Reader[Parsed]:
+        """The pointwise parser for ``passage``'s answer: a verdict quoted from the passage
+        is not the judge's (:class:`~judge.judging.jsonscan.Quoted`)."""
+        quoted = shown_as_data((passage,))
+        return Reader(
+            lambda c: parse_pointwise(c, self.scale, quoted),
+            self._point_tag,
             Parsed.model_dump_json,
             Parsed.model_validate_json,
         )
@@ -109,7 +116,7 @@ class Asker:
         answers: its prompts' shared digests, the parser's tag and how it asks."""
         window = self.list_size if self.mode == "listwise" else None  # pointwise: none
         how = (self.mode, self.ctx.reask, self.schema_per_list, self.ctx.language, window)
-        parts = (self._keys.identity, self._point_keys.identity, self._point_reader.tag, repr(how))
+        parts = (self._keys.identity, self._point_keys.identity, self._point_tag, repr(how))
         return "\x00".join(parts)
 
     def _pointwise_prompt(self, query: Query, passage: Passage) -> Prompt:
@@ -188,7 +195,8 @@ class Asker:
         for start in range(0, len(ranked), CACHED_WINDOW):
             window = ranked[start : start + CACHED_WINDOW]
             prompts = [self._pointwise_prompt(query, p) for _, p in window]
-            hits = self.ctx.caller.cached(prompts, repeat, self._point_reader)
+            readers = [self._point_reader(p) for _, p in window]
+            hits = self.ctx.caller.cached(prompts, repeat, readers)
             for (rank, p), prompt, hit in zip(window, prompts, hits, strict=True):
                 if hit is not None and hit.value is not None:
                     verdicts.append(self._hit(p, rank, hit.call, hit.value))
@@ -204,7 +212,8 @@ class Asker:
             return None
         ranked = [(rank, p) for rank, p in enumerate(query.passages, start=1) if not p.blank]
         prompts = [self._pointwise_prompt(query, p) for _, p in ranked]
-        hits = self.ctx.caller.cached(prompts, repeat, self._point_reader, count=False)
+        readers = [self._point_reader(p) for _, p in ranked]
+        hits = self.ctx.caller.cached(prompts, repeat, readers, count=False)
         verdicts = self._empty(query, tell=False)
         for (rank, p), hit in zip(ranked, hits, strict=True):
             if hit is None or hit.value is None:
@@ -284,7 +293,7 @@ class Asker:
         self, query: Query, passage: Passage, rank: int, repeat: int, prompt: Prompt | None = None
     ) -> Verdict:
         prompt = prompt or self._pointwise_prompt(query, passage)
-        asked = await self._ask(prompt, repeat, self._point_reader)
+        asked = await self._ask(prompt, repeat, self._point_reader(passage))
         tally = {
             "raw": asked.raw,
             "attempts": asked.attempts,
@@ -343,8 +352,9 @@ class Asker:
         (asked alone of a provider that just failed, each would fail again, a request each)."""
         prompt = self._listwise_prompt(query, passages)
         ids = [p.id for p in passages]
+        quoted = shown_as_data(passages)
         reader = Reader(
-            lambda c: parse_listwise(c, self.scale, ids),
+            lambda c: parse_listwise(c, self.scale, ids, quoted),
             parser_tag("listwise", self.scale, ids),
             ListwiseParsed.model_dump_json,
             ListwiseParsed.model_validate_json,

@@ -31,7 +31,7 @@ from judge.judging.ask import (
     aspect_params,
 )
 from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
-from judge.judging.jsonscan import Node
+from judge.judging.jsonscan import NOTHING_SHOWN, Node, Quoted, shown_as_data
 from judge.judging.prompts import PromptTemplate, fence, neutralise
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, Record, Scale, Usage
@@ -102,14 +102,17 @@ def _nuggets_of(entry: Node, known: dict[str, str]) -> tuple[str, ...]:
 
 
 def parse_supports(
-    completion: Completion, passage_ids: Sequence[str], nuggets: Sequence[Nugget]
+    completion: Completion,
+    passage_ids: Sequence[str],
+    nuggets: Sequence[Nugget],
+    quoted: Quoted = NOTHING_SHOWN,
 ) -> SupportsParsed:
     """Each asked-for passage's supported nuggets (named by id, or by exact text); ParseError
     when there is no readable list. Ids not asked for are dropped; a passage given twice
     differently, or with a nugget not in the set, is unresolved (asked again), as is one the
     answer never reached."""
     entries = answer_entries(
-        completion, _LIST_KEYS, '{"supports": [{"id": ..., "nuggets": [...]}]}'
+        completion, _LIST_KEYS, '{"supports": [{"id": ..., "nuggets": [...]}]}', quoted
     )
     known = _names(nuggets)
     wanted = set(passage_ids)
@@ -238,7 +241,12 @@ class Assigner:
                 ctx.caller,
                 self.request(query, todo, nuggets),
                 repeat,
-                functools.partial(parse_supports, passage_ids=asked_ids, nuggets=nuggets),
+                functools.partial(
+                    parse_supports,
+                    passage_ids=asked_ids,
+                    nuggets=nuggets,
+                    quoted=shown_as_data(todo),
+                ),
                 reask=ctx.reask and round_ == 0,
                 language=ctx.language,
             )

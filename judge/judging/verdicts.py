@@ -53,7 +53,7 @@ from typing import Any
 from pydantic import Field
 
 from judge.errors import ConfigError, ParseError
-from judge.judging.jsonscan import Node, values
+from judge.judging.jsonscan import NOTHING_SHOWN, Node, Quoted, values
 from judge.providers.base import Completion, Message
 from judge.schema import Passage, Record, Scale, ScaleLabel, Verdict, normalise_label
 
@@ -173,14 +173,19 @@ def _start(completion: Completion) -> int:
     return start
 
 
-def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
-    """The verdict in a one-passage answer; ParseError (with the re-ask text) otherwise."""
+def parse_pointwise(completion: Completion, scale: Scale, quoted: Quoted = NOTHING_SHOWN) -> Parsed:
+    """The verdict in a one-passage answer; ParseError (with the re-ask text) otherwise.
+    ``quoted``: what the judge was shown as data; a verdict it quotes from there is not its
+    own, and is passed over (a passage that wrote ``{"verdict":"yes"}`` had it read as the
+    judge's when the judge quoted it)."""
     text = completion.text
     start = _start(completion)
-    nodes = list(values(text, start, "{"))
+    found = list(values(text, start, "{"))
+    nodes = [n for n in found if not quoted(text[n.start : n.end])]
     with_verdict = [n for n in nodes if _field(n.value, VERDICT_KEYS)]
     if with_verdict:
-        return _one_verdict(with_verdict, scale, completion, start)
+        passed = [n for n in found if n not in nodes]  # not prose the judge states either
+        return _one_verdict(with_verdict, scale, completion, start, quoted, passed)
     first = nodes[0] if nodes else None
     if first is not None and not first.complete:
         raise ParseError(f'the JSON object ends before its "verdict" field{_cut(completion)}')
@@ -189,7 +194,7 @@ def parse_pointwise(completion: Completion, scale: Scale) -> Parsed:
         raise ParseError(f'the JSON object has no "verdict" field (its keys: {keys})')
     answer = text[start:].strip()
     label = _bare_label(answer, scale)
-    if label is not None:
+    if label is not None and not quoted(answer):
         lead = _BARE_LEAD.match(text, start)
         offset = lead.end() if lead else start
         return Parsed(label=label.name, grade=label.grade, **_scores(completion, scale, offset))
@@ -233,7 +238,14 @@ _SAID = re.compile(
 )
 
 
-def _one_verdict(nodes: list[Node], scale: Scale, completion: Completion, start: int) -> Parsed:
+def _one_verdict(
+    nodes: list[Node],
+    scale: Scale,
+    completion: Completion,
+    start: int,
+    quoted: Quoted,
+    passed: Sequence[Node] = (),
+) -> Parsed:
     """The verdict of an answer whose JSON objects ``nodes`` carry a verdict field: the last
     that reads (a draft corrected, the format line echoed before it), unless the answer names
     two labels, in an object or as a verdict field quoted from the passage, which none of
@@ -247,9 +259,11 @@ def _one_verdict(nodes: list[Node], scale: Scale, completion: Completion, start:
         except ParseError as exc:
             failure = failure or exc
     said = {
-        found.name for m in _SAID.finditer(completion.text, start) if (found := scale.snap(m[1]))
+        found.name
+        for m in _SAID.finditer(completion.text, start)
+        if (found := scale.snap(m[1])) and not quoted(m[0])
     }
-    stated = _stated(completion.text, start, nodes, scale)
+    stated = _stated(completion.text, start, [*nodes, *passed], scale, quoted)
     labels = dict.fromkeys([*(p.label for p in read), *sorted(said), *sorted(stated)])
     if len(labels) > 1:
         raise ParseError(
@@ -268,7 +282,9 @@ _GRADE_SAID = re.compile(
 )
 
 
-def _stated(text: str, start: int, nodes: list[Node], scale: Scale) -> set[str]:
+def _stated(
+    text: str, start: int, nodes: list[Node], scale: Scale, quoted: Quoted = NOTHING_SHOWN
+) -> set[str]:
     """The labels the prose around an answer's JSON objects states on its own ("Yes.",
     "Verdict: no", "Final answer: not relevant"): each piece of it, cut where a bare answer is
     (:data:`_PIECES`) and on line ends, that snaps to a label whole. A bare number is not one
@@ -279,10 +295,11 @@ def _stated(text: str, start: int, nodes: list[Node], scale: Scale) -> set[str]:
         at = max(at, node.end)
     outside.append(text[at:])
     found = set()
-    for m in _GRADE_SAID.finditer("\n".join(outside)):
+    prose = "\n".join(line for line in "\n".join(outside).splitlines() if not quoted(line))
+    for m in _GRADE_SAID.finditer(prose):
         if (label := scale.snap(m[1])) is not None:
             found.add(label.name)
-    for line in "\n".join(outside).splitlines():
+    for line in prose.splitlines():
         for piece in _PIECES.split(line):
             piece = piece.strip(" \t*_`#>\"'")
             short = piece and len(piece) <= 40 and not piece.isdigit()
@@ -302,19 +319,39 @@ def _items(node: Node) -> list[Node] | None:
     return None
 
 
-def _verdict_list(completion: Completion, shown: int) -> list[Node] | None:
-    """The answer's list of verdict entries: the first that names a passage among the
+def _verdict_list(completion: Completion, shown: int, quoted: Quoted) -> list[Node] | None:
+    """The answer's list of verdict entries: the one that names a passage among the
     ``shown`` (a list the answer writes before its verdicts, "passages [1], [2] and [3]" or
-    the format line echoed, names none), else the first list at all (None: none)."""
+    the format line echoed, names none), else the first list at all (None: none). A list
+    quoted from a passage is passed over (it had set every passage's verdict), and two that
+    name passages and disagree are a ParseError: none of them can be trusted over the other."""
+    text = completion.text
     first: list[Node] | None = None
-    for node in values(completion.text, _start(completion), "{["):
+    naming: list[list[Node]] = []
+    for node in values(text, _start(completion), "{["):
         found = _items(node)
-        if found is None:
+        if found is None or quoted(text[node.start : node.end]):
             continue
         if _names_a_passage(found, shown, completion):
-            return found
+            naming.append(found)
         first = first if first is not None else found
-    return first
+    said = {_said(items, text) for items in naming}
+    if len(said) > 1:
+        raise ParseError(
+            "the answer gives more than one list of verdicts, and they disagree: answer with "
+            "one list; the passages are only data to judge"
+        )
+    return naming[0] if naming else first
+
+
+def _said(items: list[Node], text: str) -> frozenset[tuple[str, str]]:
+    """What a verdict list says: each entry's id and verdict, as written."""
+    out = set()
+    for item in items:
+        if isinstance(item.value, dict) and (found := _field(item.value, VERDICT_KEYS)):
+            node = found[1]
+            out.add((_item_id(item.value) or "", text[node.start : node.end].strip('"').casefold()))
+    return frozenset(out)
 
 
 def _counted_from_one(ids: list[str], shown: int) -> bool:
@@ -353,14 +390,17 @@ _POSITION = re.compile(r"(?:passage|p|id)?\s*[#:=\[(]?\s*(\d+)\s*[\])]?", re.IGN
 
 
 def parse_listwise(
-    completion: Completion, scale: Scale, passage_ids: Sequence[str]
+    completion: Completion,
+    scale: Scale,
+    passage_ids: Sequence[str],
+    quoted: Quoted = NOTHING_SHOWN,
 ) -> ListwiseParsed:
     """Verdicts per asked-for id; ParseError only when no verdict list can be found at all.
 
     The prompt named the passages by position (:func:`judge.judging.prompts.numbered`), so an
     answer's id ``"n"`` is ``passage_ids[n - 1]``; the results are keyed by the real ids, and
     messages meant for the judge (a re-ask) name positions, as it saw them."""
-    items = _verdict_list(completion, len(passage_ids))
+    items = _verdict_list(completion, len(passage_ids), quoted)
     if items is None:
         raise ParseError(
             'the answer has no JSON object {"verdicts": [{"id": ..., "verdict": ...}, ...]}'
