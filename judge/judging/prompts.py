@@ -64,9 +64,14 @@ _RESERVED = frozenset({"query", "passage", "passages", "scale", "fence", "datama
 # this mark, so the passage reads as one marked stream of data, and an instruction inside it
 # never looks like the prompt's own text. "^" costs 1.8x a passage's cl100k tokens.
 MARK = "^"
-_SPACE = re.compile(r"\s+")
-# Chinese has no spaces between words: the mark goes after each CJK punctuation mark instead.
-_CJK_STOP = re.compile(r"(?<=[\u3001\u3002\uff01\uff0c\uff1a\uff1b\uff1f])(?!\s|$)")
+# White space, and the blanks that show as white space but are letters to Unicode (Hangul
+# fillers, the Braille blank): a passage spaced with them would go unmarked.
+_SPACE = re.compile(r"[\s\u115f\u1160\u3164\uffa0\u2800]+")
+# Chinese has no spaces between words: the mark goes after each CJK punctuation mark instead,
+# and after ASCII punctuation that follows a CJK character (scraped text often uses it).
+_CJK_STOP = re.compile(
+    r"(?:(?<=[\u3001\u3002\uff01\uff0c\uff1a\uff1b\uff1f])|(?<=[\u3400-\u9fff][,.;:!?]))(?!\s|$)"
+)
 
 # Any tag-like opener: "<" (or its full-width and small forms) before a name, "/" or "|":
 # our fence tags ("</passage", "< / Query"), a reasoning model's "</think>" (the parser reads

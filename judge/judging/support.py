@@ -32,7 +32,7 @@ from judge.judging.ask import (
 )
 from judge.judging.context import FRAMING, SAFETY, count_tokens, fit_to_context
 from judge.judging.jsonscan import NOTHING_SHOWN, Node, Quoted, shown_as_data
-from judge.judging.prompts import PromptTemplate, fence, neutralise
+from judge.judging.prompts import PromptTemplate, fence, neutralise, one_line
 from judge.providers.base import ChatRequest, Completion, Message
 from judge.schema import Passage, Query, Record, Scale, Usage
 
@@ -161,7 +161,8 @@ class Assigner:
     def _render(
         self, query: Query, passages: Sequence[Passage], nuggets: Sequence[Nugget]
     ) -> tuple[Message, ...]:
-        shown = [{"id": neutralise(n.id), "text": neutralise(n.text)} for n in nuggets]
+        # One line each: a nugget is written from passages, and must not start lines of its own.
+        shown = [{"id": neutralise(n.id), "text": one_line(neutralise(n.text))} for n in nuggets]
         return self.template.render_listwise(query, passages, SUPPORT, nuggets=shown)
 
     def request(
