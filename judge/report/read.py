@@ -57,6 +57,7 @@ COMPARE_COLUMNS: dict[str, str] = {
     "reasons": "boolean",
     "judged_known": "boolean",
     "family": "Int64",
+    "baseline_lacks": "boolean",
     "significant": "string",
 }
 
