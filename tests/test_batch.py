@@ -1001,3 +1001,22 @@ def test_a_budget_stop_after_the_batch_names_the_batch_as_what_was_spent_before(
     assert main(args) == 4
     err = capsys.readouterr().err
     assert "of it by this run's batches)" in err and "earlier invocations" not in err
+
+
+def test_a_batch_record_that_is_not_utf8_is_one_line_for_status_cancel_and_run(
+    make_batch_server: Callable[..., BatchServer],
+    tmp_path: Path,
+    fake_key: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_batch_server()
+    config = _config(tmp_path, server)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "batch.json").write_bytes(b"\xff\xfe\x00{garbage")
+    for argv in (["batch", "status", str(out)], ["batch", "cancel", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "batch.json: byte 0: not UTF-8" in err and "Traceback" not in err
+    assert main(["run", str(config), "--out", str(out), "--batch"]) == 2
+    assert server.requests == []

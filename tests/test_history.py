@@ -276,3 +276,19 @@ def test_a_history_that_fails_after_judging_leaves_the_reports_and_one_row(
     (out / "report.html").rmdir()
     finish_run(again, out, None)
     assert len(list_runs(fresh)) == 1
+
+
+def test_a_history_with_a_value_judge_never_writes_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h.sqlite"
+    nightly(path, [0.5, 0.6])
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE runs SET queries = 'lots'")
+    with pytest.raises(CacheError, match=r"h\.sqlite: run history unreadable: a run's queries"):
+        list_runs(path)
+    from judge.cli.main import main
+
+    assert main(["history", "--history", str(path), "--all"]) == 2
+    err = capsys.readouterr().err
+    assert "run history unreadable" in err and "Traceback" not in err

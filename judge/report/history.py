@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from judge.errors import CacheError
 from judge.metrics.facts import lower_is_better
 from judge.schema import Record
@@ -245,9 +247,17 @@ def list_runs(path: str | Path, limit: int = 20, *, source: str | None = None) -
                 metrics[run_id].setdefault(engine, {})[metric] = mean
     keys: tuple[str, ...] = ("run_id", "created", "config_source", "dataset", "out_dir")
     keys = (*keys, "queries", "repeats", "verdicts", "ok", "unparsed", "error", "cost_usd")
-    return [
-        HistoryRun(**dict(zip(keys, r, strict=True)), metrics=metrics[r[0]]) for r in rows[::-1]
-    ]
+    try:
+        return [
+            HistoryRun(**dict(zip(keys, r, strict=True)), metrics=metrics[r[0]]) for r in rows[::-1]
+        ]
+    except ValidationError as exc:  # a value judge never writes there: damaged, or edited
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CacheError(
+            f"{path}: run history unreadable: a run's {where} is {first['input']!r}: "
+            f"{first['msg']}; move the file aside to start a new history"
+        ) from None
 
 
 def metric_trend(

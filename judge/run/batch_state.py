@@ -114,6 +114,11 @@ def load_state(out_dir: Path) -> BatchState | None:
         return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: byte {exc.start}: not UTF-8 text; this file records batches that may be "
+            "paid for: restore it, or check them with the provider before removing it"
+        ) from None
     try:
         return BatchState.model_validate_json(text)
     except ValidationError as exc:
