@@ -122,3 +122,27 @@ def test_labels_above_the_judges_scale_without_a_config_are_refused(
     assert main(["calibrate", str(results)]) == 2
     err = capsys.readouterr().err
     assert "human labels go up to 3, the judge's 'binary' scale to 1: pass --config" in err
+
+
+def test_calibrate_never_writes_over_what_it_reads_nor_reads_one_run_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    results = run / "verdicts.jsonl"
+    run.mkdir()
+    for jq in lenient_judge(40, seed=2):
+        append_result(results, jq)
+    (run / "summary.json").write_text("{}", encoding="utf-8")
+    config = tmp_path / "c.toml"
+    config.write_text('[judge]\nmodel = "m"\n', encoding="utf-8")
+    before = {p: p.read_bytes() for p in (results, run / "summary.json", config)}
+    for out in (results, run / "summary.json", config):
+        argv = ["calibrate", str(run), "--config", str(config), "--json", str(out)]
+        assert main(argv) == 2
+        assert "that is an input; write elsewhere" in capsys.readouterr().err
+    assert main(["calibrate", str(run), "--json", str(tmp_path / "no" / "c.json")]) == 2
+    assert "its folder does not exist" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before
+    # A run directory and its results file are one run: not fitted on twice its labels.
+    assert main(["calibrate", str(run), str(results)]) == 2
+    assert "a source is given twice" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from judge.cli.common import (
     at_least_one,
     each_once,
     judged_input,
+    outputs_spare_inputs,
     seed_arg,
     whole_number,
 )
@@ -125,6 +126,9 @@ def _emit(
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     each_once("calibrate", args.sources)
+    # Neither the runs read nor the config (read, and written by --write) is an output.
+    inputs = [*args.sources, *([args.config] if args.config else [])]
+    outputs_spare_inputs("calibrate", inputs, {"--json": args.json})
     config, results, scale = judged_input(args, lambda: load_engines(args.sources))
     if config is None:
         _labels_fit(results, scale)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from judge.config import RunConfig, load_config, parse_override
-from judge.data.results import resolve_scale, split_source
+from judge.data.results import RESULTS_FILE, resolve_scale, split_source
 from judge.errors import ConfigError, JudgeError
 from judge.schema import JudgedQuery, Scale
 
@@ -146,10 +146,36 @@ def _print_rerank(est: Estimate) -> None:
 
 
 def each_once(command: str, sources: Sequence[str]) -> None:
-    """ConfigError when a run (directory or file, ``NAME=`` aside) is given twice: its rows
-    would count twice (a calibration of one run given twice had fitted on twice its labels)."""
-    if len({str(Path(split_source(s)[1]).resolve()) for s in sources}) < len(sources):
+    """ConfigError when a run (directory or file, ``NAME=`` aside) is given twice, a directory
+    and its results file too: its rows would count twice (a calibration of one run given
+    twice had fitted on twice its labels)."""
+
+    def read(source: str) -> str:
+        path = Path(split_source(source)[1]).resolve()
+        return str(path / RESULTS_FILE if path.is_dir() else path)
+
+    if len({read(s) for s in sources}) < len(sources):
         raise ConfigError(f"judge {command}: a source is given twice: {' '.join(sources)}")
+
+
+def outputs_spare_inputs(
+    command: str, sources: Sequence[str], outputs: dict[str, str | None]
+) -> None:
+    """Refuse an output path that is one of the inputs, or a file a run directory given as
+    one is read from (``--json RUN/summary.json`` replaced the run's own summary), one in a
+    folder that does not exist, or a folder (both found after the whole comparison had been
+    printed)."""
+    read: set[Path] = set()
+    for source in sources:
+        path = Path(split_source(source)[1]).resolve()
+        read |= {path, *(path.glob("*") if path.is_dir() else ())}
+    for flag, out in outputs.items():
+        if out is not None and Path(out).resolve() in read:
+            raise ConfigError(f"judge {command} {flag} {out}: that is an input; write elsewhere")
+        if out is not None and not Path(out).resolve().parent.is_dir():  # before the work
+            raise ConfigError(f"judge {command} {flag} {out}: its folder does not exist")
+        if out is not None and Path(out).is_dir():
+            raise ConfigError(f"judge {command} {flag} {out}: is a folder; name a file in it")
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:

@@ -39,6 +39,7 @@ from judge.cli.common import (
     at_least_one,
     each_once,
     judged_input,
+    outputs_spare_inputs,
     seed_arg,
     whole_number,
 )
@@ -323,7 +324,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.baseline = args.baseline or "baseline"
 
     no_rows = InputError(f"no judged rows in {', '.join(args.sources)}")
-    _outputs_spare_inputs(args.sources, {"--json": args.json, "--html": args.html})
+    outputs_spare_inputs("compare", args.sources, {"--json": args.json, "--html": args.html})
     each_once("compare", args.sources)
 
     def read() -> list[JudgedQuery]:
@@ -391,24 +392,6 @@ def _said_first(
         why = f"(by a judge found unreliable in {', '.join(unreliable)}: see its Trust line)"
         said = [f"{line} {why}" for line in said]
     return [*worse_lines(cmp, fail_if_worse), *said]
-
-
-def _outputs_spare_inputs(sources: Sequence[str], outputs: dict[str, str | None]) -> None:
-    """Refuse an output path that is one of the inputs, or a file a run directory given as
-    one is read from (``--json RUN/summary.json`` replaced the run's own summary), one in a
-    folder that does not exist, or a folder (both found after the whole comparison had been
-    printed)."""
-    read: set[Path] = set()
-    for source in sources:
-        path = Path(split_source(source)[1]).resolve()
-        read |= {path, *(path.glob("*") if path.is_dir() else ())}
-    for flag, out in outputs.items():
-        if out is not None and Path(out).resolve() in read:
-            raise ConfigError(f"judge compare {flag} {out}: that is an input; write elsewhere")
-        if out is not None and not Path(out).resolve().parent.is_dir():  # before the work
-            raise ConfigError(f"judge compare {flag} {out}: its folder does not exist")
-        if out is not None and Path(out).is_dir():
-            raise ConfigError(f"judge compare {flag} {out}: is a folder; name a file in it")
 
 
 def _held_by_summaries(args: argparse.Namespace, metrics: list[str]) -> list[str]:
