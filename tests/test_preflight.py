@@ -1011,3 +1011,24 @@ def test_a_baseline_without_the_primary_metric_is_said_so_not_that_no_query_is_s
         "bm25 vs the baseline: the baseline has no ndcg (it was summarised with other "
         "[metrics] names): nothing to pair"
     )
+
+
+def test_baseline_set_never_writes_over_a_file_that_is_not_a_summary(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    first = tmp_path / "night1"
+    dataset = _dataset(tmp_path)
+    assert main(["run", str(config), str(dataset), "--out", str(first), "--first-night"]) == 0
+    for target in (first / "verdicts.jsonl", config):
+        with config.open("a", encoding="utf-8") as fh:
+            fh.write(f'[thresholds]\nbaseline = "{target}"\n')
+        before = target.read_bytes()
+        assert main(["baseline", "set", str(first), "--config", str(config)]) == 2
+        assert "holds a file that is not a summary" in capsys.readouterr().err
+        assert target.read_bytes() == before
+        text = config.read_text(encoding="utf-8")
+        config.write_text(text[: text.index("[thresholds]")], encoding="utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 from judge.cli.common import EXIT_OK
 from judge.config import load_config
 from judge.data.lines import write_atomic
-from judge.errors import ConfigError
+from judge.errors import ConfigError, JudgeError
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
@@ -45,6 +45,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             "leave every drop check unevaluated (--force to use it anyway)"
         )
     target = Path(config.thresholds.baseline)
+    _holds_no_other_file(target, args.config)
     write_atomic(target, source.read_bytes())  # a nightly run sees the old file or the new
     print(f"baseline: {source} -> {target}")
     outcome = summary.outcome
@@ -63,3 +64,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--config", required=True, help="config whose [thresholds] baseline to set")
     b.add_argument("--force", action="store_true", help="accept an incomplete run")
     b.set_defaults(func=cmd_baseline)
+
+
+def _holds_no_other_file(target: Path, config: str) -> None:
+    """ConfigError when [thresholds] baseline names a file that is not a summary (the config
+    itself, a run's verdicts.jsonl): writing the baseline there would replace it (it had,
+    exit 0)."""
+    from judge.report.summary import load_summary
+
+    if not target.exists():
+        return
+    if target.is_dir():
+        raise ConfigError(f"{config}: [thresholds] baseline {target} is a folder; name a file")
+    try:
+        load_summary(target)
+    except JudgeError:
+        raise ConfigError(
+            f"{config}: [thresholds] baseline {target} holds a file that is not a summary: "
+            "setting the baseline would replace it; point [thresholds] baseline elsewhere"
+        ) from None
