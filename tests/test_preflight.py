@@ -1032,3 +1032,22 @@ def test_baseline_set_never_writes_over_a_file_that_is_not_a_summary(
         assert target.read_bytes() == before
         text = config.read_text(encoding="utf-8")
         config.write_text(text[: text.index("[thresholds]")], encoding="utf-8")
+
+
+def test_validate_refuses_a_run_directory_that_run_would_refuse(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    dataset = _dataset(tmp_path)
+    out = tmp_path / "out"
+    assert main(["run", str(config), str(dataset), "--out", str(out)]) == 0
+    other = write_config(
+        tmp_path / "other.toml", server, tmp_path / "cache.sqlite", {"judge": {"model": "m2"}}
+    )
+    capsys.readouterr()
+    run_err, validate_err = _both(other, dataset, out, capsys)
+    assert "made with a different config" in run_err
+    assert validate_err == run_err

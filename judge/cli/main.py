@@ -366,8 +366,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
         out_dir = Path(args.out or config.run.out)
         queries = load_queries(config, dataset, said=True)  # its notes are printed above
         preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
+        _resumable(out_dir, config)
         print(f"{config_path}: ready to run; no problems found")
     return EXIT_OK
+
+
+def _resumable(out_dir: Path, config: RunConfig) -> None:
+    """ConfigError when ``judge run`` would refuse ``out_dir`` with ``config`` (made with
+    another config, a batch that may still answer): validate said "ready to run" of it."""
+    from judge.run.resume import resume_problem
+
+    if (problem := resume_problem(out_dir, config)) is not None:
+        raise ConfigError(problem)
 
 
 def _validate_trec(args: argparse.Namespace, config: RunConfig) -> int:
@@ -387,6 +397,7 @@ def _validate_trec(args: argparse.Namespace, config: RunConfig) -> int:
     )
     out_dir = Path(args.out or config.run.out)
     preflight(config, queries, out_dir, first_night=args.first_night, later=report_problems)
+    _resumable(out_dir, config)
     print(f"{config.source}: ready to run; no problems found")
     return EXIT_OK
 
