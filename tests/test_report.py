@@ -611,3 +611,26 @@ def test_report_md_makes_no_link_or_image_of_data_text() -> None:
     ]
     page = markdown_it.MarkdownIt("commonmark").enable("table").render(render_markdown(head, body))
     assert "<img" not in page and "<a " not in page and "evil.example" in page
+
+
+def test_a_summary_made_again_under_another_configs_policy_recomputes_the_metrics(
+    tmp_path: Path,
+) -> None:
+    """``judge report --rebuild --config`` with another metric policy (here the gain; a cut
+    written by ``judge calibrate --write`` alike) counts the metrics as it says: it had kept
+    the run's stored per-query values beside a policy that said otherwise."""
+    run = write_run(tmp_path / "run", sample_results(repeats=1))
+    config = tmp_path / "c.toml"
+    config.write_text('[judge]\nscale = "graded"\n[metrics]\ngain = "exponential"\n')
+    assert run_cli(["report", str(run), "--rebuild", "--config", str(config)]) == 0
+    summary = load_summary(run / "summary.json")
+    policy = load_config(config).metrics
+    again = metrics_for_queries(
+        ["ndcg"], [(jq.query, jq.verdicts) for jq in sample_results(repeats=1)], GRADED, policy
+    )
+    want = [
+        v["ndcg"]
+        for jq, v in zip(sample_results(repeats=1), again, strict=True)
+        if jq.query.engine == "bm25" and v["ndcg"] is not None
+    ]
+    assert summary.engines["bm25"].mean("ndcg") == pytest.approx(sum(want) / len(want))

@@ -473,7 +473,7 @@ def _metrics(
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from judge.metrics.compute import counted
+    from judge.metrics.compute import counted, rescored
     from judge.report.document import write_reports
     from judge.report.finish import nights_of, summary_state
     from judge.report.history import history_rows_for_report, source_key
@@ -505,6 +505,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if config is None and (config := _the_runs_config(out_dir, *config_source(out_dir))):
             named = config.source
         made = config or load_config(None)
+        if args.config:  # its policy may not be the run's: the metrics follow it
+            results = rescored(results, made.scale(), made.metrics)
         results = counted(results, made.scale(), made.metrics)
         summary, nights = _rebuilt(out_dir, made, results, given=config is not None)
     history_path = args.history or (config.history_path() if config else None)

@@ -218,6 +218,24 @@ def counted(
     return out
 
 
+def rescored(
+    results: Sequence[JudgedQuery], scale: Scale, policy: MetricPolicy
+) -> list[JudgedQuery]:
+    """``results`` with every query's metrics computed again from its verdicts (and its
+    reranker scores, coverage and credibility) under ``policy``: a summary made again with
+    another config (a cut written by ``judge calibrate --write``) counts what it says, not
+    the metrics the run stored under its own."""
+    values = metrics_for_queries(
+        policy.names,
+        [(jq.query, jq.verdicts) for jq in results],
+        scale,
+        policy,
+        [jq.rerank_scores for jq in results],
+        [Aspects(coverage=jq.coverage, credibility=jq.credibility) for jq in results],
+    )
+    return [jq.model_copy(update={"metrics": m}) for jq, m in zip(results, values, strict=True)]
+
+
 def _recut(verdict: Verdict, scale: Scale, policy: MetricPolicy) -> Verdict:
     grade = _grade(verdict, scale, policy)
     if grade is None or grade == verdict.grade:
