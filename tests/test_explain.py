@@ -242,3 +242,18 @@ def test_a_run_judged_by_score_is_explained_by_the_llm_named(
     assert "local/judge-test: yes" in shown and "It names Paris as the capital." in shown
     assert main(argv) == 0
     assert len(server.requests) == 1
+
+
+def test_an_answer_that_does_not_read_is_said_once_and_is_not_incomplete(
+    run_dir: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 3 says a rerun may finish it: an answer that came and does not read is paid and
+    kept, and a rerun reads the same one (it had exited 3 every time)."""
+    for _ in range(2):  # the answer and its re-ask
+        server.enqueue(Answer(text="I think it is fine, more or less."))
+    argv = ["explain", str(run_dir), "--query", "q0", "--passage", "q0-p1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ": unparsed" in out and "a rerun reads the same one" in out
+    sent = len(server.requests)
+    assert main(argv) == 0 and len(server.requests) == sent  # nothing paid again

@@ -204,7 +204,8 @@ def _judge(config: RunConfig) -> Judge:
 def _print(
     row: JudgedQuery, chosen: Sequence[Passage], answers: Sequence[Verdict], config: RunConfig
 ) -> int:
-    """Each passage's run verdict beside the explainer's answer; exit 3 if one is missing."""
+    """Each passage's run verdict beside the explainer's answer; exit 3 if one is missing by a
+    provider error (a rerun may get it), not when an answer came that does not read."""
     run_verdicts = {v.passage_id: v for v in row.verdicts}
     said = {v.passage_id: v for v in answers}
     who = f"{config.judge.provider}/{config.judge.model}"
@@ -218,10 +219,17 @@ def _print(
         print(f"  run:       {_run_line(mine, score)}")
         answer = said.get(passage.id)
         if answer is None or answer.status != "ok":
-            missing += 1
+            # Exit 3 says a rerun may finish it: true of a provider error, not of an answer
+            # that came and does not read (paid and kept: a rerun reads the same one).
+            missing += answer is None or answer.status == "error"
             why = "no answer" if answer is None else answer.status
             detail = (answer.error or answer.raw or "") if answer is not None else ""
             print(f"  {who}: {why}{': ' + _snippet(detail) if detail else ''}")
+            if answer is not None and answer.status == "unparsed":
+                print(
+                    "  (its answer is kept, and a rerun reads the same one: another --model, "
+                    "or a template that asks for the format, may answer in it)"
+                )
             continue
         if answer.source == "empty":  # judged without asking: no LLM said anything of it
             print(f"  {who}: not asked: the passage is empty, nothing to explain")
