@@ -634,3 +634,26 @@ def test_a_summary_made_again_under_another_configs_policy_recomputes_the_metric
         if jq.query.engine == "bm25" and v["ndcg"] is not None
     ]
     assert summary.engines["bm25"].mean("ndcg") == pytest.approx(sum(want) / len(want))
+
+
+def test_rebuild_makes_a_finished_runs_removed_or_damaged_summary_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that finished (finished.json: complete, from these results) whose summary.json
+    was removed or damaged is made again by --rebuild: it had been taken for a run killed
+    before its summary (exit 3), or read first and refused (exit 2)."""
+    from judge.cli.main import main
+
+    done = write_run(tmp_path / "done", sample_results(repeats=1))
+    config = load_config(None, {"judge.scale": "graded", "run.history": str(tmp_path / "h")})
+    (done / "run.json").write_text("{}", encoding="utf-8")
+    finish_run(config, done, None)
+    graded = _graded(tmp_path)
+    for damage in ("", "{trunc", None):
+        if damage is None:
+            (done / "summary.json").unlink()
+        else:
+            (done / "summary.json").write_text(damage, encoding="utf-8")
+        assert main(["report", str(done), "--rebuild", "--config", str(graded)]) == 0, damage
+        assert load_summary(done / "summary.json").engines
+        assert "Traceback" not in capsys.readouterr().err

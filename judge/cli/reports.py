@@ -475,7 +475,7 @@ def _metrics(
 def cmd_report(args: argparse.Namespace) -> int:
     from judge.metrics.compute import counted, rescored
     from judge.report.document import write_reports
-    from judge.report.finish import nights_of, summary_state
+    from judge.report.finish import finished, nights_of, summary_state
     from judge.report.history import history_rows_for_report, source_key
     from judge.report.summary import SUMMARY_FILE, load_summary
     from judge.run.resume import RUN_FILE, config_source
@@ -488,7 +488,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     named = args.config  # the config file the history is kept by
     summary_path = out_dir / SUMMARY_FILE
     state = summary_state(out_dir)
-    if state in ("missing", "stale") and (out_dir / RUN_FILE).is_file():
+    if state in ("missing", "stale") and (out_dir / RUN_FILE).is_file() and not finished(out_dir):
         when = "before it wrote a summary" if state == "missing" else "after its summary"
         raise RunUnfinished(
             f"{out_dir}: a run into it stopped {when} (killed, say): its results are not what "
@@ -539,7 +539,11 @@ def _rebuilt(
     from judge.report.summary import SUMMARY_FILE, load_summary, write_summary
 
     path = out_dir / SUMMARY_FILE
-    old = load_summary(path) if path.exists() else None
+    try:  # what it keeps of the old summary; a damaged one is what --rebuild is for
+        old = load_summary(path) if path.exists() else None
+    except InputError as exc:
+        log.warning("%s; made again from the results without it", exc)
+        old = None
     run, dataset = (old.run, old.dataset) if old else (None, None)
     try:
         summary, _, nights = complete_summary(config, results, run, dataset)

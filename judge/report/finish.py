@@ -311,6 +311,13 @@ def summary_state(out_dir: Path) -> str:
     return "current" if made == _digest(out_dir / RESULTS_FILE) else "stale"
 
 
+def finished(out_dir: Path) -> bool:
+    """Whether a finish of ``out_dir`` completed from the results it holds now (its summary
+    may since have been removed or damaged: made again from them, not an unfinished run)."""
+    made = _made(out_dir)
+    return made.get("complete") is True and made.get("results") == _digest(out_dir / RESULTS_FILE)
+
+
 def _write_made(out_dir: Path, made: dict[str, Any]) -> None:
     """``finished.json``: what the summary and reports were made from, whether the history
     has these results, and whether every file of the finish was written (``complete``)."""
