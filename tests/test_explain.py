@@ -257,3 +257,31 @@ def test_an_answer_that_does_not_read_is_said_once_and_is_not_incomplete(
     assert ": unparsed" in out and "a rerun reads the same one" in out
     sent = len(server.requests)
     assert main(argv) == 0 and len(server.requests) == sent  # nothing paid again
+
+
+def test_a_run_with_repeats_is_compared_by_the_label_it_gave_most_often(
+    run_dir: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Repeat 0 is not the run's verdict when the repeats split: the label given most often
+    is (an explainer agreeing with two of three repeats had been said to disagree)."""
+    rows = load_results(run_dir)
+    first = next(jq for jq in rows if jq.query.query_id == "q0")
+    said = run_label(run_dir, "q0", "q0-p1")
+    other = "no" if said == "yes" else "yes"
+    flipped = tuple(
+        v.model_copy(
+            update={"label": other, "grade": int(other == "yes"), "relevant": other == "yes"}
+        )
+        if v.passage_id == "q0-p1"
+        else v
+        for v in first.verdicts
+    )
+    for r in (1, 2):
+        append_result(
+            run_dir / "verdicts.jsonl", first.model_copy(update={"repeat": r, "verdicts": flipped})
+        )
+    server.enqueue(explained("Most repeats said so.", other))
+    assert main(["explain", str(run_dir), "--query", "q0", "--passage", "q0-p1"]) == 0
+    out = capsys.readouterr().out
+    assert f"(repeat 0 of 3; over the repeats: {other} 2, {said} 1: {other} most often)" in out
+    assert "DISAGREES" not in out

@@ -17,6 +17,7 @@ anything is sent; a bad one is one line and exit 2.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise InputError("no such run directory", file=str(run_dir))
-    row = _query_row(load_results(run_dir), args.query, args.engine, run_dir)
+    repeats = _query_rows(load_results(run_dir), args.query, args.engine, run_dir)
+    row = repeats[0]
     chosen = _passages(row, args.passage)
     sets = overrides(args)
     config = _config(args.config, sets, run_dir)
@@ -87,13 +89,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     judge_, explained = _judge(config), row.query.model_copy(update={"passages": chosen})
     with judge_:
         answers = judge_.judge(explained).verdicts
-    return _print(row, chosen, answers, config)
+    return _print(repeats, chosen, answers, config)
 
 
-def _query_row(
+def _query_rows(
     rows: Sequence[JudgedQuery], qid: str, engine: str | None, where: Path
-) -> JudgedQuery:
-    """The row of query ``qid`` (and ``engine``) at its first repeat; one line when missing."""
+) -> list[JudgedQuery]:
+    """The rows of query ``qid`` (and ``engine``), repeat by repeat; one line when missing."""
     mine = [jq for jq in rows if jq.query.query_id == qid]
     if not mine:
         known = sorted({jq.query.query_id for jq in rows})
@@ -111,7 +113,7 @@ def _query_row(
             file=str(where),
         )
     picked = [jq for jq in mine if jq.query.engine == (engine or engines[0])]
-    return min(picked, key=lambda jq: jq.repeat)
+    return sorted(picked, key=lambda jq: jq.repeat)
 
 
 def _passages(row: JudgedQuery, ids: Sequence[str] | None) -> tuple[Passage, ...]:
@@ -202,10 +204,14 @@ def _judge(config: RunConfig) -> Judge:
 
 
 def _print(
-    row: JudgedQuery, chosen: Sequence[Passage], answers: Sequence[Verdict], config: RunConfig
+    repeats: Sequence[JudgedQuery],
+    chosen: Sequence[Passage],
+    answers: Sequence[Verdict],
+    config: RunConfig,
 ) -> int:
     """Each passage's run verdict beside the explainer's answer; exit 3 if one is missing by a
     provider error (a rerun may get it), not when an answer came that does not read."""
+    row = repeats[0]
     run_verdicts = {v.passage_id: v for v in row.verdicts}
     said = {v.passage_id: v for v in answers}
     who = f"{config.judge.provider}/{config.judge.model}"
@@ -216,7 +222,8 @@ def _print(
         mine = run_verdicts.get(passage.id)
         score = (row.rerank_scores or {}).get(passage.id)
         print(f"\npassage {passage.id}: {_snippet(passage.text)}")
-        print(f"  run:       {_run_line(mine, score)}")
+        run_label, of_repeats = _run_label(repeats, passage.id)
+        print(f"  run:       {_run_line(mine, score)}{of_repeats}")
         answer = said.get(passage.id)
         if answer is None or answer.status != "ok":
             # Exit 3 says a rerun may finish it: true of a provider error, not of an answer
@@ -238,12 +245,29 @@ def _print(
         cached = ", cached" if answer.cached else ""
         print(f"  {who}: {answer.label}{p}{cached}")
         print(f"  reason:    {answer.reason or '(none given)'}")
-        if mine is not None and mine.status == "ok" and mine.label != answer.label:
+        if run_label is not None and run_label != answer.label:
             print(
-                f"  DISAGREES: the run said {mine.label!r}, {who} says {answer.label!r}; this "
+                f"  DISAGREES: the run said {run_label!r}, {who} says {answer.label!r}; this "
                 f"reason argues for {answer.label!r} and does not explain the run's verdict"
             )
     return EXIT_INCOMPLETE if missing else EXIT_OK
+
+
+def _run_label(repeats: Sequence[JudgedQuery], pid: str) -> tuple[str | None, str]:
+    """The label the run gave ``pid`` most often over its repeats (None: none, or a tie), and
+    how its repeats split, to print beside repeat 0's verdict ("" with one repeat)."""
+    labels = [v.label for jq in repeats for v in jq.verdicts if v.passage_id == pid and v.label]
+    counts = Counter(labels).most_common()
+    if not counts:
+        return None, ""
+    tie = len(counts) > 1 and counts[0][1] == counts[1][1]
+    if len(repeats) == 1:
+        return counts[0][0], ""
+    split = ", ".join(f"{label} {n}" for label, n in counts)
+    said = "no label most often" if tie else f"{counts[0][0]} most often"
+    return (None if tie else counts[0][0]), (
+        f" (repeat 0 of {len(repeats)}; over the repeats: {split}: {said})"
+    )
 
 
 def _run_line(verdict: Verdict | None, score: float | None) -> str:
