@@ -17,16 +17,16 @@ from judge.errors import InputError
 from judge.schema import JudgedQuery, Passage, Query, Scale, Verdict
 
 
-def lenient_judge(n_queries: int, seed: int) -> list[JudgedQuery]:
-    """A judge whose P(yes) is pushed up: its arg-max says yes to most passages, but its
-    probabilities still rank the relevant ones higher."""
+def lenient_judge(n_queries: int, seed: int, shift: float = 2.5) -> list[JudgedQuery]:
+    """A judge whose P(yes) is pushed up (by ``shift``): its arg-max says yes to most
+    passages, but its probabilities still rank the relevant ones higher."""
     rng = np.random.default_rng(seed)
     scale = Scale.binary()
     out = []
     for q in range(n_queries):
         truth = rng.random(8) < 0.35
         score = np.where(truth, 1.0, -1.0) + rng.normal(0, 0.8, 8)
-        p_yes = 1 / (1 + np.exp(-(score + 2.5)))
+        p_yes = 1 / (1 + np.exp(-(score + shift)))
         verdicts = tuple(
             Verdict(
                 passage_id=f"p{i}",
@@ -146,3 +146,18 @@ def test_calibrate_never_writes_over_what_it_reads_nor_reads_one_run_twice(
     # A run directory and its results file are one run: not fitted on twice its labels.
     assert main(["calibrate", str(run), str(results)]) == 2
     assert "a source is given twice" in capsys.readouterr().err
+
+
+def test_a_cut_that_agrees_less_than_the_current_one_is_not_written_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "verdicts.jsonl"
+    for jq in lenient_judge(40, seed=3, shift=0.0):  # its 0.5 cut is already the right one
+        append_result(results, jq)
+    config = tmp_path / "c.toml"
+    config.write_text('[judge]\nmodel = "m"\n', encoding="utf-8")
+    assert main(["calibrate", str(results), "--config", str(config), "--write"]) == 2
+    assert "agrees with the human labels less than the current one" in capsys.readouterr().err
+    assert load_config(config).metrics.relevance_threshold is None
+    assert main(["calibrate", str(results), "--config", str(config), "--write", "--force"]) == 0
+    assert load_config(config).metrics.relevance_threshold is not None

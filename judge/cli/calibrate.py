@@ -119,6 +119,13 @@ def _emit(
                 f"the human labels no better than chance (cross-validated kappa "
                 f"{_num(cal.kappa_after)}); check the labels and the judge first"
             )
+        before = cal.kappa_before
+        if before is not None and cal.kappa_after < before and not args.force:
+            raise ConfigError(
+                f"not written to {config.source}: the calibrated cut agrees with the human "
+                f"labels less than the current one does (cross-validated kappa "
+                f"{_num(cal.kappa_after)} against {_num(before)}); --force writes it anyway"
+            )
         set_config_value(Path(config.source), f"metrics.{key}", value)
         print(f"wrote [metrics] {key} = {shown} to {config.source}")
     return EXIT_OK
@@ -175,5 +182,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--n-boot", type=at_least_one, default=1000, help="bootstrap resamples for the CIs"
     )
     c.add_argument("--seed", type=seed_arg, default=0)
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="--write even a cut that agrees with the labels less than the current one",
+    )
     c.add_argument("--json", metavar="OUT", help="also write the calibration as JSON")
     c.set_defaults(func=cmd_calibrate)
