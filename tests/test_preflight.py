@@ -1051,3 +1051,35 @@ def test_validate_refuses_a_run_directory_that_run_would_refuse(
     run_err, validate_err = _both(other, dataset, out, capsys)
     assert "made with a different config" in run_err
     assert validate_err == run_err
+
+
+def test_baseline_set_refuses_a_run_the_next_nights_would_refuse_and_says_what_they_skip(
+    make_server: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = make_server(responder=keyword_responder({"boils": "yes"}))
+    config = write_config(tmp_path / "c.toml", server, tmp_path / "cache.sqlite")
+    first = tmp_path / "night1"
+    assert main(["run", str(config), str(_dataset(tmp_path)), "--out", str(first)]) == 0
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({**ROW, "engine": "renamed"}) + "\n", encoding="utf-8")
+    nightly = write_config(
+        tmp_path / "nightly.toml",
+        server,
+        tmp_path / "cache.sqlite",
+        {
+            "judge": {"model": "another-judge"},
+            "dataset": {"path": str(other)},
+            "thresholds": {"baseline": str(tmp_path / "base.json")},
+            "thresholds.max_drop": {'"ndcg@10"': 0.05},
+        },
+    )
+    capsys.readouterr()
+    assert main(["baseline", "set", str(first), "--config", str(nightly)]) == 2
+    assert "that run has none of the engines of" in capsys.readouterr().err
+    assert not (tmp_path / "base.json").exists()
+    other.write_text(json.dumps(ROW) + "\n", encoding="utf-8")  # the engine the run has
+    assert main(["baseline", "set", str(first), "--config", str(nightly)]) == 0
+    out = capsys.readouterr().out
+    assert "judged by model 'judge-test'" in out and "that run has no ndcg@10" in out

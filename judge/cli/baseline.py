@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from judge.cli.common import EXIT_OK
-from judge.config import load_config
+from judge.config import RunConfig, load_config
 from judge.data.lines import write_atomic
 from judge.errors import ConfigError, JudgeError
+
+if TYPE_CHECKING:
+    from judge.report.summary import Summary
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
@@ -44,6 +48,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             f"verdicts, {c.unparsed} unparsed, {c.failed_words()}): as a baseline it would "
             "leave every drop check unevaluated (--force to use it anyway)"
         )
+    _fits_the_nights(summary, config, source, args.config)
     target = Path(config.thresholds.baseline)
     _holds_no_other_file(target, args.config)
     write_atomic(target, source.read_bytes())  # a nightly run sees the old file or the new
@@ -83,3 +88,31 @@ def _holds_no_other_file(target: Path, config: str) -> None:
             f"{config}: [thresholds] baseline {target} holds a file that is not a summary: "
             "setting the baseline would replace it; point [thresholds] baseline elsewhere"
         ) from None
+
+
+def _fits_the_nights(summary: Summary, config: RunConfig, source: Path, named: str) -> None:
+    """What the next nights would find of this baseline, said now: ConfigError when it holds
+    none of the config's dataset's engines (every night would refuse it); a note when its
+    judge is another, or it lacks a metric a drop check reads (that check is skipped)."""
+    th = config.thresholds
+    if th.max_drop and config.dataset.path:
+        from judge.run.queries import load_queries
+
+        engines = sorted({q.engine for q in load_queries(config, None)})
+        if engines and not set(engines) & set(summary.engines):
+            raise ConfigError(
+                f"{source}: that run has none of the engines of {named}'s dataset "
+                f"({', '.join(engines)}; it has {', '.join(sorted(summary.engines)) or 'none'}): "
+                "every night's drop checks would find nothing to compare with"
+            )
+    if (was := summary.config.judge.get("model")) != config.judge.model:
+        print(
+            f"note: that run was judged by model '{was}', {named} judges with "
+            f"'{config.judge.model}': a drop may be the judge's, not the engines'"
+        )
+    held = {m for e in summary.engines.values() for m in e.metrics}
+    if lacking := [m for m in th.max_drop if m not in held]:
+        print(
+            f"note: that run has no {', '.join(lacking)}: the drop check of it is skipped "
+            "each night until a baseline has it"
+        )
