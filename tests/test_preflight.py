@@ -1053,7 +1053,7 @@ def test_validate_refuses_a_run_directory_that_run_would_refuse(
     assert validate_err == run_err
 
 
-def test_baseline_set_refuses_a_run_the_next_nights_would_refuse_and_says_what_they_skip(
+def test_baseline_set_says_what_the_next_nights_would_refuse_or_skip(
     make_server: Callable[..., ScriptedServer],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -1076,10 +1076,17 @@ def test_baseline_set_refuses_a_run_the_next_nights_would_refuse_and_says_what_t
         },
     )
     capsys.readouterr()
-    assert main(["baseline", "set", str(first), "--config", str(nightly)]) == 2
-    assert "that run has none of the engines of" in capsys.readouterr().err
-    assert not (tmp_path / "base.json").exists()
-    other.write_text(json.dumps(ROW) + "\n", encoding="utf-8")  # the engine the run has
     assert main(["baseline", "set", str(first), "--config", str(nightly)]) == 0
     out = capsys.readouterr().out
+    assert "that run has none of the engines of" in out
+    assert "a night of that dataset would refuse this baseline" in out
+    # ... as it does: said before any request.
+    asked = len(server.requests)
+    assert main(["run", str(nightly), "--out", str(tmp_path / "night2")]) == 2
+    assert len(server.requests) == asked
+    other.write_text(json.dumps(ROW) + "\n", encoding="utf-8")  # the engine the run has
+    capsys.readouterr()
+    assert main(["baseline", "set", str(first), "--config", str(nightly)]) == 0
+    out = capsys.readouterr().out
+    assert "none of the engines" not in out
     assert "judged by model 'judge-test'" in out and "that run has no ndcg@10" in out

@@ -91,19 +91,20 @@ def _holds_no_other_file(target: Path, config: str) -> None:
 
 
 def _fits_the_nights(summary: Summary, config: RunConfig, source: Path, named: str) -> None:
-    """What the next nights would find of this baseline, said now: ConfigError when it holds
-    none of the config's dataset's engines (every night would refuse it); a note when its
-    judge is another, or it lacks a metric a drop check reads (that check is skipped)."""
+    """What the next nights would find of this baseline, said now: a note when it holds none
+    of the engines of the config's [dataset] path (a night of it would refuse the baseline;
+    a night may give another dataset), when its judge is another, or when it lacks a metric
+    a drop check reads (that check is skipped)."""
     th = config.thresholds
     if th.max_drop and config.dataset.path:
         from judge.run.queries import load_queries
 
         engines = sorted({q.engine for q in load_queries(config, None)})
-        if engines and not set(engines) & set(summary.engines):
-            raise ConfigError(
-                f"{source}: that run has none of the engines of {named}'s dataset "
+        if engines and not set(engines) & set(summary.engines):  # a night may give another
+            print(
+                f"note: that run has none of the engines of {named}'s [dataset] path "
                 f"({', '.join(engines)}; it has {', '.join(sorted(summary.engines)) or 'none'}): "
-                "every night's drop checks would find nothing to compare with"
+                "a night of that dataset would refuse this baseline"
             )
     if (was := summary.config.judge.get("model")) != config.judge.model:
         print(
