@@ -42,7 +42,8 @@ def describe(cal: Calibration) -> str:
     """The calibration as a few lines for the console."""
     return "\n".join(
         [
-            f"{cal.n_pairs} labelled passages over {cal.n_queries} queries "
+            f"{cal.n_pairs} labelled verdicts (a passage once per repeat) over "
+            f"{cal.n_queries} queries "
             f"({cal.folds}-fold cross-validation by query; 95% CIs by query bootstrap)",
             f"AUC of P(relevant): {_num(cal.auc)}{_ci(cal.auc_ci)}",
             f"kappa of the judge's labels (cut at 0.5): {_num(cal.kappa_before)}"
@@ -60,7 +61,8 @@ def describe_grades(cal: GradeCalibration) -> str:
     cuts = ", ".join(f"{c:.4f}" for c in cal.cuts)
     return "\n".join(
         [
-            f"{cal.n_pairs} labelled passages over {cal.n_queries} queries "
+            f"{cal.n_pairs} labelled verdicts (a passage once per repeat) over "
+            f"{cal.n_queries} queries "
             f"({cal.folds}-fold cross-validation by query; 95% CIs by query bootstrap)",
             f"AUC of the expected grade, for relevance: {_num(cal.auc)}{_ci(cal.auc_ci)}",
             f"weighted kappa of the judge's labels: {_num(cal.kappa_before)}"
