@@ -631,3 +631,13 @@ def test_threads_0_is_a_thread_per_core_under_the_command(tmp_path: Path) -> Non
     assert shown.returncode == 0, shown.stderr
     cores = len(os.sched_getaffinity(0))
     assert shown.stdout.split() == [f"[{cores}]", "[1]"]
+
+
+def test_model_path_says_on_stderr_which_models_are_not_fetched_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JUDGE_CACHE_DIR", str(tmp_path / "empty"))
+    assert main(["model", "path", "--model", "cross"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().startswith(str(tmp_path / "empty"))
+    assert "cross: not fetched yet (judge model fetch --model cross)" in captured.err

@@ -104,7 +104,13 @@ def cmd_model(args: argparse.Namespace) -> int:
         if args.action == "fetch":
             ensure_model(spec=spec, progress=lambda msg: print(msg, file=sys.stderr))
         # A folder model (its weights are one file of it) is named by its folder.
-        print(model_path(spec).parent if spec.archive else model_path(spec))
+        where = model_path(spec).parent if spec.archive else model_path(spec)
+        print(where)
+        if not model_path(spec).exists():  # where it goes, said as not there yet
+            print(
+                f"judge: {name}: not fetched yet (judge model fetch --model {name})",
+                file=sys.stderr,
+            )
     return EXIT_OK
 
 
