@@ -754,7 +754,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"judge: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("judge: interrupted; rerun the same command to resume", file=sys.stderr)
+        # Only a run resumes (its results and ledger are kept as it goes); other commands
+        # start again, from what the cache already holds.
+        again = "resume" if args.command == "run" else "do it again"
+        print(f"judge: interrupted; rerun the same command to {again}", file=sys.stderr)
         return EXIT_INCOMPLETE
     except BrokenPipeError:  # `judge history | head`: the reader left; nothing more to say
         with contextlib.suppress(OSError):
